@@ -1,0 +1,1 @@
+"""The bake step: turn a model source into a verified ONNX GenAI folder for one target."""

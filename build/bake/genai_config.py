@@ -1,0 +1,130 @@
+"""genai_config.json: infer it for ONNX exports that lack one, and bake session options in."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from bake.errors import BakeError
+
+# Hugging Face model_type → onnxruntime-genai model type, where they differ.
+_MODEL_TYPES = {"qwen2": "qwen2", "llama": "llama", "mistral": "mistral", "phi3": "phi3"}
+_LAYER = re.compile(r"\.(\d+)\.")
+
+
+def _pattern(names: list[str], kind: str) -> str | None:
+    """Turn names such as past_key_values.0.key into a %d pattern, if `kind` matches."""
+    for name in names:
+        if name.endswith(kind) and _LAYER.search(name):
+            return _LAYER.sub(".%d.", name, count=1)
+    return None
+
+
+def _graph_io(model_path: Path) -> tuple[list[str], list[str]]:
+    import onnx
+
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError, ValueError...: all mean "unreadable"
+        raise BakeError(f"{model_path.name} is not a readable ONNX model: {exc}") from exc
+    return [i.name for i in model.graph.input], [o.name for o in model.graph.output]
+
+
+def _eos(config: dict[str, Any], folder: Path) -> int | list[int]:
+    gen_path = folder / "generation_config.json"
+    if gen_path.is_file():
+        eos = json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id")
+        if eos is not None:
+            return eos  # type: ignore[no-any-return]  # JSON: an int or a list of ints
+    eos = config.get("eos_token_id")
+    if eos is None:
+        raise BakeError("cannot infer eos_token_id: not in config.json or generation_config.json")
+    return eos  # type: ignore[no-any-return]  # JSON: an int or a list of ints
+
+
+def infer_genai_config(folder: Path) -> tuple[dict[str, Any], list[str]]:
+    """Build a genai_config for an ONNX decoder export from config.json and the graph.
+
+    Returns:
+        The config and a list of what was inferred, one line each.
+
+    Raises:
+        BakeError: config.json is missing, or the graph's inputs/outputs are not the
+            decoder-with-past layout onnxruntime-genai runs.
+    """
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise BakeError(f"{folder} has no genai_config.json and no config.json to infer it from")
+    config: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8"))
+    onnx_files = sorted(folder.glob("*.onnx"))
+    if len(onnx_files) != 1:
+        names = ", ".join(p.name for p in onnx_files)
+        raise BakeError(f"cannot infer genai_config.json: expected one .onnx file, found {names}")
+    inputs, outputs = _graph_io(onnx_files[0])
+    past_key = _pattern(inputs, "key")
+    past_value = _pattern(inputs, "value")
+    present_key = _pattern(outputs, "key")
+    present_value = _pattern(outputs, "value")
+    if "input_ids" not in inputs or "logits" not in outputs:
+        raise BakeError("cannot infer genai_config.json: the graph has no input_ids/logits")
+    if not (past_key and past_value and present_key and present_value):
+        raise BakeError("cannot infer genai_config.json: the graph has no KV-cache inputs/outputs")
+    model_type = str(config.get("model_type", ""))
+    if model_type not in _MODEL_TYPES:
+        raise BakeError(f"cannot infer genai_config.json for model_type {model_type!r}")
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    io_inputs = {
+        "input_ids": "input_ids",
+        "past_key_names": past_key,
+        "past_value_names": past_value,
+    }
+    for optional in ("attention_mask", "position_ids"):
+        if optional in inputs:
+            io_inputs[optional] = optional
+    decoder = {
+        "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+        "filename": onnx_files[0].name,
+        "head_size": int(config.get("head_dim") or hidden // heads),
+        "hidden_size": hidden,
+        "inputs": io_inputs,
+        "outputs": {
+            "logits": "logits",
+            "present_key_names": present_key,
+            "present_value_names": present_value,
+        },
+        "num_attention_heads": heads,
+        "num_hidden_layers": int(config["num_hidden_layers"]),
+        "num_key_value_heads": int(config.get("num_key_value_heads", heads)),
+    }
+    context = int(config.get("max_position_embeddings", 2048))
+    genai: dict[str, Any] = {
+        "model": {
+            "bos_token_id": config.get("bos_token_id"),
+            "context_length": context,
+            "decoder": decoder,
+            "eos_token_id": _eos(config, folder),
+            "pad_token_id": config.get("pad_token_id") or 0,
+            "type": _MODEL_TYPES[model_type],
+            "vocab_size": int(config["vocab_size"]),
+        },
+        "search": {"max_length": context, "past_present_share_buffer": False},
+    }
+    inferred = [
+        f"genai_config.json was missing: inferred from config.json and {onnx_files[0].name}",
+        f"model type {model_type}, {decoder['num_hidden_layers']} layers, "
+        f"{heads} heads / {decoder['num_key_value_heads']} KV heads, head size "
+        f"{decoder['head_size']}, context {context}",
+        f"inputs {sorted(io_inputs.values())}; KV cache {past_key} / {present_key}",
+    ]
+    return genai, inferred
+
+
+def set_session_options(config_path: Path, threads: int) -> None:
+    """Bake the target's session options into an existing genai_config.json."""
+    data = json.loads(config_path.read_text(encoding="utf-8"))
+    options = data["model"]["decoder"].setdefault("session_options", {})
+    options["intra_op_num_threads"] = threads
+    config_path.write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8")

@@ -1,0 +1,232 @@
+"""The bake pipeline: source → ONNX GenAI folder (+ manifest) → smoke generation → atomic rename."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bake.errors import BakeError
+from bake.genai_config import infer_genai_config, set_session_options
+from bake.sources import ResolvedSource, resolve
+from bake.targets import Target, builder_options, get_target
+from core.manifest import Manifest, list_files, write_manifest
+
+# Head sizes the CPU GroupQueryAttention kernel accepts.
+_HEAD_SIZE_MULTIPLE = 16
+_ONNX_SUFFIXES = (".onnx", ".onnx.data", ".onnx_data")
+_ONNX_EXTRA_FILES = (
+    "genai_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.json",
+    "chat_template.jinja",
+)
+
+
+@dataclass
+class BakeRequest:
+    """Everything `ortserve bake` was asked to do."""
+
+    source: str
+    target: str
+    out: Path | None = None
+    precision: str = "int4"
+    revision: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    force: bool = False
+    smoke: bool = True
+
+
+@dataclass
+class BakeResult:
+    """What a bake produced."""
+
+    folder: Path
+    manifest: Manifest
+    smoke_text: str
+    smoke_provider: str
+
+
+def _say(message: str) -> None:
+    print(f"[bake] {message}", file=sys.stderr, flush=True)
+
+
+def default_out(source: str, target: str) -> Path:
+    """models/<source-slug>-<target>: where a bake writes when --out is not given."""
+    slug = source.removeprefix("builtin:").removeprefix("s3://").rstrip("/").replace("/", "--")
+    return Path("models") / f"{Path(slug).name}-{target}"
+
+
+def _check_checkpoint(folder: Path, target: Target) -> None:
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    heads = config.get("num_attention_heads")
+    hidden = config.get("hidden_size")
+    head_size = config.get("head_dim") or (hidden // heads if heads and hidden else None)
+    if target.builder_ep == "cpu" and head_size and head_size % _HEAD_SIZE_MULTIPLE:
+        raise BakeError(
+            f"head size {head_size} is not a multiple of {_HEAD_SIZE_MULTIPLE}: the CPU "
+            "GroupQueryAttention kernel rejects it"
+        )
+
+
+def _last_error_line(log: str) -> str:
+    for line in reversed(log.strip().splitlines()):
+        stripped = line.strip()
+        head = stripped.split(":", 1)[0]
+        if head.endswith(("Error", "Exception")) and " " not in head:
+            return stripped
+    tail = log.strip().splitlines()
+    return tail[-1].strip() if tail else "no output"
+
+
+def _run_builder(
+    src: Path, out: Path, cache: Path, precision: str, target: Target, options: dict[str, str]
+) -> None:
+    cmd = [
+        sys.executable, "-m", "onnxruntime_genai.models.builder",
+        "-i", str(src), "-o", str(out), "-p", precision, "-e", target.builder_ep,
+        "-c", str(cache),
+    ]  # fmt: skip
+    if options:
+        cmd += ["--extra_options", *(f"{k}={v}" for k, v in options.items())]
+    _say(f"converting with the onnxruntime-genai builder: {precision}, -e {target.builder_ep}, "
+         f"{' '.join(f'{k}={v}' for k, v in options.items()) or 'default options'}")  # fmt: skip
+    cache.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1")  # the builder reads the local folder only
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    log = proc.stdout + proc.stderr
+    # The builder removes its cache folder when done: keep the log beside it.
+    (cache.parent / "builder.log").write_text(log, encoding="utf-8")
+    if proc.returncode != 0:
+        if "No space left on device" in log:
+            raise OSError(errno.ENOSPC, "No space left on device", str(out))
+        raise BakeError(f"the model builder failed: {_last_error_line(log)}")
+
+
+def _copy_onnx(src: Path, dst: Path) -> list[str]:
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in src.iterdir():
+        if path.is_file() and (
+            path.name.endswith(_ONNX_SUFFIXES) or path.name in _ONNX_EXTRA_FILES
+        ):
+            shutil.copy2(path, dst / path.name)
+    if (dst / "genai_config.json").is_file():
+        return []
+    config, inferred = infer_genai_config(src)
+    (dst / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
+    for line in inferred:
+        _say(f"inferred: {line}")
+    return inferred
+
+
+def _smoke(folder: Path, target: Target) -> tuple[str, str]:
+    """Generate a few tokens from the baked folder; a bake that cannot generate fails."""
+    from core.engine import Engine, SamplingOptions
+    from core.errors import OrtServeError
+    from core.settings import EngineSettings
+
+    providers = "cpu" if target.runtime_ep == "cpu" else f"{target.runtime_ep},cpu"
+    try:
+        engine = Engine.load(EngineSettings(model_dir=folder, providers=providers))
+        result = engine.generate("Hello", SamplingOptions(max_new_tokens=8))
+    except OrtServeError as exc:
+        raise BakeError(f"smoke generation on the baked model failed: {exc.message}") from exc
+    return result.text, engine.probe.provider
+
+
+def _install(staging: Path, out: Path, force: bool) -> None:
+    if out.exists():
+        if not force:
+            raise BakeError(f"{out} already exists (use --force to replace it)")
+        trash = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(trash)
+        staging.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        staging.rename(out)
+
+
+def bake(request: BakeRequest) -> BakeResult:
+    """Run a whole bake; on any failure nothing is left at the output path.
+
+    Raises:
+        BakeError: With a one-line reason.
+    """
+    target = get_target(request.target)
+    options = builder_options(target, request.precision, request.options)
+    if request.precision in ("fp16",) and target.builder_ep == "cpu":
+        raise BakeError(f"precision fp16 is not supported on the CPU target {target.name}")
+    out = (request.out or default_out(request.source, target.name)).resolve()
+    if out.exists() and not request.force:
+        raise BakeError(f"{out} already exists (use --force to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        staging = work / "model"
+        source = resolve(request.source, work / "src", request.revision)
+        _say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
+        inferred: list[str] = []
+        if source.folder_kind == "hf":
+            _check_checkpoint(source.folder, target)
+            _run_builder(source.folder, staging, work / "cache", request.precision, target, options)
+            precision = request.precision
+        else:
+            inferred = _copy_onnx(source.folder, staging)
+            precision = "as exported"
+            options = {}
+        set_session_options(staging / "genai_config.json", target.intra_op_num_threads)
+        manifest = _manifest(source, target, precision, options, inferred, staging)
+        write_manifest(staging, manifest)
+        text, provider = ("", target.runtime_ep)
+        if request.smoke:
+            text, provider = _smoke(staging, target)
+            _say(f"smoke generation on {provider}: {text!r}")
+        _install(staging, out, request.force)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise BakeError(f"disk full while baking into {out.parent}") from exc
+        raise BakeError(f"bake failed: {exc}") from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _say(f"baked {manifest.model_name} for {target.name} into {out}")
+    return BakeResult(out, manifest, text, provider)
+
+
+def _manifest(
+    source: ResolvedSource,
+    target: Target,
+    precision: str,
+    options: dict[str, str],
+    inferred: list[str],
+    folder: Path,
+) -> Manifest:
+    from importlib.metadata import version
+
+    og_version = version("onnxruntime-genai")
+    return Manifest(
+        model_name=source.name,
+        random_weights=source.random_weights,
+        source=str(source.folder) if source.kind in ("local-hf", "onnx") else source.spec,
+        source_kind=source.kind,
+        revision=source.revision,
+        precision=precision,
+        target=target.name,
+        execution_provider=target.runtime_ep,
+        builder_options=options,
+        onnxruntime_genai_version=og_version,
+        builder_version=f"onnxruntime_genai.models.builder {og_version}",
+        inferred=inferred,
+        files=list_files(folder),
+    )  # fmt: skip

@@ -1,0 +1,138 @@
+"""The manifest of a baked model folder: what was baked, from what, and every file's size and hash.
+
+The bake writes it; the runtime checks it at load so that a half-copied or tampered
+model is refused with an error that names the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from core.errors import ModelIntegrityError
+
+MANIFEST_NAME = "manifest.json"
+_CHUNK = 1 << 20
+
+SourceKind = Literal["builtin", "hub", "local-hf", "onnx", "s3"]
+
+
+class ManifestFile(BaseModel):
+    """One file of the baked folder."""
+
+    path: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Manifest(BaseModel):
+    """What a baked folder holds and how it was made.
+
+    Attributes:
+        model_name: Name shown to users (the model id of the API); random-weight
+            built-ins say so in the name.
+        random_weights: True when the weights are random (test and benchmark models).
+        inferred: What the bake had to infer (e.g. genai_config fields), one line each.
+    """
+
+    schema_version: Literal[1] = 1
+    model_name: str
+    random_weights: bool = False
+    source: str
+    source_kind: SourceKind
+    revision: str | None = None
+    precision: str
+    target: str
+    execution_provider: str
+    builder_options: dict[str, str] = Field(default_factory=dict)
+    onnxruntime_genai_version: str
+    builder_version: str
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
+    inferred: list[str] = Field(default_factory=list)
+    files: list[ManifestFile]
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def list_files(folder: Path) -> list[ManifestFile]:
+    """Describe every regular file under `folder` (the manifest itself excluded)."""
+    entries = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if rel == MANIFEST_NAME:
+            continue
+        entries.append(ManifestFile(path=rel, size=path.stat().st_size, sha256=sha256_file(path)))
+    return entries
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> Path:
+    """Write `manifest.json` into `folder` and return its path."""
+    target = folder / MANIFEST_NAME
+    target.write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return target
+
+
+def manifest_digest(folder: Path) -> str:
+    """The sha256 of the manifest file: one id for the exact baked model."""
+    return sha256_file(folder / MANIFEST_NAME)
+
+
+def read_manifest(folder: Path) -> Manifest:
+    """Read and validate `folder/manifest.json`.
+
+    Raises:
+        ModelIntegrityError: The folder or its manifest is missing or unreadable.
+    """
+    path = folder / MANIFEST_NAME
+    if not folder.is_dir():
+        raise ModelIntegrityError(f"model folder {folder} does not exist")
+    if not path.is_file():
+        raise ModelIntegrityError(f"{path} is missing: is {folder} a baked model folder?")
+    try:
+        return Manifest.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise ModelIntegrityError(
+            f"{path} is not a valid ortserve manifest ({exc.error_count()} problem(s))"
+        ) from exc
+
+
+def verify_folder(folder: Path, *, full_hash: bool = False) -> Manifest:
+    """Check that every file the manifest lists is present with its size (and hash).
+
+    Args:
+        folder: The baked model folder.
+        full_hash: Also compare every file's sha256 (reads every byte).
+
+    Returns:
+        The manifest.
+
+    Raises:
+        ModelIntegrityError: Naming the first file that is missing, truncated or altered.
+    """
+    manifest = read_manifest(folder)
+    for entry in manifest.files:
+        path = folder / entry.path
+        if not path.is_file():
+            raise ModelIntegrityError(f"model file {entry.path} is missing from {folder}")
+        size = path.stat().st_size
+        if size != entry.size:
+            raise ModelIntegrityError(
+                f"model file {entry.path} has {size} bytes, the manifest says {entry.size}"
+                " (truncated or half-copied?)"
+            )
+        if full_hash and sha256_file(path) != entry.sha256:
+            raise ModelIntegrityError(
+                f"model file {entry.path} does not match its sha256 in the manifest (altered?)"
+            )
+    return manifest
