@@ -229,21 +229,17 @@ class Engine:
         try:
             generator = og.Generator(self._model, params)
             generator.append_tokens(input_ids)
+            count = generator.token_count()
             while not generator.is_done():
                 generator.generate_next_token()
-                # EOS turns is_done() True and is not appended: check before reading.
-                if generator.is_done() and self._ended_on_eos(generator, len(input_ids)):
+                # An EOS ends the sequence without being appended: the count stays.
+                new_count = generator.token_count()
+                if new_count == count:
                     return
+                count = new_count
                 yield int(generator.get_next_tokens()[0])
         except RuntimeError as exc:
             raise GenerationError(f"generation failed: {_first_line(exc)}") from exc
-
-    @staticmethod
-    def _ended_on_eos(generator: Any, prompt_len: int) -> bool:
-        del prompt_len
-        token = int(generator.get_next_tokens()[0])
-        sequence = generator.get_sequence(0)
-        return bool(len(sequence) == 0 or int(sequence[-1]) != token)
 
     def generate(self, prompt: str, options: SamplingOptions) -> Completion:
         """Generate a completion of `prompt` (no chat template applied)."""

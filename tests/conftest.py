@@ -1,0 +1,27 @@
+"""Shared fixtures: the tiny random-weight model, as a checkpoint and baked by `ortserve bake`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import models
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir() -> Path:
+    """The built-in tiny Llama (hidden 64, 2 layers, 4 heads, 2 KV heads) as an HF folder."""
+    return models.tiny_hf_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """`ortserve bake --model builtin:tiny-llama --target edge-x86_64` (int4), cached."""
+    return models.baked("builtin:tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_fp32_dir(tiny_hf_dir: Path) -> Path:
+    """The tiny checkpoint baked at fp32, for exact comparison with transformers."""
+    return models.baked(str(tiny_hf_dir), precision="fp32")

@@ -1,0 +1,154 @@
+"""`ortserve bake` from each kind of source: local checkpoint, ONNX folder, S3, the hub."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from core.engine import Engine, SamplingOptions
+from core.settings import EngineSettings
+from tests.fakehub import FakeRepo, serve_fake_hub
+from tests.functional.bakehelp import bake_fails, bake_ok, copy_without
+
+
+def _greedy(model_dir: Path, prompt: str = "Edge boards run a daemon") -> list[int]:
+    engine = Engine.load(EngineSettings(model_dir=model_dir, providers="cpu"))
+    return list(engine.stream_tokens(engine.encode(prompt), SamplingOptions(16, 16)))
+
+
+@pytest.mark.slow
+def test_local_checkpoint_folder(tiny_hf_dir: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    manifest = bake_ok("--model", str(tiny_hf_dir), "--target", "gcf", out=tmp_path / "m")
+    assert manifest.source_kind == "local-hf"
+    assert manifest.target == "gcf"
+    assert manifest.precision == "int4"
+    # Same weights, same options as the built-in bake: the same model, token for token.
+    assert _greedy(tmp_path / "m") == _greedy(tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_onnx_folder_without_genai_config_is_inferred(
+    tiny_hf_dir: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    src = copy_without(tiny_model_dir, tmp_path / "onnx", "genai_config.json", "manifest.json")
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(tiny_hf_dir / name, src / name)
+    manifest = bake_ok("--model", str(src), "--target", "edge-x86_64", out=tmp_path / "m")
+    assert manifest.source_kind == "onnx"
+    assert manifest.inferred, "the bake must say what it inferred"
+    assert "genai_config.json was missing" in manifest.inferred[0]
+    config = json.loads((tmp_path / "m" / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["head_size"] == 16
+    assert config["model"]["decoder"]["num_key_value_heads"] == 2
+    assert _greedy(tmp_path / "m") == _greedy(tiny_model_dir)
+
+
+@pytest.mark.slow
+def test_onnx_folder_with_genai_config_is_used_as_is(tiny_model_dir: Path, tmp_path: Path) -> None:
+    src = copy_without(tiny_model_dir, tmp_path / "onnx", "manifest.json")
+    manifest = bake_ok("--model", str(src), "--target", "lambda-arm64", out=tmp_path / "m")
+    assert manifest.inferred == []
+    assert manifest.target == "lambda-arm64"
+    config = json.loads((tmp_path / "m" / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["session_options"]["intra_op_num_threads"] == 2
+
+
+@pytest.mark.slow
+def test_s3_prefix(
+    tiny_hf_dir: Path, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+    from moto import mock_aws
+
+    from bake.pipeline import BakeRequest, bake
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="models")
+        for path in tiny_hf_dir.iterdir():
+            s3.upload_file(str(path), "models", f"tiny/v1/{path.name}")
+        s3.put_object(Bucket="models", Key="other/unrelated.txt", Body=b"x")
+        result = bake(BakeRequest("s3://models/tiny/v1", "edge-x86_64", out=tmp_path / "m"))
+        assert result.manifest.source_kind == "s3"
+        assert result.manifest.source == "s3://models/tiny/v1"
+        from bake.errors import BakeError
+
+        with pytest.raises(BakeError, match="holds no objects"):
+            bake(BakeRequest("s3://models/missing", "edge-x86_64", out=tmp_path / "n"))
+        with pytest.raises(BakeError, match="NoSuchBucket"):
+            bake(BakeRequest("s3://nobucket/x", "edge-x86_64", out=tmp_path / "n"))
+    assert not (tmp_path / "n").exists()
+    assert _greedy(tmp_path / "m") == _greedy(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def hub_repo(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, FakeRepo]:
+    main = tmp_path_factory.mktemp("hub-main")
+    shutil.copytree(tiny_hf_dir, main, dirs_exist_ok=True)
+    (main / "README.md").write_text("# tiny\n")
+    (main / "pytorch_model.bin").write_bytes(b"\0" * 4096)  # another format: never fetched
+    v1 = tmp_path_factory.mktemp("hub-v1")
+    shutil.copytree(tiny_hf_dir, v1, dirs_exist_ok=True)
+    return {"acme/tiny-llama": FakeRepo(revisions={"main": main, "v1": v1})}
+
+
+@pytest.mark.slow
+def test_hub_download_pins_revision_sends_token_and_fetches_only_needed_files(
+    hub_repo: dict[str, FakeRepo], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    with serve_fake_hub(hub_repo) as hub:
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "s3cr3t"}
+        manifest = bake_ok(
+            "--model", "acme/tiny-llama", "--target", "edge-x86_64", out=tmp_path / "m", env=env
+        )
+        assert manifest.source_kind == "hub"
+        assert manifest.source == "acme/tiny-llama"
+        assert manifest.revision == hub.commit_sha("acme/tiny-llama", "main")
+        fetched = [path for method, path, _ in hub.requests if method == "GET"]
+        assert not any(p.endswith(("README.md", "pytorch_model.bin")) for p in fetched)
+        assert any(p.endswith("model.safetensors") for p in fetched)
+        repo_requests = [r for r in hub.requests if "acme/tiny-llama" in r[1]]
+        assert repo_requests
+        assert all(auth == "Bearer s3cr3t" for _, _, auth in repo_requests)
+
+        pinned = hub.commit_sha("acme/tiny-llama", "v1")
+        manifest = bake_ok(
+            "--model", "acme/tiny-llama", "--revision", pinned, "--target", "gcf",
+            out=tmp_path / "pinned", env=env,
+        )  # fmt: skip
+        assert manifest.revision == pinned
+        tag = bake_ok(
+            "--model", "acme/tiny-llama", "--revision", "v1", "--target", "gcf",
+            out=tmp_path / "tag", env=env,
+        )  # fmt: skip
+        assert tag.revision == pinned
+
+        message = bake_fails(
+            "--model", "acme/nope", "--target", "gcf", out=tmp_path / "x", env=env
+        )
+        assert "acme/nope" in message
+        assert "not found" in message
+        message = bake_fails(
+            "--model", "acme/tiny-llama", "--revision", "v9", "--target", "gcf",
+            out=tmp_path / "x", env=env,
+        )  # fmt: skip
+        assert "no revision 'v9'" in message
+
+    # The hub is gone: offline mode still bakes from the local cache...
+    offline = {**env, "HF_HUB_OFFLINE": "1"}
+    manifest = bake_ok(
+        "--model", "acme/tiny-llama", "--target", "edge-x86_64", out=tmp_path / "off", env=offline
+    )
+    assert manifest.revision == hub.commit_sha("acme/tiny-llama", "main")
+    assert _greedy(tmp_path / "off") == _greedy(tiny_model_dir)
+    # ...and says clearly when the model is not cached.
+    message = bake_fails(
+        "--model", "acme/other", "--target", "gcf", out=tmp_path / "x", env=offline
+    )
+    assert "not in the local cache" in message

@@ -1,0 +1,90 @@
+"""The test suite's own models: the built-in tiny Llama, made and baked once, cached by content.
+
+The cache key hashes everything that shapes the output (the bake and builtin code, the
+onnxruntime-genai, transformers and torch versions), so a change to any of them
+rebuilds it; otherwise later runs reuse `.cache/test-models/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
+
+from filelock import FileLock
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "test-models"
+# The real console script, installed beside the interpreter that runs the tests.
+ORTSERVE = [str(Path(sys.executable).parent / "ortserve")]
+
+
+def _key(*parts: str) -> str:
+    digest = hashlib.sha256()
+    for path in sorted([*(ROOT / "build" / "bake").glob("*.py"), ROOT / "core" / "manifest.py"]):
+        digest.update(path.read_bytes())
+    for dist in ("onnxruntime-genai", "transformers", "torch", "tokenizers"):
+        digest.update(version(dist).encode())
+    for part in parts:
+        digest.update(part.encode())
+    return digest.hexdigest()[:16]
+
+
+def run_ortserve(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> (
+    subprocess.CompletedProcess[str]
+):
+    """Run the real `ortserve` CLI in a subprocess."""
+    full_env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", **(env or {})}
+    return subprocess.run(
+        [*ORTSERVE, *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _cached(name: str, make: Callable[[Path], None]) -> Path:
+    folder = CACHE / name
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(CACHE / f"{name}.lock")):
+        if not (folder / ".complete").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            tmp = CACHE / f".{name}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            make(tmp)
+            tmp.rename(folder)
+            (folder / ".complete").touch()
+    return folder
+
+
+def tiny_hf_checkpoint() -> Path:
+    """The built-in tiny Llama as a Hugging Face checkpoint folder."""
+
+    def make(out: Path) -> None:
+        from bake.builtin import write_builtin
+
+        write_builtin("tiny-llama", out / "hf")
+
+    return _cached(f"tiny-hf-{_key('hf')}", make) / "hf"
+
+
+def baked(source: str, target: str = "edge-x86_64", precision: str = "int4") -> Path:
+    """`ortserve bake` of `source`, run once and cached."""
+
+    def make(out: Path) -> None:
+        proc = run_ortserve(
+            "bake", "--model", source, "--target", target, "--precision", precision,
+            "--out", str(out / "model"),
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"bake of {source} failed:\n{proc.stderr[-3000:]}")
+
+    return _cached(f"baked-{_key(source, target, precision)}", make) / "model"
