@@ -35,9 +35,9 @@ def _key(*parts: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def run_ortserve(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> (
-    subprocess.CompletedProcess[str]
-):
+def run_ortserve(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     """Run the real `ortserve` CLI in a subprocess."""
     full_env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", **(env or {})}
     return subprocess.run(

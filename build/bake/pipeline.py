@@ -194,14 +194,27 @@ def bake(request: BakeRequest) -> BakeResult:
             text, provider = _smoke(staging, target)
             _say(f"smoke generation on {provider}: {text!r}")
         _install(staging, out, request.force)
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
+    except BakeError:
+        raise
+    except Exception as exc:
+        # Disk full surfaces as OSError, or as a library's own error (safetensors'
+        # SafetensorError says "os error 28"): translate every form here, once.
+        if _is_disk_full(exc):
             raise BakeError(f"disk full while baking into {out.parent}") from exc
-        raise BakeError(f"bake failed: {exc}") from exc
+        if isinstance(exc, OSError):
+            raise BakeError(f"bake failed: {exc}") from exc
+        raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _say(f"baked {manifest.model_name} for {target.name} into {out}")
     return BakeResult(out, manifest, text, provider)
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "os error 28" in text
 
 
 def _manifest(

@@ -9,7 +9,7 @@ import pytest
 from core.engine import Engine, SamplingOptions
 from core.settings import EngineSettings
 
-PROMPTS = ["Hello, world! How are you today?", "Serverless functions start cold", "{\"name\": "]
+PROMPTS = ["Hello, world! How are you today?", "Serverless functions start cold", '{"name": ']
 
 
 @pytest.mark.slow
@@ -24,9 +24,9 @@ def test_fp32_greedy_tokens_equal_transformers(
     model = AutoModelForCausalLM.from_pretrained(str(tiny_hf_dir), dtype=torch.float32)
     input_ids = tokenizer(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
-        expected = model.generate(
-            input_ids, max_new_tokens=32, min_new_tokens=32, do_sample=False
-        )[0, input_ids.shape[1] :].tolist()
+        expected = model.generate(input_ids, max_new_tokens=32, min_new_tokens=32, do_sample=False)[
+            0, input_ids.shape[1] :
+        ].tolist()
 
     engine = Engine.load(EngineSettings(model_dir=tiny_fp32_dir, providers="cpu"))
     assert engine.encode(prompt) == input_ids[0].tolist()

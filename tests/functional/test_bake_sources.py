@@ -129,9 +129,7 @@ def test_hub_download_pins_revision_sends_token_and_fetches_only_needed_files(
         )  # fmt: skip
         assert tag.revision == pinned
 
-        message = bake_fails(
-            "--model", "acme/nope", "--target", "gcf", out=tmp_path / "x", env=env
-        )
+        message = bake_fails("--model", "acme/nope", "--target", "gcf", out=tmp_path / "x", env=env)
         assert "acme/nope" in message
         assert "not found" in message
         message = bake_fails(

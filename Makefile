@@ -1,0 +1,41 @@
+# The two set-up commands of the README: `make demo` (bake the default model and run it)
+# and `make test` (install what the tests need and run the whole suite).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+ARCH   := $(shell uname -m | sed 's/arm64/aarch64/')
+MODEL  ?= builtin:tiny-llama
+TARGET ?= edge-$(ARCH)
+OUT    ?= models/default
+PROMPT ?= Hello from the edge
+
+.PHONY: demo test lint pytest clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.bake-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[bake]'
+	touch $@
+
+$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.bake-installed
+
+demo: $(VENV)/.bake-installed
+	$(BIN)/ortserve bake --model $(MODEL) --target $(TARGET) --out $(OUT) --force
+	$(BIN)/ortserve probe --model-dir $(OUT)
+	$(BIN)/ortserve generate --model-dir $(OUT) --max-new-tokens 32 "$(PROMPT)"
+
+lint: $(VENV)/.dev-installed
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy core edge functions build/bake tests
+
+pytest: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest
+
+test: lint pytest
+
+clean:
+	rm -rf $(VENV) .cache models .mypy_cache .ruff_cache .pytest_cache

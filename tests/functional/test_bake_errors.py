@@ -1,0 +1,141 @@
+"""Bad input to `ortserve bake`: a one-line error, exit 1, and no half-written output."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.functional.bakehelp import bake_fails, bake_ok, copy_without
+from tests.models import ORTSERVE, ROOT
+
+
+def _edit_config(src: Path, dst: Path, **changes: object) -> Path:
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_unknown_builtin(tmp_path: Path) -> None:
+    message = bake_fails("--model", "builtin:nope", "--target", "gcf", out=tmp_path / "m")
+    assert "unknown built-in model builtin:nope" in message
+    assert "builtin:tiny-llama" in message
+
+
+def test_source_that_is_nothing_known(tmp_path: Path) -> None:
+    message = bake_fails("--model", "not a model", "--target", "gcf", out=tmp_path / "m")
+    assert "is not a folder, a hub id" in message
+
+
+def test_a_file_is_not_a_model_folder(tmp_path: Path) -> None:
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    message = bake_fails("--model", str(tmp_path / "weights.bin"), "--target", "gcf",
+                         out=tmp_path / "m")  # fmt: skip
+    assert "is a file" in message
+
+
+def test_missing_tokenizer(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    src = copy_without(tiny_hf_dir, tmp_path / "src", "tokenizer.json")
+    message = bake_fails("--model", str(src), "--target", "gcf", out=tmp_path / "m")
+    assert "has no tokenizer" in message
+
+
+def test_missing_weights(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    src = copy_without(tiny_hf_dir, tmp_path / "src", "model.safetensors")
+    message = bake_fails("--model", str(src), "--target", "gcf", out=tmp_path / "m")
+    assert "no weights" in message
+
+
+def test_head_size_the_cpu_kernel_rejects(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    src = _edit_config(tiny_hf_dir, tmp_path / "src", num_attention_heads=8, head_dim=8)
+    message = bake_fails("--model", str(src), "--target", "edge-aarch64", out=tmp_path / "m")
+    assert "head size 8 is not a multiple of 16" in message
+
+
+@pytest.mark.slow
+def test_unsupported_architecture(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    src = _edit_config(tiny_hf_dir, tmp_path / "src", architectures=["FooBarForCausalLM"])
+    message = bake_fails("--model", str(src), "--target", "gcf", out=tmp_path / "m")
+    assert "the model builder failed" in message
+    assert "not currently supported" in message
+
+
+def test_fp16_on_a_cpu_target(tmp_path: Path) -> None:
+    message = bake_fails("--model", "builtin:tiny-llama", "--target", "gcf", "--precision",
+                         "fp16", out=tmp_path / "m")  # fmt: skip
+    assert "fp16 is not supported on the CPU target gcf" in message
+
+
+@pytest.mark.slow
+def test_a_model_that_cannot_generate_fails_the_bake(tiny_model_dir: Path, tmp_path: Path) -> None:
+    src = copy_without(tiny_model_dir, tmp_path / "src", "manifest.json")
+    data = src / "model.onnx.data"
+    data.write_bytes(data.read_bytes()[:1000])  # truncated weights
+    message = bake_fails("--model", str(src), "--target", "gcf", out=tmp_path / "m")
+    assert "smoke generation on the baked model failed" in message
+
+
+@pytest.mark.slow
+def test_existing_output_needs_force(tmp_path: Path, tiny_model_dir: Path) -> None:
+    src = copy_without(tiny_model_dir, tmp_path / "src", "manifest.json")
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    proc_message = bake_fails_existing(src, out)
+    assert "already exists" in proc_message
+    assert (out / "keep.txt").read_text() == "mine"
+    manifest = bake_ok("--model", str(src), "--target", "gcf", "--force", out=out)
+    assert not (out / "keep.txt").exists()
+    assert manifest.target == "gcf"
+
+
+def bake_fails_existing(src: Path, out: Path) -> str:
+    from tests.models import run_ortserve
+
+    proc = run_ortserve("bake", "--model", str(src), "--target", "gcf", "--out", str(out))
+    assert proc.returncode == 1
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.mark.slow
+def test_no_network(tmp_path: Path) -> None:
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "HF_HOME": str(tmp_path / "hf")}
+    message = bake_fails("--model", "acme/tiny", "--target", "gcf", out=tmp_path / "m", env=env)
+    assert "hub is unreachable" in message
+
+
+@pytest.mark.slow
+def test_disk_full(tmp_path: Path) -> None:
+    """A 256 KiB filesystem: the bake runs out of space and cleans up after itself."""
+    if shutil.which("unshare") is None:
+        pytest.fail("util-linux's unshare is needed for this test (apt-get install util-linux)")
+    small = tmp_path / "small"
+    small.mkdir()
+    script = (
+        f'mount -t tmpfs -o size=256k tmpfs "{small}" && '
+        f'"{ORTSERVE[0]}" bake --model builtin:tiny-llama --target gcf --out "{small}/m"; '
+        f'rc=$?; ls -A "{small}"; exit $rc'
+    )
+    proc = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"ortserve bake: error: disk full while baking into {small}", proc.stderr
+    assert proc.stdout.strip() == "", f"left behind: {proc.stdout}"

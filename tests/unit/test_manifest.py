@@ -1,0 +1,86 @@
+"""The manifest reader refuses a missing, truncated or tampered model and names the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.errors import ModelIntegrityError
+from core.manifest import Manifest, list_files, manifest_digest, verify_folder, write_manifest
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "model.onnx").write_bytes(b"graph" * 100)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "tokenizer.json").write_text("{}")
+    manifest = Manifest(
+        model_name="m", source="s", source_kind="local-hf", precision="int4", target="gcf",
+        execution_provider="cpu", onnxruntime_genai_version="0.18.0", builder_version="b",
+        files=list_files(tmp_path),
+    )  # fmt: skip
+    write_manifest(tmp_path, manifest)
+    return tmp_path
+
+
+def test_lists_every_file_but_itself(folder: Path) -> None:
+    manifest = verify_folder(folder, full_hash=True)
+    assert [f.path for f in manifest.files] == ["model.onnx", "sub/tokenizer.json"]
+    assert manifest.files[0].size == 500
+    assert len(manifest_digest(folder)) == 64
+
+
+def test_missing_folder() -> None:
+    with pytest.raises(ModelIntegrityError, match="does not exist"):
+        verify_folder(Path("/nonexistent/model"))
+
+
+def test_missing_manifest(tmp_path: Path) -> None:
+    with pytest.raises(ModelIntegrityError, match=r"manifest\.json is missing"):
+        verify_folder(tmp_path)
+
+
+def test_invalid_manifest(folder: Path) -> None:
+    (folder / "manifest.json").write_text('{"files": 3}')
+    with pytest.raises(ModelIntegrityError, match="not a valid ortserve manifest"):
+        verify_folder(folder)
+
+
+def test_missing_file_is_named(folder: Path) -> None:
+    (folder / "sub" / "tokenizer.json").unlink()
+    with pytest.raises(ModelIntegrityError, match=r"sub/tokenizer\.json is missing"):
+        verify_folder(folder)
+
+
+def test_truncated_file_is_named(folder: Path) -> None:
+    (folder / "model.onnx").write_bytes(b"graph")
+    with pytest.raises(
+        ModelIntegrityError, match=r"model\.onnx has 5 bytes, the manifest says 500"
+    ):
+        verify_folder(folder)
+
+
+def test_tampered_file_is_caught_by_the_full_hash_only(folder: Path) -> None:
+    (folder / "model.onnx").write_bytes(b"GRAPH" * 100)
+    verify_folder(folder)  # same size: the quick check cannot see it
+    with pytest.raises(ModelIntegrityError, match=r"model\.onnx does not match its sha256"):
+        verify_folder(folder, full_hash=True)
+
+
+def test_engine_refuses_a_tampered_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from core.engine import Engine
+    from core.settings import EngineSettings
+
+    copy = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, copy)
+    data = bytearray((copy / "model.onnx.data").read_bytes())
+    data[100] ^= 0xFF
+    (copy / "model.onnx.data").write_bytes(bytes(data))
+    with pytest.raises(ModelIntegrityError, match=r"model\.onnx\.data does not match"):
+        Engine.load(EngineSettings(model_dir=copy, verify_sha256=True))
+    (copy / "model.onnx.data").write_bytes(bytes(data[:-10]))
+    with pytest.raises(ModelIntegrityError, match=r"model\.onnx\.data has"):
+        Engine.load(EngineSettings(model_dir=copy))
