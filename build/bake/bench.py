@@ -57,12 +57,13 @@ def main() -> None:
     results: dict[str, dict[str, list[float]]] = {k: {} for k in variants}
     for _ in range(args.reps):
         for name, engine in variants.items():  # alternate variants inside each repetition
-            for metric, run in (
-                ("prefill128", lambda e=engine: _prefill(e, 128)),
-                ("prefill512", lambda e=engine: _prefill(e, 512)),
-                ("decode", lambda e=engine: _decode(e, 128)),
-            ):
-                results[name].setdefault(metric, []).append(run())
+            runs = {
+                "prefill128": _prefill(engine, 128),
+                "prefill512": _prefill(engine, 512),
+                "decode": _decode(engine, 128),
+            }
+            for metric, value in runs.items():
+                results[name].setdefault(metric, []).append(value)
     medians = {n: {m: statistics.median(v) for m, v in r.items()} for n, r in results.items()}
     base = next(iter(medians.values()))
     print(f"{args.model}: medians of {args.reps} alternating runs, tokens/s (ratio to first row)")
