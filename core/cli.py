@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -33,22 +32,37 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from core.engine import Engine, SamplingOptions
+    from core.engine import Engine
+    from core.generation import GenerationRequest, SamplingOptions
 
-    settings = _settings(args)
-    engine = Engine.load(settings)
+    engine = Engine.load(_settings(args))
     options = SamplingOptions(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
     )
-    start = time.perf_counter()
-    result = engine.generate(args.prompt, options)
-    sys.stdout.write(result.text + "\n")
-    elapsed = time.perf_counter() - start
+    if args.chat:
+        request = GenerationRequest(
+            messages=[{"role": "user", "content": args.prompt}], options=options,
+            stop=tuple(args.stop),
+        )  # fmt: skip
+    else:
+        request = GenerationRequest(prompt=args.prompt, options=options, stop=tuple(args.stop))
+    stream = engine.stream(request)
+    for delta in stream:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    done = stream.completion
+    assert done is not None  # the stream ran to its end
     print(
-        f"[{engine.model_name}] {len(result.token_ids)} tokens, "
-        f"prompt {result.prompt_tokens}, TTFT {result.timings['ttft_s'] * 1000:.1f} ms, "
-        f"{result.timings['decode_tokens_per_s']:.1f} tok/s, {elapsed:.2f} s, "
-        f"EP {engine.probe.provider}, finish {result.finish_reason}",
+        f"[{engine.model_name}] {done.completion_tokens} tokens, prompt {done.prompt_tokens}, "
+        f"TTFT {done.timings.ttft_s * 1000:.1f} ms, "
+        f"{done.timings.decode_tokens_per_s:.1f} tok/s, EP {engine.probe.provider}, "
+        f"threads {engine.probe.threads}, finish {done.finish_reason}",
         file=sys.stderr,
     )
     return 0
@@ -78,7 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
     gen.add_argument("--seed", type=int)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (up to 4)")
+    gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
     gen.add_argument("--threads", type=int)
     gen.set_defaults(func=_generate)
 

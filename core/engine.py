@@ -1,21 +1,23 @@
 """The engine: the only module that imports onnxruntime_genai.
 
 It loads a baked model folder (manifest checked), probes the execution providers in
-the operator's order by really building the model with each, and generates tokens.
-Native errors are translated to `core.errors` here and nowhere else.
+the operator's order by really building the model with each, and generates text under
+admission control. Native errors are translated to `core.errors` here and nowhere else.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnxruntime_genai as og
 
+from core import chat
+from core.admission import Admission
 from core.cpu import usable_cpus
 from core.errors import (
     GenerationError,
@@ -23,8 +25,19 @@ from core.errors import (
     ModelIntegrityError,
     ProviderUnavailableError,
 )
+from core.generation import (
+    Completion,
+    FinishReason,
+    GenerationRequest,
+    GenerationStream,
+    SamplingOptions,
+    Timings,
+)
 from core.manifest import Manifest, manifest_digest, verify_folder
 from core.settings import EngineSettings
+from core.stops import StopMatcher
+
+__all__ = ["Engine", "ProbeReport", "SamplingOptions"]
 
 # ortserve's provider names → onnxruntime-genai's names and availability checks.
 # CPU needs no provider entry: an empty provider list is the CPU EP.
@@ -62,38 +75,9 @@ class ProbeReport:
     threads: int
 
 
-@dataclass(frozen=True)
-class SamplingOptions:
-    """How to pick tokens.
-
-    Attributes:
-        max_new_tokens: Upper bound of new tokens.
-        min_new_tokens: Force at least this many (benchmarks use min = max).
-        temperature: 0 means greedy decoding.
-        top_p: Nucleus sampling mass.
-        top_k: Keep the k best tokens (0: no limit).
-        repetition_penalty: 1.0 means none.
-        seed: Random seed for sampling (same seed, same output).
-    """
-
-    max_new_tokens: int = 64
-    min_new_tokens: int = 0
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-
-
-@dataclass
-class Completion:
-    """The result of one generation."""
-
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    finish_reason: str
-    timings: dict[str, float] = field(default_factory=dict)
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _genai_config(folder: Path) -> dict[str, Any]:
@@ -119,8 +103,46 @@ def _threads(genai_config: dict[str, Any], settings: EngineSettings) -> int:
     return min(baked, usable) if baked > 0 else usable
 
 
+def _probe(folder: Path, settings: EngineSettings, threads: int) -> tuple[Any, str, dict[str, str]]:
+    """Build the model with each allowed provider in order; the first that loads wins."""
+    overlay = json.dumps(
+        {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
+    )
+    skipped: dict[str, str] = {}
+    for name in settings.provider_order():
+        available = _AVAILABLE.get(name)
+        if name != "cpu" and name not in _OG_PROVIDER:
+            skipped[name] = "not supported by this onnxruntime-genai build"
+            continue
+        # is_*_available() can say True for an EP that then fails: only a load proves it.
+        if available is not None and not available():
+            skipped[name] = "not installed in this onnxruntime-genai build"
+            continue
+        try:
+            config = og.Config(str(folder))
+            config.overlay(overlay)
+            config.clear_providers()
+            if name != "cpu":
+                config.append_provider(_OG_PROVIDER[name])
+            return og.Model(config), name, skipped
+        except RuntimeError as exc:
+            skipped[name] = f"failed to initialise: {_first_line(exc)}"
+    reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
+    raise ProviderUnavailableError(
+        f"no allowed execution provider could load the model ({reasons})"
+    )
+
+
 class Engine:
-    """One loaded model, shared by all requests of the process."""
+    """One loaded model, shared by all requests of the process.
+
+    Attributes:
+        manifest: The baked folder's manifest.
+        digest: sha256 of the manifest: one id for the exact model.
+        probe: The execution-provider probe's report.
+        admission: The gate every generation passes (queue depth, active count).
+        context_length: Prompt plus new tokens may not exceed it.
+    """
 
     def __init__(
         self,
@@ -129,14 +151,21 @@ class Engine:
         model: Any,
         probe: ProbeReport,
         genai_config: dict[str, Any],
+        settings: EngineSettings,
     ) -> None:
         self.folder = folder
         self.manifest = manifest
         self.digest = manifest_digest(folder)
         self.probe = probe
+        self.settings = settings
+        self.admission = Admission(
+            settings.max_concurrency, settings.max_queue, settings.queue_timeout_s
+        )
         self._model = model
         self._tokenizer = og.Tokenizer(model)
         self.context_length = int(genai_config["model"].get("context_length", 0) or 0)
+        self._chat_template = chat.find_template(folder)
+        self._special_tokens = chat.special_tokens(folder)
 
     @property
     def model_name(self) -> str:
@@ -156,32 +185,11 @@ class Engine:
         manifest = verify_folder(folder, full_hash=settings.verify_sha256)
         genai_config = _genai_config(folder)
         threads = _threads(genai_config, settings)
-        overlay = json.dumps(
-            {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
-        )
-        skipped: dict[str, str] = {}
-        for name in settings.provider_order():
-            available = _AVAILABLE.get(name)
-            if name != "cpu" and name not in _OG_PROVIDER:
-                skipped[name] = "not supported by this onnxruntime-genai build"
-                continue
-            if available is not None and not available():
-                skipped[name] = "not installed in this onnxruntime-genai build"
-                continue
-            try:
-                config = og.Config(str(folder))
-                config.overlay(overlay)
-                config.clear_providers()
-                if name != "cpu":
-                    config.append_provider(_OG_PROVIDER[name])
-                model = og.Model(config)
-            except RuntimeError as exc:
-                skipped[name] = f"failed to initialise: {_first_line(exc)}"
-                continue
-            probe = ProbeReport(name, skipped, time.perf_counter() - start, threads)
-            return cls(folder, manifest, model, probe, genai_config)
-        reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
-        raise ProviderUnavailableError(f"no execution provider could load the model ({reasons})")
+        model, provider, skipped = _probe(folder, settings, threads)
+        probe = ProbeReport(provider, skipped, time.perf_counter() - start, threads)
+        return cls(folder, manifest, model, probe, genai_config, settings)
+
+    # -- text ---------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
@@ -191,16 +199,50 @@ class Engine:
         """Text of `token_ids`."""
         return str(self._tokenizer.decode(token_ids))
 
-    def _params(self, prompt_len: int, options: SamplingOptions) -> Any:
+    def detokenize(self, token_ids: Iterable[int]) -> Iterator[str]:
+        """Text pieces of a token stream, one per token; a piece is empty while a
+        character's bytes are incomplete, so no piece holds a broken UTF-8 sequence."""
+        decoder = self._tokenizer.create_stream()
+        for token in token_ids:
+            yield str(decoder.decode(token))
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt for chat `messages`, with the assistant's turn opened.
+
+        Raises:
+            InvalidRequestError: The model has no chat template, or it rejects the messages.
+        """
+        if self._chat_template is None:
+            raise InvalidRequestError(
+                f"model {self.model_name} has no chat template: use a plain prompt"
+            )
+        try:
+            return str(
+                self._tokenizer.apply_chat_template(
+                    json.dumps(messages),
+                    template_str=self._chat_template,
+                    add_generation_prompt=True,
+                )
+            )
+        except RuntimeError:
+            # onnxruntime-genai cannot run some HF templates (e.g. `.replace()`): render
+            # the same template the way transformers does.
+            return chat.render(self._chat_template, messages, tokens=self._special_tokens)
+
+    # -- generation ---------------------------------------------------------------------
+
+    def _params(self, prompt_len: int, request: GenerationRequest) -> Any:
+        options = request.options
         if prompt_len == 0:
             raise InvalidRequestError("the prompt is empty")
-        room = self.context_length - prompt_len
-        if self.context_length and room < 1:
+        if self.context_length and prompt_len >= self.context_length:
             raise InvalidRequestError(
                 f"the prompt has {prompt_len} tokens; the model's context is "
-                f"{self.context_length} tokens"
+                f"{self.context_length} tokens, which leaves no room for new tokens"
             )
-        new = min(options.max_new_tokens, room) if self.context_length else options.max_new_tokens
+        new = min(options.max_new_tokens, self.settings.max_new_tokens)
+        if self.context_length:
+            new = min(new, self.context_length - prompt_len)
         search: dict[str, Any] = {
             "max_length": prompt_len + new,
             "min_length": prompt_len + min(options.min_new_tokens, new),
@@ -210,24 +252,37 @@ class Engine:
         if options.temperature > 0:
             search["temperature"] = options.temperature
             search["top_p"] = options.top_p
-            if options.top_k > 0:
-                search["top_k"] = options.top_k
+            search["top_k"] = options.top_k if options.top_k > 0 else 0
         if options.seed is not None:
             search["random_seed"] = options.seed
         params = og.GeneratorParams(self._model)
         params.set_search_options(**search)
+        if request.guidance is not None:
+            params.set_guidance(request.guidance.kind, request.guidance.data)
         return params
 
-    def stream_tokens(self, input_ids: list[int], options: SamplingOptions) -> Iterator[int]:
-        """Yield new token ids until EOS or the token limit.
-
-        Raises:
-            InvalidRequestError: The prompt is empty or does not fit the context.
-            GenerationError: The native engine failed.
-        """
-        params = self._params(len(input_ids), options)
+    def _new_generator(self, params: Any, guided: bool) -> Any:
         try:
-            generator = og.Generator(self._model, params)
+            return og.Generator(self._model, params)
+        except RuntimeError as exc:
+            if guided:
+                raise InvalidRequestError(f"invalid guidance: {_first_line(exc)}") from exc
+            raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
+
+    def stream_tokens(self, input_ids: list[int], options: SamplingOptions) -> Iterator[int]:
+        """Yield new token ids until EOS or the token limit (no admission, no text).
+
+        For benchmarks and tests that work in token ids.
+        """
+        params = self._params(len(input_ids), GenerationRequest(prompt="", options=options))
+        generator = self._new_generator(params, guided=False)
+        yield from self._tokens(generator, input_ids)
+
+    def _tokens(
+        self, generator: Any, input_ids: list[int], ended: list[str] | None = None
+    ) -> Iterator[int]:
+        """Yield new tokens; append "eos" to `ended` when the model (or grammar) ended."""
+        try:
             generator.append_tokens(input_ids)
             count = generator.token_count()
             while not generator.is_done():
@@ -235,40 +290,106 @@ class Engine:
                 # An EOS ends the sequence without being appended: the count stays.
                 new_count = generator.token_count()
                 if new_count == count:
+                    if ended is not None:
+                        ended.append("eos")
                     return
                 count = new_count
                 yield int(generator.get_next_tokens()[0])
         except RuntimeError as exc:
             raise GenerationError(f"generation failed: {_first_line(exc)}") from exc
 
-    def generate(self, prompt: str, options: SamplingOptions) -> Completion:
-        """Generate a completion of `prompt` (no chat template applied)."""
-        start = time.perf_counter()
+    def stream(self, request: GenerationRequest) -> GenerationStream:
+        """Start a generation under admission control; iterate it for text deltas.
+
+        Validation and admission happen here, before the first delta, so that callers
+        can still answer with an error status.
+
+        Raises:
+            InvalidRequestError: Bad parameters, a prompt that does not fit, bad guidance.
+            BusyError: No slot within the queue timeout, or the queue is full.
+        """
+        prompt = request.prompt
+        if prompt is None:
+            prompt = self.apply_chat_template(request.messages or [])
         input_ids = self.encode(prompt)
-        tokens: list[int] = []
+        params = self._params(len(input_ids), request)
+        waited = self.admission.acquire()
+        held_from = time.monotonic()
+        try:
+            generator = self._new_generator(params, request.guidance is not None)
+        except BaseException:
+            self.admission.release(time.monotonic() - held_from)
+            raise
+        result: list[Completion] = []
+
+        def release() -> None:
+            self.admission.release(time.monotonic() - held_from)
+
+        deltas = self._deltas(generator, input_ids, request, waited, result, release)
+        return GenerationStream(deltas, result, release)
+
+    def _deltas(
+        self,
+        generator: Any,
+        input_ids: list[int],
+        request: GenerationRequest,
+        waited: float,
+        result: list[Completion],
+        release: Callable[[], None],
+    ) -> Generator[str, None, None]:
+        start = time.perf_counter()
         first = 0.0
-        for token in self.stream_tokens(input_ids, options):
-            if not tokens:
-                first = time.perf_counter() - start
-            tokens.append(token)
-        total = time.perf_counter() - start
-        limit_hit = len(tokens) >= options.max_new_tokens or (
-            self.context_length > 0 and len(input_ids) + len(tokens) >= self.context_length
-        )
-        decode_s = total - first
-        return Completion(
-            text=self.decode(tokens),
-            token_ids=tokens,
-            prompt_tokens=len(input_ids),
-            finish_reason="length" if limit_hit else "stop",
-            timings={
-                "ttft_s": first,
-                "total_s": total,
-                "decode_tokens_per_s": (len(tokens) - 1) / decode_s if decode_s > 0 else 0.0,
-            },
-        )
+        count = 0
+        finish: FinishReason = "cancelled"
+        stops = StopMatcher(request.stop)
+        ended: list[str] = []
+        pieces: list[str] = []
 
+        def counted(og_generator: Any) -> Generator[int, None, None]:
+            nonlocal count, first
+            for token in self._tokens(og_generator, input_ids, ended):
+                if count == 0:
+                    first = time.perf_counter() - start
+                count += 1
+                yield token
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        tokens = counted(generator)
+        del generator  # `tokens` holds the only reference, closed in `finally`
+        try:
+            for piece in self.detokenize(tokens):
+                text = stops.feed(piece)
+                if text:
+                    pieces.append(text)
+                    yield text
+                if stops.stopped:
+                    break
+            tail = stops.flush()
+            if tail:
+                pieces.append(tail)
+                yield tail
+            finish = "stop" if stops.stopped or ended else "length"
+        finally:
+            tokens.close()  # frees the og Generator (its KV cache) before the slot
+            release()
+            total = time.perf_counter() - start
+            decode_s = total - first
+            result.append(
+                Completion(
+                    text="".join(pieces),
+                    finish_reason=finish,
+                    prompt_tokens=len(input_ids),
+                    completion_tokens=count,
+                    timings=Timings(
+                        queue_s=waited,
+                        ttft_s=first,
+                        total_s=total,
+                        decode_tokens_per_s=(count - 1) / decode_s
+                        if count > 1 and decode_s > 0
+                        else 0.0,
+                    ),
+                )
+            )
+
+    def generate(self, request: GenerationRequest) -> Completion:
+        """Run a whole generation and return its text and figures."""
+        return self.stream(request).collect()

@@ -18,6 +18,7 @@ class EngineSettings(BaseSettings):
         providers: `auto` or a comma-separated preference list such as `cuda,cpu`.
         threads: intra-op threads; None means the baked value, capped by usable cores.
         max_concurrency: Generations that run at once.
+        max_queue: Requests that may wait for a slot; one more gets `Busy` at once.
         queue_timeout_s: How long a request may wait for a slot before `Busy`.
         max_new_tokens: Upper bound on new tokens per request.
         verify_sha256: Hash every model file at load (slower; sizes are always checked).
@@ -29,6 +30,7 @@ class EngineSettings(BaseSettings):
     providers: str = "auto"
     threads: int | None = Field(default=None, ge=1, le=256)
     max_concurrency: int = Field(default=1, ge=1, le=64)
+    max_queue: int = Field(default=16, ge=0, le=10000)
     queue_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     max_new_tokens: int = Field(default=512, ge=1, le=131072)
     verify_sha256: bool = False

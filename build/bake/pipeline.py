@@ -133,14 +133,16 @@ def _copy_onnx(src: Path, dst: Path) -> list[str]:
 
 def _smoke(folder: Path, target: Target) -> tuple[str, str]:
     """Generate a few tokens from the baked folder; a bake that cannot generate fails."""
-    from core.engine import Engine, SamplingOptions
+    from core.engine import Engine
     from core.errors import OrtServeError
+    from core.generation import GenerationRequest, SamplingOptions
     from core.settings import EngineSettings
 
     providers = "cpu" if target.runtime_ep == "cpu" else f"{target.runtime_ep},cpu"
     try:
         engine = Engine.load(EngineSettings(model_dir=folder, providers=providers))
-        result = engine.generate("Hello", SamplingOptions(max_new_tokens=8))
+        request = GenerationRequest(prompt="Hello", options=SamplingOptions(max_new_tokens=8))
+        result = engine.generate(request)
     except OrtServeError as exc:
         raise BakeError(f"smoke generation on the baked model failed: {exc.message}") from exc
     return result.text, engine.probe.provider

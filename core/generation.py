@@ -1,0 +1,135 @@
+"""What a generation asks for and what it gives back: plain data, no engine."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from core.errors import InvalidRequestError
+from core.stops import MAX_STOP_STRINGS
+
+FinishReason = Literal["stop", "length", "cancelled"]
+GuidanceKind = Literal["json_schema", "regex", "lark"]
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How to pick tokens.
+
+    Attributes:
+        max_new_tokens: Upper bound of new tokens (capped by the context window).
+        min_new_tokens: Force at least this many (benchmarks use min = max).
+        temperature: 0 means greedy decoding; above 0 samples.
+        top_p: Nucleus sampling mass.
+        top_k: Keep the k best tokens (0: no limit).
+        repetition_penalty: 1.0 means none.
+        seed: Random seed for sampling (same seed, same output).
+    """
+
+    max_new_tokens: int = 64
+    min_new_tokens: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """Constrained decoding: the output must match a JSON schema, a regex or a lark grammar."""
+
+    kind: GuidanceKind
+    data: str
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation: a prompt or chat messages, sampling options, stop strings, guidance."""
+
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    options: SamplingOptions = field(default_factory=SamplingOptions)
+    stop: tuple[str, ...] = ()
+    guidance: Guidance | None = None
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise InvalidRequestError("give either a prompt or chat messages")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Where the time went, in seconds (decode speed in tokens/s)."""
+
+    queue_s: float = 0.0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The result of one generation."""
+
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    timings: Timings
+
+
+class GenerationStream:
+    """Text deltas of one generation; `completion` is set once it ends or is closed.
+
+    Closing the stream early (a client gone) stops generation at the next token and
+    frees the engine's slot; the completion then says `cancelled`.
+    """
+
+    def __init__(
+        self,
+        deltas: Generator[str, None, None],
+        result: list[Completion],
+        on_unstarted_close: Callable[[], None],
+    ) -> None:
+        """Wrap `deltas`, which appends its Completion to `result` when it ends."""
+        self._deltas = deltas
+        self._result = result
+        self._on_unstarted_close = on_unstarted_close
+
+    @property
+    def completion(self) -> Completion | None:
+        """The result, once the generation has ended (or was cancelled)."""
+        return self._result[-1] if self._result else None
+
+    def __iter__(self) -> GenerationStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._deltas)
+
+    def close(self) -> None:
+        """Stop generating and free the slot (idempotent)."""
+        if inspect.getgeneratorstate(self._deltas) == inspect.GEN_CREATED:
+            self._on_unstarted_close()
+        self._deltas.close()
+
+    def __enter__(self) -> GenerationStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def collect(self) -> Completion:
+        """Run to the end and return the completion."""
+        for _ in self:
+            pass
+        assert self.completion is not None  # set by __next__ at StopIteration
+        return self.completion

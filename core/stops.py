@@ -1,0 +1,49 @@
+"""Stop strings over a stream of text deltas: cut exactly, never leak a partial match."""
+
+from __future__ import annotations
+
+MAX_STOP_STRINGS = 4
+
+
+class StopMatcher:
+    """Holds back only the text that could still begin a stop string.
+
+    Feed it text deltas; it returns what may be emitted now. Once a stop string is
+    found, `stopped` is True and the text from the stop string on is dropped.
+    """
+
+    def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, delta: str) -> str:
+        """Add a delta; return the text that is safe to emit."""
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return delta
+        text = self._held + delta
+        cut = min((i for s in self.stops if (i := text.find(s)) >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            self._held = ""
+            return text[:cut]
+        keep = self._partial_suffix(text)
+        self._held = text[len(text) - keep :]
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        """The held text, when generation ended without a stop string."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+    def _partial_suffix(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
+        best = 0
+        for stop in self.stops:
+            for length in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:length]):
+                    best = length
+                    break
+        return best

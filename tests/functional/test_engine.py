@@ -1,0 +1,246 @@
+"""The core engine on the tiny baked model: streaming, stops, limits, chat, guidance, admission."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from core.engine import Engine
+from core.errors import BusyError, InvalidRequestError, ProviderUnavailableError
+from core.generation import GenerationRequest, Guidance, SamplingOptions
+from core.manifest import list_files, read_manifest, write_manifest
+from core.settings import EngineSettings
+
+PROMPT = "Serverless functions start cold, load the model once"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Engine:
+    return Engine.load(EngineSettings(model_dir=tiny_model_dir, providers="cpu"))
+
+
+def _req(n: int = 48, **kw: object) -> GenerationRequest:
+    options = SamplingOptions(max_new_tokens=n, min_new_tokens=n)
+    return GenerationRequest(prompt=PROMPT, options=options, **kw)  # type: ignore[arg-type]
+
+
+def test_stream_equals_generate_and_the_tokens_decoded(engine: Engine) -> None:
+    deltas = list(engine.stream(_req()))
+    done = engine.generate(_req())
+    assert "".join(deltas) == done.text
+    assert done.completion_tokens == 48
+    assert done.finish_reason == "length"
+    assert done.prompt_tokens == len(engine.encode(PROMPT))
+    assert done.timings.ttft_s > 0
+    assert done.timings.decode_tokens_per_s > 0
+
+
+def test_same_seed_same_text(engine: Engine) -> None:
+    def sample(seed: int) -> str:
+        options = SamplingOptions(max_new_tokens=32, min_new_tokens=32, temperature=1.0, seed=seed)
+        return engine.generate(GenerationRequest(prompt=PROMPT, options=options)).text
+
+    assert sample(11) == sample(11)
+    assert sample(11) != sample(12)
+
+
+def test_multibyte_utf8_is_never_split(engine: Engine) -> None:
+    """Byte-level tokens that split characters stream as whole characters only."""
+    text = "Caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \u0645\u0631\u062d\u0628\u0627 "
+    text += "\U0001f600\U0001f680"
+    ids = engine.encode(text)
+    pieces = list(engine.detokenize(ids))
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    # Some characters span several tokens: their first tokens yield nothing.
+    assert "" in pieces
+    assert len(ids) > len(text.encode()) / 4
+
+
+def test_streamed_text_has_no_broken_characters(engine: Engine) -> None:
+    for seed in range(10):
+        options = SamplingOptions(max_new_tokens=40, min_new_tokens=40, temperature=1.2, seed=seed)
+        deltas = list(engine.stream(GenerationRequest(prompt=PROMPT, options=options)))
+        assert all("\ufffd" not in d for d in deltas)
+
+
+def test_stop_string_split_across_tokens_is_cut_exactly(engine: Engine) -> None:
+    deltas = list(engine.stream(_req()))
+    full = "".join(deltas)
+    # A stop string that spans the border between two tokens' text.
+    border = 0
+    for i in range(len(deltas) - 1):
+        border += len(deltas[i])
+        stop = full[border - 2 : border + 2]
+        if (
+            len(deltas[i]) >= 2
+            and len(deltas[i + 1]) >= 2
+            and full.find(stop) == border - 2
+            and "\ufffd" not in stop
+        ):
+            break
+    else:
+        pytest.fail("no token border with 2+2 clean characters")
+    stream = engine.stream(_req(stop=(stop, "never-there")))
+    cut = list(stream)
+    text = "".join(cut)
+    assert text == full[: border - 2]
+    assert all(stop not in d for d in cut)
+    assert stream.completion is not None
+    assert stream.completion.finish_reason == "stop"
+    assert engine.generate(_req(stop=(stop,))).text == text
+
+
+def test_length_limit_and_context_overflow(engine: Engine) -> None:
+    done = engine.generate(GenerationRequest(prompt=PROMPT, options=SamplingOptions(5, 5)))
+    assert done.completion_tokens == 5
+    assert done.finish_reason == "length"
+    long_ids_text = " ".join(["fox"] * 3000)
+    with pytest.raises(InvalidRequestError, match="model's context is 2048 tokens"):
+        engine.generate(GenerationRequest(prompt=long_ids_text))
+    # Room for only a few new tokens: max_new_tokens is capped by the context.
+    prompt_ids = engine.encode(long_ids_text)[:2040]
+    tokens = list(engine.stream_tokens(prompt_ids, SamplingOptions(100, 100)))
+    assert len(tokens) == 8
+
+
+def test_too_many_stop_strings() -> None:
+    with pytest.raises(InvalidRequestError, match="at most 4 stop strings"):
+        GenerationRequest(prompt="x", stop=("a", "b", "c", "d", "e"))
+
+
+def test_chat_template_applies(engine: Engine) -> None:
+    prompt = engine.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    done = engine.generate(
+        GenerationRequest(messages=[{"role": "user", "content": "Hi"}], options=SamplingOptions(4))
+    )
+    assert done.prompt_tokens == len(engine.encode(prompt))
+
+
+def _with_template(src: Path, dst: Path, template: str | None) -> Path:
+    shutil.copytree(src, dst)
+    (dst / "chat_template.jinja").unlink()
+    if template is not None:
+        (dst / "chat_template.jinja").write_text(template)
+    manifest = read_manifest(dst).model_copy(update={"files": list_files(dst)})
+    write_manifest(dst, manifest)
+    return dst
+
+
+def test_chat_template_fallback_for_replace(tiny_model_dir: Path, tmp_path: Path) -> None:
+    template = (
+        "{% for m in messages %}[{{ m['role'] | upper }}] "
+        "{{ m['content'].replace('cold', 'warm') }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[ASSISTANT] {% endif %}"
+    )
+    folder = _with_template(tiny_model_dir, tmp_path / "m", template)
+    engine = Engine.load(EngineSettings(model_dir=folder, providers="cpu"))
+    prompt = engine.apply_chat_template([{"role": "user", "content": "a cold start"}])
+    assert prompt == "[USER] a warm start\n[ASSISTANT] "
+
+
+def test_model_without_chat_template_refuses_chat(tiny_model_dir: Path, tmp_path: Path) -> None:
+    folder = _with_template(tiny_model_dir, tmp_path / "m", None)
+    engine = Engine.load(EngineSettings(model_dir=folder, providers="cpu"))
+    with pytest.raises(InvalidRequestError, match="has no chat template"):
+        engine.generate(GenerationRequest(messages=[{"role": "user", "content": "hi"}]))
+    assert engine.admission.active == 0
+
+
+def test_json_schema_guidance_output_validates(engine: Engine) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+        "additionalProperties": False,
+        "x-guidance": {"whitespace_flexible": False},
+    }
+    for seed in range(3):
+        options = SamplingOptions(max_new_tokens=120, temperature=1.0, seed=seed)
+        done = engine.generate(
+            GenerationRequest(
+                prompt=PROMPT, options=options, guidance=Guidance("json_schema", json.dumps(schema))
+            )
+        )
+        assert done.finish_reason == "stop"
+        jsonschema.validate(json.loads(done.text), schema)
+
+
+def test_regex_guidance_and_invalid_guidance(engine: Engine) -> None:
+    done = engine.generate(
+        GenerationRequest(prompt=PROMPT, options=SamplingOptions(30),
+                          guidance=Guidance("regex", "[0-9]{3}-[a-z]{2}"))
+    )  # fmt: skip
+    assert done.finish_reason == "stop"
+    assert len(done.text) == 6
+    assert done.text[3] == "-"
+    with pytest.raises(InvalidRequestError, match="invalid guidance"):
+        engine.generate(GenerationRequest(prompt=PROMPT, guidance=Guidance("json_schema", "{x")))
+    assert engine.admission.active == 0
+
+
+def test_closing_a_stream_cancels_and_frees_the_slot(engine: Engine) -> None:
+    stream = engine.stream(_req(200))
+    next(stream)
+    next(stream)
+    assert engine.admission.active == 1
+    stream.close()
+    assert engine.admission.active == 0
+    assert stream.completion is not None
+    assert stream.completion.finish_reason == "cancelled"
+    assert stream.completion.completion_tokens < 200
+    unstarted = engine.stream(_req())
+    assert engine.admission.active == 1
+    unstarted.close()
+    assert engine.admission.active == 0
+    assert engine.generate(_req(4)).completion_tokens == 4
+
+
+def test_busy_after_the_queue_timeout(tiny_model_dir: Path) -> None:
+    settings = EngineSettings(
+        model_dir=tiny_model_dir, providers="cpu", max_concurrency=1, max_queue=1,
+        queue_timeout_s=0.2,
+    )  # fmt: skip
+    engine = Engine.load(settings)
+    holder = engine.stream(_req(100))
+    next(holder)
+    errors: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            engine.generate(_req(4))
+        except BusyError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(errors) == 3  # one timed out in the queue, two found it full
+    assert {str(e).split(":")[1].strip() for e in errors} == {"queue full", "no slot within 0.2 s"}
+    assert all(isinstance(e, BusyError) and e.retry_after_s >= 1 for e in errors)
+    holder.close()
+    assert engine.generate(_req(4)).completion_tokens == 4
+
+
+def test_probe_falls_back_to_cpu_and_records_why(tiny_model_dir: Path) -> None:
+    engine = Engine.load(EngineSettings(model_dir=tiny_model_dir, providers="cuda,cpu"))
+    assert engine.probe.provider == "cpu"
+    assert set(engine.probe.skipped) == {"cuda"}
+    assert engine.probe.skipped["cuda"].startswith(("not installed", "failed to initialise"))
+    auto = Engine.load(EngineSettings(model_dir=tiny_model_dir, providers="auto"))
+    assert auto.probe.provider == "cpu"
+    assert list(auto.probe.skipped) == ["cuda", "coreml", "qnn", "openvino", "dml", "webgpu"]
+
+
+def test_cuda_only_fails_clearly(tiny_model_dir: Path) -> None:
+    with pytest.raises(ProviderUnavailableError, match="no allowed execution provider") as info:
+        Engine.load(EngineSettings(model_dir=tiny_model_dir, providers="cuda"))
+    assert "cuda:" in info.value.message

@@ -1,0 +1,57 @@
+"""Admission control: N at once, a bounded queue, Busy with a hint instead of a hang."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from core.admission import Admission
+from core.errors import BusyError
+
+
+def test_queue_full_is_refused_at_once() -> None:
+    gate = Admission(max_active=1, max_queue=0, timeout_s=60)
+    gate.acquire()
+    with pytest.raises(BusyError, match="queue full") as info:
+        gate.acquire()
+    assert info.value.retry_after_s >= 1
+    assert info.value.status == 503
+
+
+def test_wait_times_out_with_busy() -> None:
+    gate = Admission(max_active=1, max_queue=4, timeout_s=0.05)
+    gate.acquire()
+    with pytest.raises(BusyError, match=r"no slot within 0\.05 s"):
+        gate.acquire()
+    assert gate.waiting == 0
+    assert gate.active == 1
+
+
+def test_a_waiter_gets_the_slot_when_it_is_released() -> None:
+    gate = Admission(max_active=1, max_queue=4, timeout_s=10)
+    gate.acquire()
+    got = threading.Event()
+
+    def waiter() -> None:
+        gate.acquire()
+        got.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    while gate.waiting == 0:
+        threading.Event().wait(0.001)
+    assert not got.is_set()
+    gate.release(0.5)
+    thread.join(5)
+    assert got.is_set()
+    assert gate.active == 1
+    assert gate.waiting == 0
+
+
+def test_slot_context_releases_on_error() -> None:
+    gate = Admission(max_active=2, max_queue=0, timeout_s=0)
+    with pytest.raises(RuntimeError), gate.slot():
+        assert gate.active == 1
+        raise RuntimeError("boom")
+    assert gate.active == 0
