@@ -25,6 +25,10 @@ class InvalidRequestError(OrtServeError):
     status = 400
     code = "invalid_request"
 
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
 
 class ModelUnavailableError(OrtServeError):
     """The model is not loaded: still loading, or it failed to load."""
@@ -54,6 +58,52 @@ class BusyError(OrtServeError):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class AuthenticationError(OrtServeError):
+    """A missing or wrong API key."""
+
+    status = 401
+    code = "invalid_api_key"
+
+
+class NotFoundError(OrtServeError):
+    """No such route or model."""
+
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowedError(OrtServeError):
+    """The route exists but not for this method."""
+
+    status = 405
+    code = "method_not_allowed"
+
+    def __init__(self, message: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
+
+class PayloadTooLargeError(OrtServeError):
+    """The request body is larger than the configured limit."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class DrainingError(OrtServeError):
+    """The process is shutting down and takes no new generations."""
+
+    status = 503
+    code = "shutting_down"
+
+
+class RequestTimeoutError(OrtServeError):
+    """A generation ran past the request timeout."""
+
+    status = 504
+    code = "timeout"
 
 
 class GenerationError(OrtServeError):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_PROVIDER_ORDER = ("cuda", "coreml", "qnn", "openvino", "dml", "webgpu", "cpu")
 
@@ -47,3 +48,32 @@ class EngineSettings(BaseSettings):
                 f"{', '.join(DEFAULT_PROVIDER_ORDER)}"
             )
         return names
+
+
+class ServerSettings(EngineSettings):
+    """Settings of a process that serves the HTTP API (every target), engine's included.
+
+    Attributes:
+        host: Address the edge daemon binds to.
+        port: Port the edge daemon listens on.
+        api_keys: Accepted API keys (comma-separated in ORTSERVE_API_KEYS); none: no auth.
+        max_body_bytes: Larger request bodies get 413.
+        max_prompt_tokens: Longer prompts get 400 (0: only the context window limits).
+        request_timeout_s: A generation running longer is stopped with a timeout error.
+        drain_timeout_s: On shutdown, how long in-flight requests may take to finish.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
+    max_prompt_tokens: int = Field(default=0, ge=0)
+    request_timeout_s: float = Field(default=300.0, gt=0, le=86400)
+    drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value

@@ -1,0 +1,539 @@
+"""The HTTP API, framework-free: routing, auth, limits, validation, OpenAI formats, SSE.
+
+Every adapter (edge daemon, Lambda, Cloud Functions) calls `Api.handle` and writes the
+`Response` back, so the same request gives the same bytes on every target.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from core.engine import Engine
+from core.errors import (
+    AuthenticationError,
+    BusyError,
+    DrainingError,
+    InvalidRequestError,
+    MethodNotAllowedError,
+    ModelUnavailableError,
+    NotFoundError,
+    OrtServeError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+)
+from core.generation import Completion, GenerationRequest, GenerationStream, Guidance
+from core.generation import SamplingOptions as Sampling
+from core.http import Request, Response, json_response, sse_response
+from core.openapi import openapi_document
+from core.schemas import ChatBody, CompletionBody, GenerateBody, ResponseFormat
+from core.service import ModelState
+from core.settings import ServerSettings
+
+log = logging.getLogger("ortserve")
+
+PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", "/openapi.json"})
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "server_error",
+    504: "server_error",
+}
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What happened to one request, emitted once it is complete (streams: when they end)."""
+
+    request_id: str
+    method: str
+    route: str
+    status: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float = 0.0
+    tokens_per_s: float = 0.0
+    duration_s: float = 0.0
+
+
+@dataclass
+class _Context:
+    """Per-request state shared by the route and the record at the end."""
+
+    request_id: str
+    completion: Completion | None = None
+
+
+def error_payload(exc: OrtServeError) -> dict[str, Any]:
+    """The OpenAI-shaped error body for `exc`."""
+    kind = _ERROR_TYPES.get(exc.status, "server_error")
+    param = getattr(exc, "param", None)
+    return {"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}}
+
+
+def error_response(exc: OrtServeError) -> Response:
+    """The HTTP response for an ortserve error (the one place errors become HTTP)."""
+    headers: list[tuple[str, str]] = []
+    if isinstance(exc, BusyError):
+        headers.append(("retry-after", str(int(exc.retry_after_s))))
+    elif isinstance(exc, ModelUnavailableError | DrainingError):
+        headers.append(("retry-after", "5"))
+    if isinstance(exc, MethodNotAllowedError):
+        headers.append(("allow", ", ".join(exc.allowed)))
+    return json_response(exc.status, error_payload(exc), headers)
+
+
+def _sse(payload: Any) -> bytes:
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+_DONE = b"data: [DONE]\n\n"
+
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _parse(model: type[_Body], body: bytes) -> _Body:
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidRequestError("the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        raise InvalidRequestError(
+            f"{where}: {message}" if where else message, where or None
+        ) from None
+
+
+class Api:
+    """The whole HTTP API over one model state.
+
+    Attributes:
+        in_flight: Requests being handled now (a stream counts until it ends or closes).
+    """
+
+    def __init__(
+        self,
+        state: ModelState,
+        settings: ServerSettings,
+        on_record: Callable[[RequestRecord], None] | None = None,
+    ) -> None:
+        self.state = state
+        self.settings = settings
+        self.on_record = on_record
+        self.draining = False
+        self.in_flight = 0
+        self._lock = threading.Lock()
+        self._keys = [k.encode() for k in settings.api_keys]
+        self._routes: dict[str, dict[str, Callable[[Request, _Context], Response]]] = {
+            "/generate": {"POST": self._generate},
+            "/v1/completions": {"POST": self._completions},
+            "/v1/chat/completions": {"POST": self._chat},
+            "/v1/models": {"GET": self._models},
+            "/healthz": {"GET": self._healthz},
+            "/readyz": {"GET": self._readyz},
+            "/openapi.json": {"GET": self._openapi},
+        }
+
+    # -- entry point -------------------------------------------------------------------
+
+    def handle(self, request: Request) -> Response:
+        """Answer one request; a streamed answer's body is an iterator of SSE chunks."""
+        start = time.perf_counter()
+        supplied = request.headers.get("x-request-id", "")
+        request_id = supplied if _REQUEST_ID.match(supplied) else uuid.uuid4().hex
+        with self._lock:
+            self.in_flight += 1
+        ctx = _Context(request_id)
+        try:
+            response = self._dispatch(request, ctx)
+        except OrtServeError as exc:
+            response = error_response(exc)
+        except Exception:  # never a traceback in a body; the log has it
+            log.exception("unhandled error in %s %s", request.method, request.path)
+            response = error_response(OrtServeError("internal error"))
+        response.headers.append(("x-request-id", request_id))
+        record = RequestRecord(request_id, request.method, request.path, response.status)
+        if isinstance(response.body, bytes):
+            self._finish(record, ctx, start)
+        else:
+            response.body = self._finish_when_done(response.body, record, ctx, start)
+        return response
+
+    def start_draining(self) -> None:
+        """Refuse new generations from now on; requests in flight go on."""
+        self.draining = True
+
+    def _finish(self, record: RequestRecord, ctx: _Context, start: float) -> None:
+        with self._lock:
+            self.in_flight -= 1
+        if self.on_record is None:
+            return
+        done = ctx.completion
+        if done is not None:
+            record = replace(
+                record,
+                prompt_tokens=done.prompt_tokens,
+                completion_tokens=done.completion_tokens,
+                ttft_s=done.timings.ttft_s,
+                tokens_per_s=done.timings.decode_tokens_per_s,
+            )
+        record = replace(record, duration_s=time.perf_counter() - start)
+        try:
+            self.on_record(record)
+        except Exception:  # observers must not break requests
+            log.exception("request record observer failed")
+
+    def _finish_when_done(
+        self, body: Iterator[bytes], record: RequestRecord, ctx: _Context, start: float
+    ) -> Iterator[bytes]:
+        try:
+            yield from body
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+            self._finish(record, ctx, start)
+
+    # -- routing, auth, limits --------------------------------------------------------
+
+    def _dispatch(self, request: Request, ctx: _Context) -> Response:
+        methods = self._routes.get(request.path)
+        if methods is None:
+            raise NotFoundError(f"no route {request.path}")
+        if request.method not in methods:
+            allowed = tuple(sorted(methods))
+            raise MethodNotAllowedError(
+                f"{request.method} is not allowed on {request.path}; use {', '.join(allowed)}",
+                allowed,
+            )
+        if request.path not in PUBLIC_ROUTES:
+            self._authenticate(request)
+        if len(request.body) > self.settings.max_body_bytes:
+            raise PayloadTooLargeError(
+                f"the request body has {len(request.body)} bytes; the limit is "
+                f"{self.settings.max_body_bytes}"
+            )
+        return methods[request.method](request, ctx)
+
+    def _authenticate(self, request: Request) -> None:
+        if not self._keys:
+            return
+        auth = request.headers.get("authorization", "")
+        supplied = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        supplied = supplied or request.headers.get("x-api-key", "").strip()
+        # Compare with every key, in constant time, whatever matches first.
+        given = supplied.encode()
+        matches = [hmac.compare_digest(given, key) for key in self._keys]
+        if not supplied or not any(matches):
+            raise AuthenticationError(
+                "missing or invalid API key: send 'Authorization: Bearer KEY' or 'x-api-key'"
+            )
+
+    def _engine(self) -> Engine:
+        if self.draining:
+            raise DrainingError("the server is shutting down; retry on another instance")
+        return self.state.require()
+
+    # -- generation plumbing ----------------------------------------------------------
+
+    def _start(self, engine: Engine, request: GenerationRequest) -> GenerationStream:
+        limit = self.settings.max_new_tokens
+        if request.options.max_new_tokens > limit:
+            raise InvalidRequestError(
+                f"max tokens {request.options.max_new_tokens} is above this server's limit "
+                f"of {limit}",
+                "max_tokens",
+            )
+        if self.settings.max_prompt_tokens:
+            prompt = request.prompt
+            if prompt is None:
+                prompt = engine.apply_chat_template(request.messages or [])
+            count = len(engine.encode(prompt))
+            if count > self.settings.max_prompt_tokens:
+                raise InvalidRequestError(
+                    f"the prompt has {count} tokens; this server's limit is "
+                    f"{self.settings.max_prompt_tokens}"
+                )
+        return engine.stream(request)
+
+    def _timed(self, stream: GenerationStream) -> Iterator[str]:
+        """The stream's deltas, stopped with a timeout error past request_timeout_s."""
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        try:
+            for delta in stream:
+                yield delta
+                if time.monotonic() > deadline:
+                    raise RequestTimeoutError(
+                        f"the generation ran past the {self.settings.request_timeout_s:g} s "
+                        "request timeout"
+                    )
+        finally:
+            stream.close()
+
+    def _run(self, stream: GenerationStream) -> Completion:
+        text = "".join(self._timed(stream))
+        done = stream.completion
+        assert done is not None  # the stream ended
+        return Completion(text, done.finish_reason, done.prompt_tokens,
+                          done.completion_tokens, done.timings)  # fmt: skip
+
+    def _sse_stream(
+        self,
+        stream: GenerationStream,
+        ctx: _Context,
+        delta_event: Callable[[str], Any],
+        final_events: Callable[[Completion], list[Any]],
+        first_events: list[Any] | None = None,
+        done_marker: bool = True,
+    ) -> Response:
+        """SSE of a generation; an error after the first byte is sent as a final event."""
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                for event in first_events or []:
+                    yield _sse(event)
+                for delta in self._timed(stream):
+                    yield _sse(delta_event(delta))
+                done = stream.completion
+                assert done is not None  # the stream ended
+                ctx.completion = done
+                for event in final_events(done):
+                    yield _sse(event)
+            except OrtServeError as exc:
+                yield _sse(error_payload(exc))
+                return
+            except Exception:
+                log.exception("error while streaming %s", ctx.request_id)
+                yield _sse(error_payload(OrtServeError("internal error")))
+                return
+            finally:
+                stream.close()
+            if done_marker:
+                yield _DONE
+
+        return sse_response(chunks())
+
+    # -- routes -----------------------------------------------------------------------
+
+    def _generate(self, request: Request, ctx: _Context) -> Response:
+        body = _parse(GenerateBody, request.body)
+        engine = self._engine()
+        options = Sampling(
+            max_new_tokens=body.max_new_tokens, temperature=body.temperature, top_p=body.top_p,
+            top_k=body.top_k, seed=body.seed,
+        )  # fmt: skip
+        gen = GenerationRequest(prompt=body.prompt, options=options, stop=tuple(body.stop or ()))
+        stream = self._start(engine, gen)
+
+        def counts(done: Completion) -> dict[str, Any]:
+            return {
+                "tokens_generated": done.completion_tokens,
+                "prompt_tokens": done.prompt_tokens,
+                "finish_reason": done.finish_reason,
+            }
+
+        if body.stream:
+            return self._sse_stream(
+                stream, ctx, lambda d: {"text": d},
+                lambda done: [{"done": True, **counts(done)}], done_marker=False,
+            )  # fmt: skip
+        done = self._run(stream)
+        ctx.completion = done
+        return json_response(200, {"generated_text": done.text, **counts(done)})
+
+    def _openai_common(self, body: CompletionBody | ChatBody) -> Sampling:
+        served = self.state.engine.model_name if self.state.engine else None
+        if body.model is not None and served is not None and body.model != served:
+            exc = NotFoundError(
+                f"the model {body.model!r} does not exist; this server has {served!r}"
+            )
+            exc.code = "model_not_found"
+            raise exc
+        if body.n != 1:
+            raise InvalidRequestError("n must be 1: one choice per request is supported", "n")
+        if body.logprobs:
+            raise InvalidRequestError("logprobs are not supported by this server", "logprobs")
+        max_tokens = body.max_tokens
+        if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
+            max_tokens = body.max_completion_tokens
+        return Sampling(
+            max_new_tokens=max_tokens or min(self.settings.max_new_tokens, 16 if
+                                             isinstance(body, CompletionBody) else 1 << 30),
+            temperature=body.temperature, top_p=body.top_p, seed=body.seed,
+        )  # fmt: skip
+
+    def _ids(self, request_id: str, prefix: str) -> tuple[str, int]:
+        return f"{prefix}-{request_id}", int(time.time())
+
+    def _usage(self, done: Completion) -> dict[str, int]:
+        return {
+            "prompt_tokens": done.prompt_tokens,
+            "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+        }
+
+    def _completions(self, request: Request, ctx: _Context) -> Response:
+        body = _parse(CompletionBody, request.body)
+        options = self._openai_common(body)
+        engine = self._engine()
+        if body.echo:
+            raise InvalidRequestError("echo is not supported by this server", "echo")
+        gen = GenerationRequest(prompt=body.text(), options=options, stop=tuple(body.stop or ()))
+        stream = self._start(engine, gen)
+        cid, created = self._ids(ctx.request_id, "cmpl")
+        base = {"id": cid, "object": "text_completion", "created": created,
+                "model": engine.model_name}  # fmt: skip
+
+        def choice(text: str, finish: str | None) -> dict[str, Any]:
+            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+
+            def final(done: Completion) -> list[Any]:
+                events: list[Any] = [{**base, "choices": [choice("", _finish(done))]}]
+                if usage:
+                    events.append({**base, "choices": [], "usage": self._usage(done)})
+                return events
+
+            return self._sse_stream(
+                stream, ctx, lambda d: {**base, "choices": [choice(d, None)]}, final
+            )
+        done = self._run(stream)
+        ctx.completion = done
+        return json_response(
+            200, {**base, "choices": [choice(done.text, _finish(done))], "usage": self._usage(done)}
+        )
+
+    def _chat(self, request: Request, ctx: _Context) -> Response:
+        body = _parse(ChatBody, request.body)
+        options = self._openai_common(body)
+        if body.tools:
+            raise InvalidRequestError("tools are not supported by this server", "tools")
+        engine = self._engine()
+        gen = GenerationRequest(
+            messages=[m.as_template_input() for m in body.messages],
+            options=options,
+            stop=tuple(body.stop or ()),
+            guidance=_guidance(body.response_format),
+        )
+        stream = self._start(engine, gen)
+        cid, created = self._ids(ctx.request_id, "chatcmpl")
+        base = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                "model": engine.model_name, "system_fingerprint": _fingerprint(engine)}  # fmt: skip
+
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+
+            def delta(text: str) -> dict[str, Any]:
+                return {**base, "choices": [{"index": 0, "delta": {"content": text},
+                                             "logprobs": None, "finish_reason": None}]}  # fmt: skip
+
+            def final(done: Completion) -> list[Any]:
+                events: list[Any] = [{**base, "choices": [{"index": 0, "delta": {},
+                    "logprobs": None, "finish_reason": _finish(done)}]}]  # fmt: skip
+                if usage:
+                    events.append({**base, "choices": [], "usage": self._usage(done)})
+                return events
+
+            first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                          "logprobs": None, "finish_reason": None}]}  # fmt: skip
+            return self._sse_stream(stream, ctx, delta, final, first_events=[first])
+        done = self._run(stream)
+        ctx.completion = done
+        message = {"role": "assistant", "content": done.text, "refusal": None}
+        return json_response(200, {
+            **base, "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": _finish(done)}],
+            "usage": self._usage(done),
+        })  # fmt: skip
+
+    def _models(self, request: Request, ctx: _Context) -> Response:
+        engine = self.state.require()
+        created = int(datetime.fromisoformat(engine.manifest.created_at).timestamp())
+        model = {"id": engine.model_name, "object": "model", "created": created,
+                 "owned_by": "ortserve"}  # fmt: skip
+        return json_response(200, {"object": "list", "data": [model]})
+
+    def _health(self) -> dict[str, Any]:
+        state = self.state
+        status = "draining" if self.draining else state.status
+        payload: dict[str, Any] = {"status": status}
+        engine = state.engine
+        if engine is not None:
+            payload.update(
+                model=engine.model_name,
+                manifest_digest=engine.digest,
+                execution_provider=engine.probe.provider,
+                skipped_providers=engine.probe.skipped,
+                threads=engine.probe.threads,
+                load_seconds=round(engine.probe.load_seconds, 3),
+                active=engine.admission.active,
+                waiting=engine.admission.waiting,
+            )
+        else:
+            payload["reason"] = state.reason
+        return payload
+
+    def _healthz(self, request: Request, ctx: _Context) -> Response:
+        return json_response(200, {**self._health(), "alive": True})
+
+    def _readyz(self, request: Request, ctx: _Context) -> Response:
+        payload = self._health()
+        ready = payload["status"] == "ready"
+        return json_response(200 if ready else 503, payload,
+                             None if ready else [("retry-after", "5")])  # fmt: skip
+
+    def _openapi(self, request: Request, ctx: _Context) -> Response:
+        return json_response(200, openapi_document())
+
+
+def _finish(done: Completion) -> str:
+    return "stop" if done.finish_reason == "stop" else "length"
+
+
+def _fingerprint(engine: Engine) -> str:
+    return f"fp_{engine.digest[:12]}"
+
+
+_WHITESPACE_RULE = {"whitespace_flexible": False}
+
+
+def _guidance(response_format: ResponseFormat | None) -> Guidance | None:
+    """response_format → constrained decoding. Compact JSON keeps small models from
+    wandering into endless whitespace, which flexible-whitespace grammars allow."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        schema: dict[str, Any] = {"type": "object"}
+    else:
+        if response_format.json_schema is None:
+            where = "response_format.json_schema"
+            raise InvalidRequestError(f"{where} is required for type json_schema", where)
+        schema = dict(response_format.json_schema.schema_)
+    schema.setdefault("x-guidance", _WHITESPACE_RULE)
+    return Guidance("json_schema", json.dumps(schema))

@@ -1,0 +1,77 @@
+"""The framework-free HTTP boundary every adapter translates to and from."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+JSON = "application/json"
+SSE = "text/event-stream"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request as the core sees it.
+
+    Attributes:
+        method: Upper-case HTTP method.
+        path: The path without the query string, e.g. `/v1/chat/completions`.
+        query: Query parameters (last value wins).
+        headers: Header names in lower case.
+        body: The raw body.
+    """
+
+    method: str
+    path: str
+    query: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+@dataclass
+class Response:
+    """One HTTP response: a whole body, or an iterator of chunks (SSE).
+
+    A streamed body should be iterated to its end or closed (`close_body`), so that
+    the generation behind it stops and frees its slot.
+    """
+
+    status: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes | Iterator[bytes] = b""
+
+    @property
+    def is_stream(self) -> bool:
+        """True when the body is an iterator of chunks."""
+        return not isinstance(self.body, bytes)
+
+    def header(self, name: str) -> str | None:
+        """The first value of header `name` (case-insensitive), or None."""
+        lower = name.lower()
+        return next((v for k, v in self.headers if k.lower() == lower), None)
+
+    def close_body(self) -> None:
+        """Stop a streamed body early (the client went away)."""
+        close = getattr(self.body, "close", None)
+        if close is not None:
+            close()
+
+
+def json_response(
+    status: int, payload: Any, headers: list[tuple[str, str]] | None = None
+) -> Response:
+    """A JSON response (compact, UTF-8)."""
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return Response(status, [("content-type", JSON), *(headers or [])], body)
+
+
+def sse_response(chunks: Iterator[bytes]) -> Response:
+    """A Server-Sent Events response with the headers proxies need to not buffer it."""
+    headers = [
+        ("content-type", f"{SSE}; charset=utf-8"),
+        ("cache-control", "no-cache"),
+        ("x-accel-buffering", "no"),
+    ]
+    return Response(200, headers, chunks)

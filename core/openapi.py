@@ -1,0 +1,111 @@
+"""The OpenAPI document of the HTTP API, generated from the pydantic request models."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from core.schemas import ChatBody, CompletionBody, GenerateBody
+
+_REF = "#/components/schemas/{model}"
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string"},
+            },
+        }
+    },
+}
+_JSON_OBJECT = {"type": "object"}
+
+
+def _responses(ok: str) -> dict[str, Any]:
+    error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    return {
+        "200": {
+            "description": ok,
+            "content": {"application/json": {"schema": _JSON_OBJECT}, "text/event-stream": {}},
+        },
+        **{
+            code: {"description": text, **error}
+            for code, text in (
+                ("400", "invalid request"),
+                ("401", "missing or invalid API key"),
+                ("404", "unknown route or model"),
+                ("405", "method not allowed"),
+                ("413", "body too large"),
+                ("503", "busy, loading or shutting down (see Retry-After)"),
+                ("504", "generation timed out"),
+            )
+        },
+    }
+
+
+def _post(body: str, summary: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}
+                },
+            },
+            "responses": _responses(summary),
+            "security": [{"bearer": []}, {"apiKey": []}, {}],
+        }
+    }
+
+
+def _get(summary: str, auth: bool) -> dict[str, Any]:
+    content = {"application/json": {"schema": _JSON_OBJECT}}
+    operation: dict[str, Any] = {
+        "summary": summary,
+        "responses": {
+            "200": {"description": summary, "content": content},
+            "503": {"description": "not ready", "content": content},
+        },
+    }
+    if auth:
+        operation["security"] = [{"bearer": []}, {"apiKey": []}, {}]
+    return {"get": operation}
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document for every route (built once)."""
+    _, schemas = models_json_schema(
+        [(m, "validation") for m in (GenerateBody, CompletionBody, ChatBody)],
+        ref_template=_REF,
+    )
+    components = dict(schemas.get("$defs", {}))
+    components["Error"] = _ERROR
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "ortserve", "version": "1"},
+        "paths": {
+            "/generate": _post("GenerateBody", "generate text (native API)"),
+            "/v1/completions": _post("CompletionBody", "OpenAI-compatible completion"),
+            "/v1/chat/completions": _post("ChatBody", "OpenAI-compatible chat completion"),
+            "/v1/models": _get("the served model", auth=True),
+            "/healthz": _get("process alive", auth=False),
+            "/readyz": _get("model loaded and ready", auth=False),
+        },
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
+        },
+    }

@@ -1,0 +1,135 @@
+"""Request bodies of the HTTP API (pydantic v2). Unknown fields are ignored, as OpenAI does."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from core.stops import MAX_STOP_STRINGS
+
+_SEED = Field(default=None, ge=0, le=2**63 - 1, description="same seed, same output")
+_TEMPERATURE_DOC = "0 is greedy; higher samples more freely"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+def _stops(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+    if any(not s for s in stops):
+        raise ValueError("stop strings must not be empty")
+    return stops
+
+
+class GenerateBody(_Body):
+    """POST /generate: the simple native API."""
+
+    prompt: str = Field(min_length=1)
+    max_new_tokens: int = Field(default=128, ge=1, le=131072)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description=_TEMPERATURE_DOC)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, le=100000)
+    seed: int | None = _SEED
+    stop: str | list[str] | None = None
+    stream: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> list[str]:
+        return _stops(value)
+
+
+class StreamOptions(_Body):
+    """OpenAI stream_options."""
+
+    include_usage: bool = False
+
+
+class _OpenAIBody(_Body):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=131072)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, description=_TEMPERATURE_DOC)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = _SEED
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> list[str]:
+        return _stops(value)
+
+
+class CompletionBody(_OpenAIBody):
+    """POST /v1/completions."""
+
+    prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("exactly one prompt is supported")
+        return value
+
+    def text(self) -> str:
+        """The single prompt."""
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class ContentPart(_Body):
+    """One part of a message's content; only text parts are supported."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    """One chat message."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as chat templates expect it: role and plain-text content."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content or ""}
+
+
+class JsonSchemaFormat(_Body):
+    """response_format.json_schema."""
+
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """response_format: text, json_object or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ChatBody(_OpenAIBody):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=131072)
+    response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    tools: list[dict[str, Any]] | None = None

@@ -1,0 +1,64 @@
+"""The model's life in a serving process: loading, ready or failed, never a crash."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Literal
+
+from core.engine import Engine
+from core.errors import ModelUnavailableError, OrtServeError
+from core.settings import EngineSettings
+
+log = logging.getLogger("ortserve")
+
+ModelStatus = Literal["loading", "ready", "failed"]
+
+
+class ModelState:
+    """Holds the engine once loaded; health endpoints read it, requests wait on nothing.
+
+    Attributes:
+        status: loading, ready or failed.
+        reason: Why it failed (or what it is doing), for /readyz and logs.
+        engine: The loaded engine, when ready.
+    """
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.status: ModelStatus = "loading"
+        self.reason: str | None = f"loading {settings.model_dir}"
+        self.engine: Engine | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Load the model (blocking). Sets ready or failed; never raises."""
+        with self._lock:
+            if self.status == "ready":
+                return
+            try:
+                engine = Engine.load(self.settings)
+            except OrtServeError as exc:
+                self.status, self.reason = "failed", exc.message
+                log.error("model load failed: %s", exc.message)
+                return
+            except Exception as exc:  # a bug or an unexpected native error: stay up, say so
+                self.status, self.reason = "failed", f"unexpected error: {type(exc).__name__}"
+                log.exception("model load failed")
+                return
+            self.engine, self.status, self.reason = engine, "ready", None
+            probe = engine.probe
+            log.info(
+                "model %s ready on %s in %.2f s (threads %d; skipped: %s)",
+                engine.model_name, probe.provider, probe.load_seconds, probe.threads,
+                probe.skipped or "none",
+            )  # fmt: skip
+
+    def require(self) -> Engine:
+        """The engine, or a 503 error that says why there is none."""
+        engine = self.engine
+        if engine is None:
+            raise ModelUnavailableError(
+                f"the model is not ready ({self.status}: {self.reason or 'no reason given'})"
+            )
+        return engine

@@ -1,0 +1,276 @@
+"""The HTTP API through every target: native and OpenAI routes, streaming, errors, auth."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from core.api import Api
+from core.service import ModelState
+from core.settings import ServerSettings
+from tests.functional.harness import API_KEY, InProcess, Reply, Target, normalized
+
+
+def _settings(model_dir: Path, **kw: object) -> ServerSettings:
+    return ServerSettings(model_dir=model_dir, providers="cpu", api_keys=[API_KEY, "other-key"],
+                          max_body_bytes=64 * 1024, max_new_tokens=256, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def core_api(tiny_model_dir: Path) -> Api:
+    settings = _settings(tiny_model_dir)
+    state = ModelState(settings)
+    state.load()
+    assert state.status == "ready", state.reason
+    return Api(state, settings)
+
+
+@pytest.fixture(scope="module", params=["core"])
+def target(request: pytest.FixtureRequest, core_api: Api) -> Iterator[Target]:
+    yield InProcess(core_api)
+
+
+@pytest.fixture(scope="module")
+def reference(core_api: Api) -> Target:
+    return InProcess(core_api)
+
+
+def _error(reply: Reply, status: int, code: str | None = None) -> dict[str, object]:
+    assert reply.status == status, reply.body
+    body = reply.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert {"message", "type", "code"} <= set(error)
+    assert isinstance(error["message"], str) and error["message"]
+    text = json.dumps(body)
+    assert "Traceback" not in text and "pydantic" not in text and "errors.pydantic.dev" not in text
+    if code is not None:
+        assert error["code"] == code, error
+    return error  # type: ignore[no-any-return]
+
+
+GREEDY = {"max_new_tokens": 24, "temperature": 0}
+
+
+# -- native API --------------------------------------------------------------------------
+
+
+def test_generate(target: Target) -> None:
+    reply = target.call("POST", "/generate", {"prompt": "Hello there", **GREEDY})
+    assert reply.status == 200
+    body = reply.json()
+    assert set(body) == {"generated_text", "tokens_generated", "prompt_tokens", "finish_reason"}
+    assert body["tokens_generated"] <= 24
+    assert body["finish_reason"] in {"stop", "length"}
+    assert reply.headers["content-type"] == "application/json"
+
+
+def test_generate_stream_equals_non_stream(target: Target) -> None:
+    whole = target.call("POST", "/generate", {"prompt": "Hello there", **GREEDY}).json()
+    reply = target.call("POST", "/generate", {"prompt": "Hello there", **GREEDY, "stream": True})
+    assert reply.status == 200
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    events = reply.events()
+    final = events[-1]
+    assert final == {"done": True, "tokens_generated": whole["tokens_generated"],
+                     "prompt_tokens": whole["prompt_tokens"],
+                     "finish_reason": whole["finish_reason"]}  # fmt: skip
+    assert "".join(e["text"] for e in events[:-1]) == whole["generated_text"]
+
+
+def test_stop_string(target: Target) -> None:
+    full = target.call("POST", "/generate", {"prompt": "Hello there", **GREEDY}).json()
+    text = full["generated_text"]
+    stop = text[5:8]
+    cut = target.call("POST", "/generate", {"prompt": "Hello there", **GREEDY, "stop": [stop]})
+    assert cut.json()["generated_text"] == text[: text.find(stop)]
+    assert cut.json()["finish_reason"] == "stop"
+
+
+def test_seed_determinism(target: Target) -> None:
+    body = {"prompt": "Edge boards", "max_new_tokens": 16, "temperature": 1.0, "seed": 42}
+    first = target.call("POST", "/generate", body).json()
+    second = target.call("POST", "/generate", body).json()
+    other = target.call("POST", "/generate", {**body, "seed": 43}).json()
+    assert first == second
+    assert first["generated_text"] != other["generated_text"]
+
+
+# -- OpenAI-compatible ----------------------------------------------------------------
+
+
+def test_models(target: Target) -> None:
+    body = target.call("GET", "/v1/models").json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["ortserve/tiny-llama-random-weights"]
+    assert body["data"][0]["object"] == "model"
+
+
+def test_completion(target: Target) -> None:
+    reply = target.call("POST", "/v1/completions",
+                        {"model": "ortserve/tiny-llama-random-weights", "prompt": "Hi",
+                         "max_tokens": 8, "temperature": 0})  # fmt: skip
+    body = reply.json()
+    assert body["object"] == "text_completion"
+    assert body["id"].startswith("cmpl-")
+    choice = body["choices"][0]
+    assert choice["index"] == 0 and choice["finish_reason"] in {"stop", "length"}
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_chat_and_its_stream_with_usage(target: Target) -> None:
+    request = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12,
+               "temperature": 0}  # fmt: skip
+    whole = target.call("POST", "/v1/chat/completions", request).json()
+    assert whole["object"] == "chat.completion"
+    message = whole["choices"][0]["message"]
+    assert message["role"] == "assistant"
+    streamed = {**request, "stream": True, "stream_options": {"include_usage": True}}
+    reply = target.call("POST", "/v1/chat/completions", streamed)
+    events = reply.events()
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == message["content"]
+    assert chunks[-2]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_max_completion_tokens(target: Target) -> None:
+    body = target.call("POST", "/v1/chat/completions",
+                       {"messages": [{"role": "user", "content": "Hi"}],
+                        "max_completion_tokens": 3, "temperature": 0,
+                        "stop": None}).json()  # fmt: skip
+    assert body["usage"]["completion_tokens"] <= 3
+
+
+def test_response_format_json_schema_and_object(target: Target) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}},
+              "required": ["city"], "additionalProperties": False}  # fmt: skip
+    for seed in (1, 2):
+        body = target.call("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Where?"}], "max_tokens": 60, "seed": seed,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "place", "schema": schema}},
+        }).json()  # fmt: skip
+        jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
+    # Any object: a random model rarely closes its first key, so check the constraint's
+    # start and, when it finished, the whole.
+    body = target.call("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "JSON"}], "max_tokens": 20, "seed": 3,
+        "response_format": {"type": "json_object"},
+    }).json()  # fmt: skip
+    content = body["choices"][0]["message"]["content"]
+    assert content.startswith('{"')
+    if body["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(content), dict)
+
+
+def test_same_bytes_as_the_reference(target: Target, reference: Target) -> None:
+    """Parity: every target answers like the core itself, streamed bytes included."""
+    requests = [
+        ("/generate", {"prompt": "Parity", **GREEDY}),
+        ("/generate", {"prompt": "Parity", **GREEDY, "stream": True}),
+        ("/v1/completions", {"prompt": "Parity", "max_tokens": 10, "temperature": 0}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "P"}],
+                                  "max_tokens": 10, "temperature": 0, "stream": True}),
+    ]  # fmt: skip
+    for path, body in requests:
+        got, want = target.call("POST", path, body), reference.call("POST", path, body)
+        assert got.status == want.status == 200
+        assert normalized(got.body) == normalized(want.body), path
+
+
+# -- errors, auth, limits ---------------------------------------------------------------
+
+
+def test_malformed_json(target: Target) -> None:
+    error = _error(target.call("POST", "/v1/completions", raw=b"{not json"), 400)
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/generate", {"prompt": 3}, "prompt"),
+        ("/generate", {"prompt": "x", "max_new_tokens": -1}, "max_new_tokens"),
+        ("/generate", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 10**9}, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature"),
+        ("/v1/chat/completions", {"messages": []}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, None),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 1000}, "max_tokens"),
+    ],
+)
+def test_invalid_values(target: Target, path: str, body: object, param: str | None) -> None:
+    error = _error(target.call("POST", path, body), 400, "invalid_request")
+    if param is not None:
+        assert str(error["param"]).startswith(param)
+
+
+def test_json_array_body(target: Target) -> None:
+    _error(target.call("POST", "/generate", [1, 2]), 400, "invalid_request")
+
+
+def test_unknown_fields_are_ignored(target: Target) -> None:
+    reply = target.call("POST", "/v1/completions",
+                        {"prompt": "x", "max_tokens": 2, "frequency_penalty": 0, "user": "u",
+                         "whatever": {"x": 1}})  # fmt: skip
+    assert reply.status == 200
+
+
+def test_unknown_model(target: Target) -> None:
+    _error(target.call("POST", "/v1/completions", {"model": "gpt-4", "prompt": "x"}), 404,
+           "model_not_found")  # fmt: skip
+
+
+def test_oversize_body(target: Target) -> None:
+    _error(target.call("POST", "/generate", {"prompt": "x" * 70_000}), 413, "payload_too_large")
+
+
+def test_unknown_route_and_method(target: Target) -> None:
+    _error(target.call("GET", "/v2/nothing"), 404, "not_found")
+    reply = target.call("GET", "/v1/chat/completions")
+    _error(reply, 405, "method_not_allowed")
+    assert reply.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"authorization": ""}, {"authorization": "Bearer wrong"}, {"authorization": "Basic x"}],
+)
+def test_missing_or_wrong_key(target: Target, headers: dict[str, str]) -> None:
+    _error(target.call("GET", "/v1/models", headers=headers), 401, "invalid_api_key")
+
+
+def test_every_key_and_both_headers_work(target: Target) -> None:
+    other = {"authorization": "Bearer other-key"}
+    assert target.call("GET", "/v1/models", headers=other).status == 200
+    header = {"authorization": "", "x-api-key": API_KEY}
+    assert target.call("GET", "/v1/models", headers=header).status == 200
+
+
+def test_health_is_exempt_from_auth_and_reports_the_model(target: Target) -> None:
+    for path in ("/healthz", "/readyz"):
+        body = target.call("GET", path, headers={"authorization": ""}).json()
+        assert body["status"] == "ready"
+        assert body["model"] == "ortserve/tiny-llama-random-weights"
+        assert body["execution_provider"] == "cpu"
+        assert len(body["manifest_digest"]) == 64
+        assert isinstance(body["skipped_providers"], dict)
+
+
+def test_openapi_document(target: Target) -> None:
+    doc = target.call("GET", "/openapi.json").json()
+    assert doc["openapi"].startswith("3.")
+    assert {"/generate", "/v1/completions", "/v1/chat/completions"} <= set(doc["paths"])
+    assert "GenerateBody" in doc["components"]["schemas"]

@@ -1,0 +1,92 @@
+"""The API when the model is missing, the server is busy or draining, or a stream fails."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from core.api import Api, RequestRecord
+from core.http import Request
+from core.service import ModelState
+from core.settings import ServerSettings
+from tests.functional.harness import InProcess
+
+
+def _api(model_dir: Path, **kw: object) -> Api:
+    settings = ServerSettings(model_dir=model_dir, providers="cpu", **kw)  # type: ignore[arg-type]
+    state = ModelState(settings)
+    state.load()
+    return Api(state, settings)
+
+
+def test_missing_model_keeps_serving_health_and_says_why(tmp_path: Path) -> None:
+    client = InProcess(_api(tmp_path / "nowhere"))
+    ready = client.call("GET", "/readyz")
+    assert ready.status == 503
+    assert ready.json()["status"] == "failed"
+    assert "does not exist" in ready.json()["reason"]
+    assert ready.headers["retry-after"] == "5"
+    assert client.call("GET", "/healthz").status == 200
+    reply = client.call("POST", "/generate", {"prompt": "x"})
+    assert reply.status == 503
+    assert reply.json()["error"]["code"] == "model_unavailable"
+    assert "does not exist" in reply.json()["error"]["message"]
+
+
+def test_busy_is_503_with_retry_after(tiny_model_dir: Path) -> None:
+    api = _api(tiny_model_dir, max_concurrency=1, max_queue=0)
+    client = InProcess(api)
+    held = api.handle(Request("POST", "/generate", body=json.dumps(
+        {"prompt": "x", "max_new_tokens": 50, "stream": True}).encode()))  # fmt: skip
+    assert not isinstance(held.body, bytes)
+    next(held.body)
+    busy = client.call("POST", "/v1/completions", {"prompt": "y", "max_tokens": 2})
+    assert busy.status == 503
+    assert busy.json()["error"]["code"] == "busy"
+    assert int(busy.headers["retry-after"]) >= 1
+    held.close_body()
+    assert api.state.engine is not None and api.state.engine.admission.active == 0
+    assert api.in_flight == 0
+    assert client.call("POST", "/v1/completions", {"prompt": "y", "max_tokens": 2}).status == 200
+
+
+def test_an_error_after_the_first_byte_is_a_final_sse_event(tiny_model_dir: Path) -> None:
+    api = _api(tiny_model_dir, request_timeout_s=1e-9)
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 40, "stream": True}
+    reply = InProcess(api).call("POST", "/v1/chat/completions", body)
+    assert reply.status == 200
+    events = reply.events()
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-1]["error"]["code"] == "timeout"
+    assert "[DONE]" not in events
+    assert api.state.engine is not None and api.state.engine.admission.active == 0
+    buffered = InProcess(api).call("POST", "/generate", {"prompt": "x", "max_new_tokens": 40})
+    assert buffered.status == 504
+
+
+def test_draining_refuses_new_generations_but_not_health(tiny_model_dir: Path) -> None:
+    api = _api(tiny_model_dir)
+    api.start_draining()
+    client = InProcess(api)
+    reply = client.call("POST", "/generate", {"prompt": "x"})
+    assert reply.status == 503
+    assert reply.json()["error"]["code"] == "shutting_down"
+    assert client.call("GET", "/readyz").json()["status"] == "draining"
+    assert client.call("GET", "/healthz").status == 200
+
+
+def test_records_carry_counts(tiny_model_dir: Path) -> None:
+    records: list[RequestRecord] = []
+    settings = ServerSettings(model_dir=tiny_model_dir, providers="cpu")
+    state = ModelState(settings)
+    state.load()
+    api = Api(state, settings, on_record=records.append)
+    client = InProcess(api)
+    client.call("POST", "/generate", {"prompt": "x", "max_new_tokens": 5, "stream": True},
+                headers={"x-request-id": "abc-123"})  # fmt: skip
+    client.call("GET", "/nope")
+    first, second = records
+    assert first.request_id == "abc-123"
+    assert (first.route, first.status, first.completion_tokens) == ("/generate", 200, 5)
+    assert first.prompt_tokens > 0 and first.duration_s > 0
+    assert (second.status, second.completion_tokens) == (404, 0)
