@@ -24,8 +24,8 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 
 demo: $(VENV)/.bake-installed
 	$(BIN)/ortserve bake --model $(MODEL) --target $(TARGET) --out $(OUT) --force
-	$(BIN)/ortserve probe --model-dir $(OUT)
-	$(BIN)/ortserve generate --model-dir $(OUT) --max-new-tokens 32 "$(PROMPT)"
+	$(BIN)/ortserve probe --model-dir $(OUT)/model
+	$(BIN)/ortserve generate --model-dir $(OUT)/model --max-new-tokens 32 "$(PROMPT)"
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .

@@ -16,6 +16,11 @@ from typing import Any
 
 import onnxruntime_genai as og
 
+# onnxruntime-genai 0.18 sends telemetry from a native worker thread, which also makes a
+# forked process (gunicorn's workers under functions-framework) hang at exit joining a
+# thread that only existed in its parent. A private endpoint sends nothing anyway.
+og.disable_telemetry_events()
+
 from core import chat
 from core.admission import Admission
 from core.cpu import usable_cpus

@@ -30,6 +30,15 @@ class ModelState:
         self.reason: str | None = f"loading {settings.model_dir}"
         self.engine: Engine | None = None
         self._lock = threading.Lock()
+        self._loader: threading.Thread | None = None
+
+    def start_loading(self) -> threading.Thread:
+        """Load in a background thread (once); health answers "loading" meanwhile."""
+        with self._lock:
+            if self._loader is None:
+                self._loader = threading.Thread(target=self.load, name="model-load", daemon=True)
+                self._loader.start()
+            return self._loader
 
     def load(self) -> None:
         """Load the model (blocking). Sets ready or failed; never raises."""

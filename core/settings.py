@@ -27,7 +27,7 @@ class EngineSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ORTSERVE_", extra="ignore")
 
-    model_dir: Path = Path("models/default")
+    model_dir: Path = Path("models/default/model")
     providers: str = "auto"
     threads: int | None = Field(default=None, ge=1, le=256)
     max_concurrency: int = Field(default=1, ge=1, le=64)

@@ -18,10 +18,16 @@ def tiny_hf_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """`ortserve bake --model builtin:tiny-llama --target edge-x86_64` (int4), cached."""
-    return models.baked("builtin:tiny-llama")
+    return models.baked("builtin:tiny-llama") / "model"
 
 
 @pytest.fixture(scope="session")
 def tiny_fp32_dir(tiny_hf_dir: Path) -> Path:
     """The tiny checkpoint baked at fp32, for exact comparison with transformers."""
-    return models.baked(str(tiny_hf_dir), precision="fp32")
+    return models.baked(str(tiny_hf_dir), precision="fp32") / "model"
+
+
+@pytest.fixture(scope="session")
+def tiny_gcf_bundle() -> Path:
+    """`ortserve bake --model builtin:tiny-llama --target gcf`: a deployable folder."""
+    return models.baked("builtin:tiny-llama", target="gcf")

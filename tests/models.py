@@ -26,7 +26,9 @@ ORTSERVE = [str(Path(sys.executable).parent / "ortserve")]
 
 def _key(*parts: str) -> str:
     digest = hashlib.sha256()
-    for path in sorted([*(ROOT / "build" / "bake").glob("*.py"), ROOT / "core" / "manifest.py"]):
+    code = [*(ROOT / "build" / "bake").glob("*.py"), *(ROOT / "core").glob("*.py"),
+            *(ROOT / "functions").rglob("*.py")]  # fmt: skip
+    for path in sorted(code):
         digest.update(path.read_bytes())
     for dist in ("onnxruntime-genai", "transformers", "torch", "tokenizers"):
         digest.update(version(dist).encode())
@@ -77,14 +79,14 @@ def tiny_hf_checkpoint() -> Path:
 
 
 def baked(source: str, target: str = "edge-x86_64", precision: str = "int4") -> Path:
-    """`ortserve bake` of `source`, run once and cached."""
+    """`ortserve bake` of `source`, run once and cached: the bundle (model in `model/`)."""
 
     def make(out: Path) -> None:
         proc = run_ortserve(
             "bake", "--model", source, "--target", target, "--precision", precision,
-            "--out", str(out / "model"),
+            "--out", str(out / "bundle"),
         )  # fmt: skip
         if proc.returncode != 0:
             raise RuntimeError(f"bake of {source} failed:\n{proc.stderr[-3000:]}")
 
-    return _cached(f"baked-{_key(source, target, precision)}", make) / "model"
+    return _cached(f"baked-{_key(source, target, precision)}", make) / "bundle"

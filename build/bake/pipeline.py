@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bake.errors import BakeError
 from bake.genai_config import infer_genai_config, set_session_options
+from bake.package import MODEL_SUBDIR, package
 from bake.sources import ResolvedSource, resolve
 from bake.targets import Target, builder_options, get_target
 from core.manifest import Manifest, list_files, write_manifest
@@ -51,7 +52,7 @@ class BakeRequest:
 
 @dataclass
 class BakeResult:
-    """What a bake produced."""
+    """What a bake produced: `folder` is the bundle; the model is in `folder/model`."""
 
     folder: Path
     manifest: Manifest
@@ -176,7 +177,8 @@ def bake(request: BakeRequest) -> BakeResult:
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        staging = work / "model"
+        bundle = work / "bundle"
+        staging = bundle / MODEL_SUBDIR
         source = resolve(request.source, work / "src", request.revision)
         _say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
         inferred: list[str] = []
@@ -195,7 +197,8 @@ def bake(request: BakeRequest) -> BakeResult:
         if request.smoke:
             text, provider = _smoke(staging, target)
             _say(f"smoke generation on {provider}: {text!r}")
-        _install(staging, out, request.force)
+        package(target, bundle)
+        _install(bundle, out, request.force)
     except BakeError:
         raise
     except Exception as exc:
@@ -208,7 +211,7 @@ def bake(request: BakeRequest) -> BakeResult:
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _say(f"baked {manifest.model_name} for {target.name} into {out}")
+    _say(f"baked {manifest.model_name} for {target.name} into {out} (model: {out / MODEL_SUBDIR})")
     return BakeResult(out, manifest, text, provider)
 
 

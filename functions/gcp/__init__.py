@@ -1,0 +1,1 @@
+"""Google Cloud Functions (gen2) / Cloud Run functions adapter."""

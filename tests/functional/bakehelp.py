@@ -10,11 +10,11 @@ from tests.models import run_ortserve
 
 
 def bake_ok(*args: str, out: Path, env: dict[str, str] | None = None) -> Manifest:
-    """Run a bake that must succeed; return the manifest it wrote."""
+    """Run a bake that must succeed; return the manifest of the model it wrote."""
     proc = run_ortserve("bake", *args, "--out", str(out), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(out.resolve())
-    return read_manifest(out)
+    return read_manifest(out / "model")
 
 
 def bake_fails(*args: str, out: Path, env: dict[str, str] | None = None) -> str:

@@ -86,6 +86,8 @@ class InProcess:
 _VOLATILE = [
     (re.compile(rb'"id":"(cmpl|chatcmpl)-[0-9a-f]{32}"'), rb'"id":"\1-ID"'),
     (re.compile(rb'"created":\d{10}'), rb'"created":0'),
+    # Each bake has its own manifest digest (the target is part of it).
+    (re.compile(rb'"system_fingerprint":"fp_[0-9a-f]{12}"'), rb'"system_fingerprint":"fp_X"'),
 ]
 
 
@@ -94,3 +96,60 @@ def normalized(body: bytes) -> bytes:
     for pattern, repl in _VOLATILE:
         body = pattern.sub(repl, body)
     return body
+
+
+class Http:
+    """A target reached over HTTP on loopback (a real server process)."""
+
+    def __init__(self, name: str, base_url: str) -> None:
+        self.name = name
+        self.base_url = base_url
+
+    def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+        raw: bytes | None = None,
+    ) -> Reply:  # fmt: skip
+        import httpx
+
+        # An empty value stands for "no such header".
+        hdrs = {"content-type": "application/json", **AUTH, **(headers or {})}
+        hdrs = {k: v for k, v in hdrs.items() if v}
+        content = encode_body(body, raw)
+        with (
+            httpx.Client(base_url=self.base_url, timeout=120) as client,
+            client.stream(method, path, content=content, headers=hdrs) as response,
+        ):
+            chunks = list(response.iter_raw())
+            headers_out = {k.lower(): v for k, v in response.headers.items()}
+        return Reply(response.status_code, headers_out, b"".join(chunks), chunks)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def wait_ready(base_url: str, proc: Any, log: Any, timeout_s: float = 120) -> None:
+    """Poll /readyz until 200; fail with the server's output if it dies or times out."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            out = log.read()
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{out[-3000:]}")
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server at {base_url} not ready within {timeout_s} s")

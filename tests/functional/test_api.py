@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import jsonschema
@@ -12,7 +17,16 @@ import pytest
 from core.api import Api
 from core.service import ModelState
 from core.settings import ServerSettings
-from tests.functional.harness import API_KEY, InProcess, Reply, Target, normalized
+from tests.functional.harness import (
+    API_KEY,
+    Http,
+    InProcess,
+    Reply,
+    Target,
+    free_port,
+    normalized,
+    wait_ready,
+)
 
 
 def _settings(model_dir: Path, **kw: object) -> ServerSettings:
@@ -29,9 +43,54 @@ def core_api(tiny_model_dir: Path) -> Api:
     return Api(state, settings)
 
 
-@pytest.fixture(scope="module", params=["core"])
-def target(request: pytest.FixtureRequest, core_api: Api) -> Iterator[Target]:
-    yield InProcess(core_api)
+SERVER_ENV = {
+    "ORTSERVE_API_KEYS": f"{API_KEY},other-key",
+    "ORTSERVE_MAX_BODY_BYTES": str(64 * 1024),
+    "ORTSERVE_MAX_NEW_TOKENS": "256",
+    "ORTSERVE_PROVIDERS": "cpu",
+}
+
+
+@contextmanager
+def _server(cmd: list[str], env: dict[str, str], cwd: Path, port: int) -> Iterator[str]:
+    base = f"http://127.0.0.1:{port}"
+    # A file, not a pipe: a server whose output nobody reads would block on a full pipe.
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **SERVER_ENV, **env},
+                                stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        try:
+            wait_ready(base, proc, log)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                log.seek(0)
+                pytest.fail(f"server ignored SIGTERM for 30 s:\n{log.read()[-3000:]}")
+
+
+@contextmanager
+def gcf_server(bundle: Path) -> Iterator[str]:
+    """The real functions-framework server on the baked gcf bundle, as gcloud would run it."""
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "functions-framework"), "--source", "main.py",
+           "--target", "ortserve", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with _server(cmd, {"PYTHONPATH": str(bundle)}, bundle, port) as base:
+        yield base
+
+
+@pytest.fixture(scope="module", params=["core", "gcf"])
+def target(
+    request: pytest.FixtureRequest, core_api: Api, tiny_gcf_bundle: Path
+) -> Iterator[Target]:
+    if request.param == "core":
+        yield InProcess(core_api)
+    elif request.param == "gcf":
+        with gcf_server(tiny_gcf_bundle) as base:
+            yield Http("gcf", base)
 
 
 @pytest.fixture(scope="module")

@@ -94,6 +94,7 @@ def test_existing_output_needs_force(tmp_path: Path, tiny_model_dir: Path) -> No
     manifest = bake_ok("--model", str(src), "--target", "gcf", "--force", out=out)
     assert not (out / "keep.txt").exists()
     assert manifest.target == "gcf"
+    assert (out / "main.py").is_file()
 
 
 def bake_fails_existing(src: Path, out: Path) -> str:

@@ -26,7 +26,7 @@ def test_local_checkpoint_folder(tiny_hf_dir: Path, tiny_model_dir: Path, tmp_pa
     assert manifest.target == "gcf"
     assert manifest.precision == "int4"
     # Same weights, same options as the built-in bake: the same model, token for token.
-    assert _greedy(tmp_path / "m") == _greedy(tiny_model_dir)
+    assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_model_dir)
 
 
 @pytest.mark.slow
@@ -40,10 +40,10 @@ def test_onnx_folder_without_genai_config_is_inferred(
     assert manifest.source_kind == "onnx"
     assert manifest.inferred, "the bake must say what it inferred"
     assert "genai_config.json was missing" in manifest.inferred[0]
-    config = json.loads((tmp_path / "m" / "genai_config.json").read_text())
+    config = json.loads((tmp_path / "m" / "model" / "genai_config.json").read_text())
     assert config["model"]["decoder"]["head_size"] == 16
     assert config["model"]["decoder"]["num_key_value_heads"] == 2
-    assert _greedy(tmp_path / "m") == _greedy(tiny_model_dir)
+    assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_model_dir)
 
 
 @pytest.mark.slow
@@ -52,7 +52,7 @@ def test_onnx_folder_with_genai_config_is_used_as_is(tiny_model_dir: Path, tmp_p
     manifest = bake_ok("--model", str(src), "--target", "lambda-arm64", out=tmp_path / "m")
     assert manifest.inferred == []
     assert manifest.target == "lambda-arm64"
-    config = json.loads((tmp_path / "m" / "genai_config.json").read_text())
+    config = json.loads((tmp_path / "m" / "model" / "genai_config.json").read_text())
     assert config["model"]["decoder"]["session_options"]["intra_op_num_threads"] == 2
 
 
@@ -84,7 +84,7 @@ def test_s3_prefix(
         with pytest.raises(BakeError, match="NoSuchBucket"):
             bake(BakeRequest("s3://nobucket/x", "edge-x86_64", out=tmp_path / "n"))
     assert not (tmp_path / "n").exists()
-    assert _greedy(tmp_path / "m") == _greedy(tiny_model_dir)
+    assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_hub_download_pins_revision_sends_token_and_fetches_only_needed_files(
         "--model", "acme/tiny-llama", "--target", "edge-x86_64", out=tmp_path / "off", env=offline
     )
     assert manifest.revision == hub.commit_sha("acme/tiny-llama", "main")
-    assert _greedy(tmp_path / "off") == _greedy(tiny_model_dir)
+    assert _greedy(tmp_path / "off" / "model") == _greedy(tiny_model_dir)
     # ...and says clearly when the model is not cached.
     message = bake_fails(
         "--model", "acme/other", "--target", "gcf", out=tmp_path / "x", env=offline
