@@ -16,11 +16,6 @@ from typing import Any
 
 import onnxruntime_genai as og
 
-# onnxruntime-genai 0.18 sends telemetry from a native worker thread, which also makes a
-# forked process (gunicorn's workers under functions-framework) hang at exit joining a
-# thread that only existed in its parent. A private endpoint sends nothing anyway.
-og.disable_telemetry_events()
-
 from core import chat
 from core.admission import Admission
 from core.cpu import usable_cpus
@@ -43,6 +38,11 @@ from core.settings import EngineSettings
 from core.stops import StopMatcher
 
 __all__ = ["Engine", "ProbeReport", "SamplingOptions"]
+
+# A private endpoint sends no telemetry. (This does not stop onnxruntime-genai 0.18's
+# telemetry worker thread: a process forked after a model was created hangs at exit
+# joining it, so models must be created after any fork; see functions/gcp/main.py.)
+og.disable_telemetry_events()
 
 # ortserve's provider names → onnxruntime-genai's names and availability checks.
 # CPU needs no provider entry: an empty provider list is the CPU EP.
