@@ -8,8 +8,15 @@ tests/functional/test_api.py; the same requests must give the same bytes everywh
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from core.api import Api
@@ -49,6 +56,10 @@ class Target(Protocol):
 
     name: str
 
+    def open_stream(self, path: str, body: Any) -> AbstractContextManager[Iterator[bytes]]:
+        """POST `body` and iterate the response body's chunks as they arrive."""
+        ...
+
     def call(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
         raw: bytes | None = None,
@@ -81,6 +92,18 @@ class InProcess:
         chunks = [response.body] if isinstance(response.body, bytes) else list(response.body)
         headers_out = {k.lower(): v for k, v in response.headers}
         return Reply(response.status, headers_out, b"".join(chunks), chunks)
+
+    @contextmanager
+    def open_stream(self, path: str, body: Any) -> Iterator[Iterator[bytes]]:
+        """The streamed body as the core produces it."""
+        request = Request("POST", path, {}, {k.lower(): v for k, v in AUTH.items()},
+                          encode_body(body, None))  # fmt: skip
+        response = self.api.handle(request)
+        assert not isinstance(response.body, bytes)
+        try:
+            yield response.body
+        finally:
+            response.close_body()
 
 
 _VOLATILE = [
@@ -123,6 +146,18 @@ class Http:
             headers_out = {k.lower(): v for k, v in response.headers.items()}
         return Reply(response.status_code, headers_out, b"".join(chunks), chunks)
 
+    @contextmanager
+    def open_stream(self, path: str, body: Any) -> Iterator[Iterator[bytes]]:
+        """The streamed body as the client receives it, chunk by chunk."""
+        import httpx
+
+        with (
+            httpx.Client(base_url=self.base_url, timeout=120) as client,
+            client.stream("POST", path, content=encode_body(body, None), headers=AUTH) as response,
+        ):
+            assert response.status_code == 200
+            yield response.iter_raw()
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
@@ -153,3 +188,43 @@ def wait_ready(base_url: str, proc: Any, log: Any, timeout_s: float = 120) -> No
             pass
         time.sleep(0.1)
     raise RuntimeError(f"server at {base_url} not ready within {timeout_s} s")
+
+
+SERVER_ENV = {
+    "ORTSERVE_API_KEYS": f"{API_KEY},other-key",
+    "ORTSERVE_MAX_BODY_BYTES": str(64 * 1024),
+    "ORTSERVE_MAX_NEW_TOKENS": "2000",
+    "ORTSERVE_PROVIDERS": "cpu",
+}
+
+
+@contextmanager
+def _server(cmd: list[str], env: dict[str, str], cwd: Path, port: int) -> Iterator[str]:
+    base = f"http://127.0.0.1:{port}"
+    # A file, not a pipe: a server whose output nobody reads would block on a full pipe.
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **SERVER_ENV, **env},
+                                stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        try:
+            wait_ready(base, proc, log)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                log.seek(0)
+                message = f"server ignored SIGTERM for 30 s:\n{log.read()[-3000:]}"
+                raise RuntimeError(message) from None
+
+
+@contextmanager
+def gcf_server(bundle: Path) -> Iterator[str]:
+    """The real functions-framework server on the baked gcf bundle, as gcloud would run it."""
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "functions-framework"), "--source", "main.py",
+           "--target", "ortserve", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with _server(cmd, {"PYTHONPATH": str(bundle)}, bundle, port) as base:
+        yield base

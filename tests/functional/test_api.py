@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import jsonschema
@@ -23,15 +18,14 @@ from tests.functional.harness import (
     InProcess,
     Reply,
     Target,
-    free_port,
+    gcf_server,
     normalized,
-    wait_ready,
 )
 
 
 def _settings(model_dir: Path, **kw: object) -> ServerSettings:
     return ServerSettings(model_dir=model_dir, providers="cpu", api_keys=[API_KEY, "other-key"],
-                          max_body_bytes=64 * 1024, max_new_tokens=256, **kw)  # type: ignore[arg-type]  # fmt: skip
+                          max_body_bytes=64 * 1024, max_new_tokens=2000, **kw)  # type: ignore[arg-type]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -41,45 +35,6 @@ def core_api(tiny_model_dir: Path) -> Api:
     state.load()
     assert state.status == "ready", state.reason
     return Api(state, settings)
-
-
-SERVER_ENV = {
-    "ORTSERVE_API_KEYS": f"{API_KEY},other-key",
-    "ORTSERVE_MAX_BODY_BYTES": str(64 * 1024),
-    "ORTSERVE_MAX_NEW_TOKENS": "256",
-    "ORTSERVE_PROVIDERS": "cpu",
-}
-
-
-@contextmanager
-def _server(cmd: list[str], env: dict[str, str], cwd: Path, port: int) -> Iterator[str]:
-    base = f"http://127.0.0.1:{port}"
-    # A file, not a pipe: a server whose output nobody reads would block on a full pipe.
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **SERVER_ENV, **env},
-                                stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        try:
-            wait_ready(base, proc, log)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                log.seek(0)
-                pytest.fail(f"server ignored SIGTERM for 30 s:\n{log.read()[-3000:]}")
-
-
-@contextmanager
-def gcf_server(bundle: Path) -> Iterator[str]:
-    """The real functions-framework server on the baked gcf bundle, as gcloud would run it."""
-    port = free_port()
-    cmd = [str(Path(sys.executable).parent / "functions-framework"), "--source", "main.py",
-           "--target", "ortserve", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    with _server(cmd, {"PYTHONPATH": str(bundle)}, bundle, port) as base:
-        yield base
 
 
 @pytest.fixture(scope="module", params=["core", "gcf"])
@@ -139,6 +94,19 @@ def test_generate_stream_equals_non_stream(target: Target) -> None:
                      "prompt_tokens": whole["prompt_tokens"],
                      "finish_reason": whole["finish_reason"]}  # fmt: skip
     assert "".join(e["text"] for e in events[:-1]) == whole["generated_text"]
+
+
+def test_stream_arrives_while_generating(target: Target) -> None:
+    """The first event reaches the client while the model is still generating."""
+    body = {"prompt": "Hello", "max_new_tokens": 2000, "temperature": 0, "stream": True}
+    with target.open_stream("/generate", body) as chunks:
+        first = next(chunks)
+        assert first.startswith(b"data: {")
+        health = target.call("GET", "/healthz").json()
+        assert health["active"] == 1, "the generation should still be running"
+        rest = b"".join(chunks)
+    assert rest.endswith(b"\n\n") and b'"done":true' in rest
+    assert target.call("GET", "/healthz").json()["active"] == 0
 
 
 def test_stop_string(target: Target) -> None:
@@ -267,7 +235,7 @@ def test_malformed_json(target: Target) -> None:
         ("/v1/chat/completions", {"messages": []}, "messages"),
         ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, None),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
-        ("/v1/completions", {"prompt": "x", "max_tokens": 1000}, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 5000}, "max_tokens"),
     ],
 )
 def test_invalid_values(target: Target, path: str, body: object, param: str | None) -> None:

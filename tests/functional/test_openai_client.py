@@ -1,0 +1,84 @@
+"""The official `openai` Python client against each HTTP target's /v1."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.functional.harness import API_KEY, gcf_server
+
+MODEL = "ortserve/tiny-llama-random-weights"
+
+
+@pytest.fixture(scope="module", params=["gcf"])
+def client(request: pytest.FixtureRequest, tiny_gcf_bundle: Path) -> Iterator[openai.OpenAI]:
+    with gcf_server(tiny_gcf_bundle) as base:
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
+
+
+def test_models(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_completion(client: openai.OpenAI) -> None:
+    completion = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, seed=1)
+    assert completion.choices[0].finish_reason in {"stop", "length"}
+    assert completion.usage is not None and completion.usage.completion_tokens <= 8
+
+
+def test_chat_stream_with_usage_equals_non_stream(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    whole = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=0, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_stop_and_seed(client: openai.OpenAI) -> None:
+    def run(seed: int, stop: list[str] | None = None) -> str:
+        completion = client.completions.create(
+            model=MODEL, prompt="Edge", max_tokens=24, temperature=1.0, seed=seed, stop=stop
+        )
+        return completion.choices[0].text
+
+    first = run(5)
+    assert first == run(5)
+    assert first != run(6)
+    stop = first[4:7]
+    assert run(5, [stop]) == first[: first.find(stop)]
+
+
+def test_json_schema_response_format(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}  # fmt: skip
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "n?"}], max_tokens=40, seed=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+    )  # fmt: skip
+    assert isinstance(json.loads(chat.choices[0].message.content or "")["n"], int)
+
+
+def test_errors_become_client_exceptions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=MODEL, messages=[], max_tokens=4)
+    assert "messages" in bad.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="x")
+    wrong = openai.OpenAI(base_url=str(client.base_url), api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
