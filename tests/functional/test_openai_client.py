@@ -8,6 +8,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.functional.harness import API_KEY, gcf_server
 
