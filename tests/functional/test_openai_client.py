@@ -32,15 +32,12 @@ def test_completion(client: openai.OpenAI) -> None:
 
 
 def test_chat_stream_with_usage_equals_non_stream(client: openai.OpenAI) -> None:
-    messages = [{"role": "user", "content": "Hi"}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
     whole = client.chat.completions.create(
-        model=MODEL,
-        messages=messages,
-        max_tokens=16,
-        temperature=0,  # type: ignore[arg-type]
+        model=MODEL, messages=messages, max_tokens=16, temperature=0
     )
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=16, temperature=0, stream=True,  # type: ignore[arg-type]
+        model=MODEL, messages=messages, max_tokens=16, temperature=0, stream=True,
         stream_options={"include_usage": True},
     )  # fmt: skip
     chunks = list(stream)
