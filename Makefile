@@ -8,14 +8,16 @@ MODEL  ?= builtin:tiny-llama
 TARGET ?= edge-$(ARCH)
 OUT    ?= models/default
 PROMPT ?= Hello from the edge
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
 
-.PHONY: demo test lint pytest clean
+.PHONY: demo test lint pytest clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.bake-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[bake]'
+	$(BIN)/pip install --quiet -e '.[bake,edge]'
 	touch $@
 
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
@@ -26,13 +28,18 @@ demo: $(VENV)/.bake-installed
 	$(BIN)/ortserve bake --model $(MODEL) --target $(TARGET) --out $(OUT) --force
 	$(BIN)/ortserve probe --model-dir $(OUT)/model
 	$(BIN)/ortserve generate --model-dir $(OUT)/model --max-new-tokens 32 "$(PROMPT)"
+	$(BIN)/ortserve serve --model-dir $(OUT)/model --host $(HOST) --port $(PORT)
+
+# systemd-analyze checks the unit file in the tests (Debian's systemd package).
+system-deps:
+	@command -v systemd-analyze >/dev/null || { apt-get update -qq && apt-get install -y -qq systemd; }
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy core edge functions build/bake tests
 
-pytest: $(VENV)/.dev-installed
+pytest: $(VENV)/.dev-installed system-deps
 	$(BIN)/python -m pytest
 
 test: lint pytest

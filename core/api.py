@@ -43,6 +43,10 @@ from core.settings import ServerSettings
 
 log = logging.getLogger("ortserve")
 
+ROUTES = frozenset(
+    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",
+     "/readyz", "/openapi.json"}
+)  # fmt: skip
 PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", "/openapi.json"})
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _ERROR_TYPES = {
@@ -156,6 +160,7 @@ class Api:
             "/readyz": {"GET": self._readyz},
             "/openapi.json": {"GET": self._openapi},
         }
+        assert set(self._routes) == ROUTES  # one list of routes, for adapters' metrics too
 
     # -- entry point -------------------------------------------------------------------
 
@@ -232,9 +237,10 @@ class Api:
         if request.path not in PUBLIC_ROUTES:
             self._authenticate(request)
         if len(request.body) > self.settings.max_body_bytes:
+            # An adapter may stop reading at limit + 1 bytes: say only what is certain.
             raise PayloadTooLargeError(
-                f"the request body has {len(request.body)} bytes; the limit is "
-                f"{self.settings.max_body_bytes}"
+                f"the request body is larger than this server's limit of "
+                f"{self.settings.max_body_bytes} bytes"
             )
         return methods[request.method](request, ctx)
 
@@ -331,6 +337,8 @@ class Api:
                 return
             finally:
                 stream.close()
+                # A stream closed early (client gone, drain timeout) still counts its tokens.
+                ctx.completion = ctx.completion or stream.completion
             if done_marker:
                 yield _DONE
 

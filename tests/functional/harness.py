@@ -228,3 +228,14 @@ def gcf_server(bundle: Path) -> Iterator[str]:
            "--target", "ortserve", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     with _server(cmd, {"PYTHONPATH": str(bundle)}, bundle, port) as base:
         yield base
+
+
+@contextmanager
+def edge_server(model_dir: Path) -> Iterator[str]:
+    """The real edge daemon (`ortserve serve`) on loopback."""
+    port = free_port()
+    ortserve = str(Path(sys.executable).parent / "ortserve")
+    cmd = [ortserve, "serve", "--model-dir", str(model_dir), "--host", "127.0.0.1",
+           "--port", str(port)]  # fmt: skip
+    with _server(cmd, {}, model_dir, port) as base:
+        yield base

@@ -18,6 +18,7 @@ from tests.functional.harness import (
     InProcess,
     Reply,
     Target,
+    edge_server,
     gcf_server,
     normalized,
 )
@@ -37,15 +38,18 @@ def core_api(tiny_model_dir: Path) -> Api:
     return Api(state, settings)
 
 
-@pytest.fixture(scope="module", params=["core", "gcf"])
+@pytest.fixture(scope="module", params=["core", "gcf", "edge"])
 def target(
-    request: pytest.FixtureRequest, core_api: Api, tiny_gcf_bundle: Path
+    request: pytest.FixtureRequest, core_api: Api, tiny_gcf_bundle: Path, tiny_model_dir: Path
 ) -> Iterator[Target]:
     if request.param == "core":
         yield InProcess(core_api)
     elif request.param == "gcf":
         with gcf_server(tiny_gcf_bundle) as base:
             yield Http("gcf", base)
+    elif request.param == "edge":
+        with edge_server(tiny_model_dir) as base:
+            yield Http("edge", base)
 
 
 @pytest.fixture(scope="module")

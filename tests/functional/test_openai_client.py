@@ -10,14 +10,17 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.functional.harness import API_KEY, gcf_server
+from tests.functional.harness import API_KEY, edge_server, gcf_server
 
 MODEL = "ortserve/tiny-llama-random-weights"
 
 
-@pytest.fixture(scope="module", params=["gcf"])
-def client(request: pytest.FixtureRequest, tiny_gcf_bundle: Path) -> Iterator[openai.OpenAI]:
-    with gcf_server(tiny_gcf_bundle) as base:
+@pytest.fixture(scope="module", params=["gcf", "edge"])
+def client(
+    request: pytest.FixtureRequest, tiny_gcf_bundle: Path, tiny_model_dir: Path
+) -> Iterator[openai.OpenAI]:
+    server = gcf_server(tiny_gcf_bundle) if request.param == "gcf" else edge_server(tiny_model_dir)
+    with server as base:
         yield openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
 
 

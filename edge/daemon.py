@@ -1,0 +1,191 @@
+"""The edge daemon's life: listen, load the model, tell systemd, drain on SIGTERM, exit 0.
+
+1. uvicorn listens at once: /healthz answers and /readyz says 503 while the model loads.
+2. The model loads in a worker thread; `READY=1` goes to systemd only once it is loaded
+   and probed. A model that fails to load leaves the process up (/readyz: 503 and why)
+   and systemd never gets `READY=1`, so its start times out and `Restart=` retries.
+3. SIGTERM (or SIGINT): `STOPPING=1`, new generations get 503, in-flight requests (streams
+   included) may finish within `drain_timeout_s`; then uvicorn stops and the exit code is 0.
+   A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+
+import uvicorn
+
+from core.api import Api, RequestRecord
+from core.service import ModelState
+from edge.asgi import EdgeApp
+from edge.logs import JsonLines, configure_stderr_logging
+from edge.metrics import Metrics
+from edge.notify import Notifier
+from edge.offload import run_in_thread
+from edge.settings import EdgeSettings
+
+log = logging.getLogger("ortserve.edge")
+
+# Threads beyond the engine's slots and queue, for requests still being validated.
+_SPARE_WORKERS = 4
+# After the drain, how long uvicorn may take to close the connections that are left.
+_CLOSE_TIMEOUT_S = 3
+_POLL_S = 0.05
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling (it would stop without draining, then
+    re-raise SIGTERM so the exit code is not 0); the daemon handles signals itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Daemon:
+    """One serving process: the API, its ASGI app, the uvicorn server and systemd's view.
+
+    Attributes:
+        settings: The process's settings.
+        state: The model's state (loading, ready, failed).
+        api: The core API.
+        app: The ASGI app over `api`.
+        notifier: The sd_notify client (a no-op outside systemd).
+    """
+
+    def __init__(self, settings: EdgeSettings) -> None:
+        """Build everything; nothing listens or loads until `run`."""
+        self.settings = settings
+        self.notifier = Notifier(
+            settings.notify_socket, settings.watchdog_usec, settings.watchdog_pid
+        )
+        self.state = ModelState(settings)
+        self._log = JsonLines(sys.stdout)
+        self.metrics = Metrics(self.state, in_flight=lambda: self.api.in_flight)
+        self.api = Api(self.state, settings, on_record=self._record)
+        workers = settings.max_concurrency + settings.max_queue + _SPARE_WORKERS
+        self.app = EdgeApp(self.api, settings.max_body_bytes, workers, self.metrics)
+        config = uvicorn.Config(
+            self.app,
+            host=settings.host,
+            port=settings.port,
+            interface="asgi3",
+            lifespan="off",
+            access_log=False,  # each request is logged once, as JSON, from its record
+            log_config=None,  # stderr logging is configured by `serve`
+            timeout_graceful_shutdown=_CLOSE_TIMEOUT_S,
+            server_header=False,  # same headers as the other targets; no version banner
+        )
+        self.server = _Server(config)
+        self._signals = 0
+        self._stop: asyncio.Event | None = None
+
+    def _record(self, record: RequestRecord) -> None:
+        self.metrics.observe(record)
+        self._log.write(record)
+
+    def _busy(self) -> bool:
+        return self.api.in_flight > 0 or self.app.in_flight > 0
+
+    def _on_signal(self) -> None:
+        self._signals += 1
+        if self._signals > 1:  # a second signal: stop without waiting
+            log.warning("second stop signal: stopping now")
+            self.server.force_exit = True
+            self.app.cancel_streams()
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(self) -> int:
+        """Serve until a stop signal, then drain; the process's exit code."""
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal)
+        try:
+            listener = _listen(self.settings.host, self.settings.port)
+        except OSError as exc:  # bound here: uvicorn would sys.exit(3) from inside a task
+            log.error("cannot listen on %s port %d: %s", self.settings.host, self.settings.port,
+                      exc.strerror or exc)  # fmt: skip
+            return 1
+        host, port = listener.getsockname()[:2]
+        address = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+        watchdog = asyncio.create_task(self._watchdog())
+        serving = asyncio.create_task(self.server.serve(sockets=[listener]))
+        try:
+            while not self.server.started and not serving.done():
+                await asyncio.sleep(0.01)
+            self.notifier.status(f"listening on {address}; loading {self.settings.model_dir}")
+            loading = asyncio.create_task(run_in_thread(self.state.load, "ortserve-load"))
+            stopping = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait(
+                {loading, stopping, serving}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if loading in done:
+                self._announce(address)
+                await asyncio.wait({stopping, serving}, return_when=asyncio.FIRST_COMPLETED)
+            if not serving.done():
+                await self._drain()
+                self.server.should_exit = True
+            await serving
+            self.notifier.status("stopped")
+            return 0
+        finally:
+            watchdog.cancel()
+
+    def _announce(self, address: str) -> None:
+        engine = self.state.engine
+        if engine is None:
+            self.notifier.status(
+                f"model failed to load: {self.state.reason}; /readyz answers 503 at {address}"
+            )
+            return
+        probe = engine.probe
+        self.notifier.ready(
+            f"serving {engine.model_name} on {probe.provider} at {address} "
+            f"(loaded in {probe.load_seconds:.1f} s)"
+        )
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = self.settings.drain_timeout_s
+        self.api.start_draining()  # before STOPPING=1: once systemd hears it, no new work
+        self.notifier.stopping(
+            f"draining {self.api.in_flight} in-flight request(s), up to {timeout:g} s"
+        )
+        deadline = loop.time() + timeout
+        while self._busy() and loop.time() < deadline and not self.server.force_exit:
+            await asyncio.sleep(_POLL_S)
+        if self._busy():
+            log.warning(
+                "drain ended with %d request(s) in flight: stopping them", self.api.in_flight
+            )
+            self.app.cancel_streams()
+        self.notifier.status("stopping")
+
+    async def _watchdog(self) -> None:
+        """Ping systemd's watchdog while the event loop runs (a stuck loop stops the pings)."""
+        interval = self.notifier.watchdog_interval_s
+        if interval is None:
+            return
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(interval)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: any free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
+def serve(settings: EdgeSettings) -> int:
+    """Run the daemon in this process until it is stopped; its exit code."""
+    configure_stderr_logging()
+    return asyncio.run(Daemon(settings).run())

@@ -1,0 +1,93 @@
+"""Prometheus metrics of the daemon: counted from request records, gauges read at scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from core.api import ROUTES, RequestRecord
+from core.service import ModelState
+
+if TYPE_CHECKING:
+    from core.engine import Engine
+
+# The text format every Prometheus version reads (prometheus-client's own "latest" moved
+# to 1.0.0, which older servers refuse).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Route labels are the API's routes; any other path counts as "other", so that probes
+# of random URLs cannot grow the label set without bound.
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Metrics:
+    """The daemon's metrics in a registry of their own (never the process-global one).
+
+    Call `observe` with each finished request's record; `render` gives the scrape body.
+    """
+
+    def __init__(self, state: ModelState, in_flight: Callable[[], int] | None = None) -> None:
+        """Read model gauges from `state` and, if given, in-flight requests from `in_flight`."""
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "ortserve_requests", "HTTP requests by route and status.", ["route", "status"],
+            registry=r,
+        )  # fmt: skip
+        self.generated_tokens = Counter(
+            "ortserve_generated_tokens", "Tokens generated (completion tokens).", registry=r
+        )
+        self.prompt_tokens = Counter(
+            "ortserve_prompt_tokens", "Prompt tokens of generation requests.", registry=r
+        )
+        self.ttft = Histogram(
+            "ortserve_time_to_first_token_seconds",
+            "Time from the start of a generation to its first token.",
+            ["route"], buckets=_TTFT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "ortserve_request_duration_seconds",
+            "Time from request to the end of the response (streams: their last chunk).",
+            ["route"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+
+        def from_engine(read: Callable[[Engine], float]) -> Callable[[], float]:
+            def value() -> float:
+                engine = state.engine
+                return float(read(engine)) if engine is not None else 0.0
+
+            return value
+
+        gauges: list[tuple[str, str, Callable[[], float]]] = [
+            ("ortserve_queue_depth", "Requests waiting for a generation slot.",
+             from_engine(lambda e: e.admission.waiting)),
+            ("ortserve_active_generations", "Generations running now.",
+             from_engine(lambda e: e.admission.active)),
+            ("ortserve_model_load_seconds", "Wall time of the model load, probe included.",
+             from_engine(lambda e: e.probe.load_seconds)),
+            ("ortserve_model_ready", "1 when the model is loaded and serving, else 0.",
+             lambda: 1.0 if state.status == "ready" else 0.0),
+        ]  # fmt: skip
+        if in_flight is not None:
+            gauges.append(
+                ("ortserve_in_flight_requests", "Requests being answered now.", in_flight)
+            )
+        for name, documentation, read in gauges:
+            Gauge(name, documentation, registry=r).set_function(read)
+
+    def observe(self, record: RequestRecord) -> None:
+        """Count one finished request."""
+        route = record.route if record.route in ROUTES else "other"
+        self.requests.labels(route, str(record.status)).inc()
+        self.latency.labels(route).observe(record.duration_s)
+        if record.completion_tokens:
+            self.generated_tokens.inc(record.completion_tokens)
+            self.ttft.labels(route).observe(record.ttft_s)
+        if record.prompt_tokens:
+            self.prompt_tokens.inc(record.prompt_tokens)
+
+    def render(self) -> bytes:
+        """The scrape body in Prometheus text format (see `CONTENT_TYPE`)."""
+        return generate_latest(self.registry)

@@ -1,0 +1,272 @@
+"""The real edge daemon (`ortserve serve`) as a subprocess on 127.0.0.1, as systemd runs it.
+
+What is specific to the daemon: readiness and sd_notify, staying up with a broken model,
+the drain on SIGTERM, a client that leaves mid-stream, /metrics and the JSON log lines.
+The API's semantics are tested once for every target in test_api.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from core.manifest import manifest_digest
+
+pytestmark = pytest.mark.slow
+
+ORTSERVE = str(Path(sys.executable).parent / "ortserve")
+LONG = 2000  # tokens: the tiny model needs about half a second for them
+PROMPT = "Hello"  # the tiny model's greedy continuation of it has no EOS before LONG
+
+
+class Daemon:
+    """`ortserve serve` with a datagram socket as its NOTIFY_SOCKET, on port 0 (any free
+    port), which the test reads back from the daemon's first STATUS line."""
+
+    def __init__(self, model_dir: Path, env: dict[str, str]) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="ortd")  # short: unix path limit
+        notify_path = str(Path(self._folder.name) / "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(notify_path)
+        self.messages: list[tuple[float, str]] = []  # (monotonic time, datagram)
+        self.stdout: list[str] = []
+        self.stderr_path = Path(self._folder.name) / "stderr"
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("ORTSERVE_", "NOTIFY_", "WATCHDOG_"))}  # fmt: skip
+        full_env = {**base, "ORTSERVE_PROVIDERS": "cpu", "NOTIFY_SOCKET": notify_path, **env}
+        with self.stderr_path.open("wb") as stderr:
+            self.proc = subprocess.Popen(
+                [ORTSERVE, "serve", "--model-dir", str(model_dir), "--port", "0"],
+                stdout=subprocess.PIPE, stderr=stderr, env=full_env, text=True,
+            )  # fmt: skip
+        for target in (self._read_stdout, self._read_notify):
+            threading.Thread(target=target, daemon=True).start()
+        status = self.wait_for("STATUS=listening on ")
+        match = re.search(r"http://127\.0\.0\.1:\d+", status)
+        assert match, status
+        self.url = match.group(0)
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.stdout.append(line)
+
+    def _read_notify(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(4096)
+            except OSError:  # closed
+                return
+            self.messages.append((time.monotonic(), data.decode()))
+
+    def wait_for(self, prefix: str, timeout: float = 60) -> str:
+        """The first notify message that starts with `prefix`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for _, message in list(self.messages):
+                if message.startswith(prefix):
+                    return message
+            time.sleep(0.005)
+        raise AssertionError(f"no {prefix!r} in {self.messages}; stderr: {self.stderr()}")
+
+    def when(self, prefix: str) -> float:
+        """When the first message starting with `prefix` arrived."""
+        return next(t for t, m in list(self.messages) if m.startswith(prefix))
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def records(self) -> list[dict[str, Any]]:
+        """The JSON log lines on stdout (every line must be one)."""
+        return [json.loads(line) for line in list(self.stdout)]
+
+    def record(self, request_id: str, timeout: float = 5) -> dict[str, Any]:
+        """The log line of request `request_id` (written when the request has ended)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for record in self.records():
+                if record["request_id"] == request_id:
+                    return record
+            time.sleep(0.01)
+        raise AssertionError(f"no log line for {request_id}: {self.stdout}")
+
+    def metric(self, name: str) -> float:
+        text = self.http.get("/metrics").text
+        match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+        assert match, f"{name} not in {text}"
+        return float(match.group(1))
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, then the exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        self.http.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.sock.close()
+        self._folder.cleanup()
+
+
+@pytest.fixture
+def start(tiny_model_dir: Path) -> Iterator[Any]:
+    daemons: list[Daemon] = []
+
+    def start_daemon(model_dir: Path | None = None, **env: str) -> Daemon:
+        """Keyword arguments are settings (MAX_QUEUE="0") or systemd's WATCHDOG_USEC."""
+        named = {k if k.startswith("WATCHDOG_") else f"ORTSERVE_{k}": v for k, v in env.items()}
+        daemon = Daemon(model_dir or tiny_model_dir, named)
+        daemons.append(daemon)
+        return daemon
+
+    yield start_daemon
+    for daemon in daemons:
+        daemon.close()
+
+
+def test_ready_after_the_model_loads_then_stopping_and_exit_0(
+    start: Any, tiny_model_dir: Path
+) -> None:
+    daemon = start(WATCHDOG_USEC="200000")
+    ready = daemon.wait_for("READY=1")
+    assert "STATUS=serving ortserve/tiny-llama-random-weights on cpu at http://127.0.0.1:" in ready
+    assert daemon.when("STATUS=listening on ") < daemon.when("READY=1")
+    assert daemon.http.get("/healthz").status_code == 200
+    reply = daemon.http.get("/readyz")
+    assert reply.status_code == 200
+    body = reply.json()
+    assert body["status"] == "ready"
+    assert body["execution_provider"] == "cpu"
+    assert body["model"] == "ortserve/tiny-llama-random-weights"
+    assert body["manifest_digest"] == manifest_digest(tiny_model_dir)
+    time.sleep(0.5)  # the watchdog is pinged every WATCHDOG_USEC/2 = 0.1 s
+    assert daemon.stop() == 0
+    daemon.wait_for("STOPPING=1", timeout=2)
+    assert daemon.when("READY=1") < daemon.when("STOPPING=1")
+    pings = [t for t, m in daemon.messages if m == "WATCHDOG=1" and t > daemon.when("READY=1")]
+    assert len(pings) >= 3
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_broken_model_leaves_the_process_up_and_not_ready(
+    start: Any, tiny_model_dir: Path, tmp_path: Path, damage: str
+) -> None:
+    folder = tmp_path / "model"
+    if damage == "truncated":
+        shutil.copytree(tiny_model_dir, folder)
+        data = max(folder.iterdir(), key=lambda p: p.stat().st_size)
+        data.write_bytes(data.read_bytes()[:1000])
+    daemon = start(folder)
+    failed = daemon.wait_for("STATUS=model failed to load")
+    assert "/readyz answers 503" in failed
+    assert daemon.http.get("/healthz").status_code == 200
+    reply = daemon.http.get("/readyz")
+    assert reply.status_code == 503
+    assert reply.json()["status"] == "failed"
+    assert reply.json()["reason"]
+    assert daemon.proc.poll() is None
+    assert not any(m.startswith("READY=1") for _, m in daemon.messages)
+    assert daemon.stop() == 0
+
+
+def _events(raw: bytes) -> list[Any]:
+    return [json.loads(block.removeprefix("data: "))
+            for block in raw.decode().split("\n\n") if block.strip()]  # fmt: skip
+
+
+def test_sigterm_drains_an_in_flight_stream_then_exits_0(start: Any) -> None:
+    daemon = start(MAX_NEW_TOKENS=str(LONG))
+    daemon.wait_for("READY=1")
+    body = {"prompt": PROMPT, "max_new_tokens": LONG, "stream": True}
+    headers = {"x-request-id": "drained"}
+    with daemon.http.stream("POST", "/generate", json=body, headers=headers) as reply:
+        chunks = reply.iter_raw()
+        first = next(chunks)
+        daemon.proc.send_signal(signal.SIGTERM)
+        daemon.wait_for("STOPPING=1", timeout=5)
+        # Draining: new generations are refused, health answers, the stream goes on.
+        refused = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 4})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "shutting_down"
+        assert daemon.http.get("/readyz").json()["status"] == "draining"
+        assert daemon.proc.poll() is None
+        rest = b"".join(chunks)
+    final = _events(first + rest)[-1]
+    assert final["done"] is True and final["tokens_generated"] == LONG
+    assert daemon.proc.wait(30) == 0
+    assert daemon.record("drained")["completion_tokens"] == LONG
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot_at_once(start: Any) -> None:
+    # One slot and no queue: a slot still held would make the next request a 503.
+    daemon = start(MAX_NEW_TOKENS=str(LONG), MAX_CONCURRENCY="1", MAX_QUEUE="0")
+    daemon.wait_for("READY=1")
+    body = {"prompt": PROMPT, "max_new_tokens": LONG}
+    full = daemon.http.post("/generate", json=body, headers={"x-request-id": "full"})
+    assert full.json()["tokens_generated"] == LONG
+    full_s = daemon.record("full")["duration_s"]
+    with (
+        httpx.Client(base_url=daemon.url) as leaving,
+        leaving.stream(
+            "POST", "/generate", json={**body, "stream": True}, headers={"x-request-id": "gone"}
+        ) as reply,  # fmt: skip
+    ):
+        next(reply.iter_raw())
+    # Leaving the block closes the connection mid-stream.
+    gone = daemon.record("gone", timeout=full_s * 2)
+    assert gone["duration_s"] < full_s / 2  # stopped, not run to its end
+    assert daemon.metric("ortserve_active_generations") == 0
+    follow = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
+    assert follow.status_code == 200, follow.text
+    assert daemon.stop() == 0
+
+
+def test_metrics_and_one_json_log_line_per_request(start: Any) -> None:
+    daemon = start()
+    daemon.wait_for("READY=1")
+    body = {"prompt": PROMPT, "max_new_tokens": 16}
+    generated = daemon.http.post("/generate", json=body, headers={"x-request-id": "m-1"}).json()
+    assert daemon.http.get("/no/such/route", headers={"x-request-id": "m-2"}).status_code == 404
+    scrape = daemon.http.get("/metrics")
+    assert scrape.headers["content-type"].startswith("text/plain; version=0.0.4")
+    n = generated["tokens_generated"]
+    assert daemon.metric('ortserve_requests_total{route="/generate",status="200"}') == 1
+    assert daemon.metric('ortserve_requests_total{route="other",status="404"}') == 1
+    assert daemon.metric("ortserve_generated_tokens_total") == n
+    assert daemon.metric("ortserve_prompt_tokens_total") == generated["prompt_tokens"]
+    assert daemon.metric('ortserve_time_to_first_token_seconds_count{route="/generate"}') == 1
+    assert daemon.metric('ortserve_request_duration_seconds_count{route="/generate"}') == 1
+    assert daemon.metric("ortserve_queue_depth") == 0
+    assert daemon.metric("ortserve_active_generations") == 0
+    assert daemon.metric("ortserve_model_ready") == 1
+    assert daemon.metric("ortserve_model_load_seconds") > 0
+
+    record = daemon.record("m-1")
+    assert record["event"] == "request"
+    assert (record["method"], record["route"], record["status"]) == ("POST", "/generate", 200)
+    assert record["prompt_tokens"] == generated["prompt_tokens"]
+    assert record["completion_tokens"] == n
+    assert 0 < record["ttft_s"] <= record["duration_s"]
+    assert record["tokens_per_s"] > 0
+    assert daemon.record("m-2")["status"] == 404
+    # Every stdout line is one request's JSON; /metrics scrapes are not requests of the API.
+    assert [r["request_id"] for r in daemon.records()] == ["m-1", "m-2"]
+    assert daemon.stop() == 0
