@@ -8,8 +8,10 @@ MAX_STOP_STRINGS = 4
 class StopMatcher:
     """Holds back only the text that could still begin a stop string.
 
-    Feed it text deltas; it returns what may be emitted now. Once a stop string is
-    found, `stopped` is True and the text from the stop string on is dropped.
+    Feed it text deltas; it returns what may be emitted now. Generation stops at the
+    first moment a stop string is complete (the occurrence that ends first; on a tie,
+    the one that starts first), however the text is split into deltas: `stopped` turns
+    True and the text from that stop string on is dropped.
     """
 
     def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
@@ -24,8 +26,9 @@ class StopMatcher:
         if not self.stops:
             return delta
         text = self._held + delta
-        cut = min((i for s in self.stops if (i := text.find(s)) >= 0), default=-1)
-        if cut >= 0:
+        found = [(i + len(s), i) for s in self.stops if (i := text.find(s)) >= 0]
+        if found:
+            _, cut = min(found)
             self.stopped = True
             self._held = ""
             return text[:cut]

@@ -30,9 +30,11 @@ def test_held_text_is_released_when_it_stops_matching() -> None:
     assert out == ["ab ", "STOCK", ""]
 
 
-def test_first_of_several_stops_wins() -> None:
-    out, _ = _run(["zz", "b"], ["aabzz"])
-    assert "".join(out) == "aa"
+def test_the_stop_completed_first_wins_however_the_text_is_split() -> None:
+    assert "".join(_run(["zz", "b"], ["aabzz"])[0]) == "aa"
+    # "aéa" starts first but "é" is complete first: generation would stop there.
+    for deltas in (["a\u00e9a"], ["a\u00e9", "a"], ["a", "\u00e9", "a"]):
+        assert "".join(_run(["\u00e9", "a\u00e9a"], deltas)[0]) == "a"
 
 
 def test_no_stops_passes_through() -> None:
@@ -61,8 +63,8 @@ def test_streamed_text_equals_cut_text_and_never_contains_a_stop(
     deltas = [text[a:b] for a, b in itertools.pairwise(bounds)]
     out, stopped = _run(stops, deltas)
     joined = "".join(out)
-    hits = [i for s in stops if (i := text.find(s)) >= 0]
-    expected = text[: min(hits)] if hits else text
+    hits = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]
+    expected = text[: min(hits)[1]] if hits else text
     assert joined == expected
     assert stopped == bool(hits)
     assert not any(s in joined for s in stops)
