@@ -30,14 +30,17 @@ demo: $(VENV)/.bake-installed
 	$(BIN)/ortserve generate --model-dir $(OUT)/model --max-new-tokens 32 "$(PROMPT)"
 	$(BIN)/ortserve serve --model-dir $(OUT)/model --host $(HOST) --port $(PORT)
 
-# systemd-analyze checks the unit file in the tests (Debian's systemd package).
+# Debian tools the tests use: systemd-analyze (the unit file), qemu-user-static (the
+# aarch64 bundle under emulation), shellcheck (install.sh).
 system-deps:
-	@command -v systemd-analyze >/dev/null || { apt-get update -qq && apt-get install -y -qq systemd; }
+	@command -v systemd-analyze >/dev/null && command -v qemu-aarch64-static >/dev/null \
+	  && command -v shellcheck >/dev/null \
+	  || { apt-get update -qq && apt-get install -y -qq systemd qemu-user-static shellcheck; }
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy core edge functions build/bake tests
+	$(BIN)/mypy core edge functions build/bake tests benchmarks
 
 pytest: $(VENV)/.dev-installed system-deps
 	$(BIN)/python -m pytest

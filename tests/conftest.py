@@ -18,13 +18,13 @@ def tiny_hf_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """`ortserve bake --model builtin:tiny-llama --target edge-x86_64` (int4), cached."""
-    return models.baked("builtin:tiny-llama") / "model"
+    return models.baked("builtin:tiny-llama", package=False) / "model"
 
 
 @pytest.fixture(scope="session")
 def tiny_fp32_dir(tiny_hf_dir: Path) -> Path:
     """The tiny checkpoint baked at fp32, for exact comparison with transformers."""
-    return models.baked(str(tiny_hf_dir), precision="fp32") / "model"
+    return models.baked(str(tiny_hf_dir), precision="fp32", package=False) / "model"
 
 
 @pytest.fixture(scope="session")

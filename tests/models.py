@@ -27,7 +27,9 @@ ORTSERVE = [str(Path(sys.executable).parent / "ortserve")]
 def _key(*parts: str) -> str:
     digest = hashlib.sha256()
     code = [*(ROOT / "build" / "bake").glob("*.py"), *(ROOT / "core").glob("*.py"),
-            *(ROOT / "functions").rglob("*.py")]  # fmt: skip
+            *(ROOT / "functions").rglob("*.py"), *(ROOT / "edge").rglob("*"),
+            ROOT / "pyproject.toml"]  # fmt: skip
+    code = [p for p in code if p.is_file() and "__pycache__" not in p.parts]
     for path in sorted(code):
         digest.update(path.read_bytes())
     for dist in ("onnxruntime-genai", "transformers", "torch", "tokenizers"):
@@ -78,15 +80,21 @@ def tiny_hf_checkpoint() -> Path:
     return _cached(f"tiny-hf-{_key('hf')}", make) / "hf"
 
 
-def baked(source: str, target: str = "edge-x86_64", precision: str = "int4") -> Path:
-    """`ortserve bake` of `source`, run once and cached: the bundle (model in `model/`)."""
+def baked(
+    source: str, target: str = "edge-x86_64", precision: str = "int4", package: bool = True
+) -> Path:
+    """`ortserve bake` of `source`, run once and cached: the bundle (model in `model/`).
+
+    `package=False` bakes with `--model-only` (no deployment files around the model).
+    """
 
     def make(out: Path) -> None:
         proc = run_ortserve(
             "bake", "--model", source, "--target", target, "--precision", precision,
-            "--out", str(out / "bundle"),
+            "--out", str(out / "bundle"), *([] if package else ["--model-only"]),
         )  # fmt: skip
         if proc.returncode != 0:
             raise RuntimeError(f"bake of {source} failed:\n{proc.stderr[-3000:]}")
 
-    return _cached(f"baked-{_key(source, target, precision)}", make) / "bundle"
+    key = _key(source, target, precision, str(package))
+    return _cached(f"baked-{key}", make) / "bundle"

@@ -51,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--no-smoke", dest="smoke", action="store_false", help="skip the smoke generation"
     )
+    parser.add_argument(
+        "--model-only",
+        dest="package",
+        action="store_false",
+        help="write only OUT/model, without the target's deployment files",
+    )
     parser.set_defaults(func=run)
 
 
@@ -71,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         options=options,
         force=args.force,
         smoke=args.smoke,
+        package=args.package,
     )
     try:
         result = bake(request)

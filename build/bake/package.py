@@ -65,6 +65,10 @@ def copy_runtime_code(dest: Path, functions_subpackages: tuple[str, ...]) -> Non
 
 def package(target: Target, bundle: Path) -> None:
     """Add the target's deployment files around `bundle/model`."""
+    if target.name.startswith("edge-"):
+        from bake.package_edge import package_edge  # lazy: package_edge imports this module
+
+        package_edge(target, bundle)
     if target.name == "gcf":
         copy_runtime_code(bundle, ("gcp",))
         (bundle / "main.py").write_text(_GCF_MAIN, encoding="utf-8")

@@ -48,6 +48,7 @@ class BakeRequest:
     options: dict[str, str] = field(default_factory=dict)
     force: bool = False
     smoke: bool = True
+    package: bool = True
 
 
 @dataclass
@@ -197,7 +198,8 @@ def bake(request: BakeRequest) -> BakeResult:
         if request.smoke:
             text, provider = _smoke(staging, target)
             _say(f"smoke generation on {provider}: {text!r}")
-        package(target, bundle)
+        if request.package:
+            package(target, bundle)
         _install(bundle, out, request.force)
     except BakeError:
         raise
