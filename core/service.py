@@ -63,6 +63,12 @@ class ModelState:
                 probe.skipped or "none",
             )  # fmt: skip
 
+    def fail(self, reason: str) -> None:
+        """Mark the model failed without trying to load it (an adapter could not fetch it)."""
+        with self._lock:
+            self.engine, self.status, self.reason = None, "failed", reason
+        log.error("model unavailable: %s", reason)
+
     def require(self) -> Engine:
         """The engine, or a 503 error that says why there is none."""
         engine = self.engine

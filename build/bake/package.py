@@ -69,7 +69,11 @@ def package(target: Target, bundle: Path) -> None:
         from bake.package_edge import package_edge  # lazy: package_edge imports this module
 
         package_edge(target, bundle)
-    if target.name == "gcf":
+    elif target.name.startswith("lambda-"):
+        from bake.package_lambda import package_lambda  # it imports this module's helpers
+
+        package_lambda(target, bundle)
+    elif target.name == "gcf":
         copy_runtime_code(bundle, ("gcp",))
         (bundle / "main.py").write_text(_GCF_MAIN, encoding="utf-8")
         requirements = pinned((*RUNTIME_DISTRIBUTIONS, "functions-framework"))

@@ -22,6 +22,7 @@ from tests.functional.harness import (
     gcf_server,
     normalized,
 )
+from tests.functional.lambda_target import LambdaTarget, lambda_app
 
 
 def _settings(model_dir: Path, **kw: object) -> ServerSettings:
@@ -38,7 +39,7 @@ def core_api(tiny_model_dir: Path) -> Api:
     return Api(state, settings)
 
 
-@pytest.fixture(scope="module", params=["core", "gcf", "edge"])
+@pytest.fixture(scope="module", params=["core", "gcf", "edge", "lambda"])
 def target(
     request: pytest.FixtureRequest, core_api: Api, tiny_gcf_bundle: Path, tiny_model_dir: Path
 ) -> Iterator[Target]:
@@ -50,6 +51,8 @@ def target(
     elif request.param == "edge":
         with edge_server(tiny_model_dir) as base:
             yield Http("edge", base)
+    elif request.param == "lambda":
+        yield LambdaTarget(lambda_app(tiny_model_dir).handle)
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +103,9 @@ def test_generate_stream_equals_non_stream(target: Target) -> None:
     assert "".join(e["text"] for e in events[:-1]) == whole["generated_text"]
 
 
+# The buffered Lambda handler answers with the whole body by design (its streaming image
+# is tested in test_lambda_images.py); every streaming target is checked here.
+@pytest.mark.parametrize("target", ["core", "gcf", "edge"], indirect=True)
 def test_stream_arrives_while_generating(target: Target) -> None:
     """The first event reaches the client while the model is still generating."""
     body = {"prompt": "Hello", "max_new_tokens": 2000, "temperature": 0, "stream": True}

@@ -1,0 +1,82 @@
+"""A core response as one buffered Lambda result, within Lambda's 6 MB response limit.
+
+A streamed (SSE) response is collected whole. When the next event would push the result
+past the limit, the generation is stopped and the body ends with an SSE error event, as
+any error after the first byte does on every target; the client keeps what was
+generated. A whole (non-streamed) body that is too large becomes a 413 error instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from core.api import error_payload, error_response
+from core.http import Response
+from functions.aws.errors import ResponseTooLargeError
+from functions.aws.events import Version, encoded_size, http_result
+
+_ADVICE = "ask for fewer tokens, or use the streaming Function URL"
+
+
+def _escaped_len(chunk: bytes) -> int:
+    """Bytes `chunk` adds to the serialized result (JSON-escaped text, else base64)."""
+    try:
+        return len(json.dumps(chunk.decode("utf-8"))) - 2
+    except UnicodeDecodeError:
+        return 4 * math.ceil(len(chunk) / 3) + 4
+
+
+def _sse_error(exc: ResponseTooLargeError) -> bytes:
+    data = json.dumps(error_payload(exc), ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def _too_large(version: Version, response: Response, size: int, limit: int) -> dict[str, Any]:
+    exc = ResponseTooLargeError(
+        f"the response ({size} bytes) is larger than the {limit} bytes a buffered Lambda "
+        f"response may carry: {_ADVICE}"
+    )
+    error = error_response(exc)
+    request_id = response.header("x-request-id")
+    if request_id is not None:
+        error.headers.append(("x-request-id", request_id))
+    assert isinstance(error.body, bytes)  # error responses are whole
+    return http_result(version, error.status, error.headers, error.body)
+
+
+def _collect(response: Response, version: Version, limit: int) -> dict[str, Any]:
+    assert not isinstance(response.body, bytes)
+    tail = _sse_error(
+        ResponseTooLargeError(
+            f"the stream was cut at the {limit} bytes a buffered Lambda response may carry: "
+            f"{_ADVICE}"
+        )
+    )
+    empty = http_result(version, response.status, response.headers, b"")
+    budget = limit - encoded_size(empty) - _escaped_len(tail)
+    chunks: list[bytes] = []
+    used = 0
+    cut = False
+    try:
+        for chunk in response.body:
+            used += _escaped_len(chunk)
+            if used > budget:
+                cut = True
+                break
+            chunks.append(chunk)
+    finally:
+        response.close_body()  # a cut stream stops generating and frees its slot
+    if cut:
+        chunks.append(tail)
+    return http_result(version, response.status, response.headers, b"".join(chunks))
+
+
+def buffered_result(response: Response, version: Version, limit: int) -> dict[str, Any]:
+    """The Lambda result for `response`, whose serialized size is at most `limit` bytes."""
+    if not isinstance(response.body, bytes):
+        return _collect(response, version, limit)
+    result = http_result(version, response.status, response.headers, response.body)
+    size = encoded_size(result)
+    return result if size <= limit else _too_large(version, response, size, limit)

@@ -1,0 +1,279 @@
+"""One Lambda execution environment: its cold start, then one invoke after another.
+
+The cold start (API keys from Secrets Manager or SSM, the model from S3 or the image,
+then the model load) runs once. It runs in the init phase when it fits the init budget:
+on-demand init is cut at 10 s and then redone inside the first invoke, so a load that
+would not fit is better started in the first invoke right away. Whatever fails (a
+tampered S3 file, a missing secret) leaves the function up, answering 503 with the
+reason, and a later invoke tries again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from core.api import Api, RequestRecord, error_response
+from core.cpu import usable_cpus
+from core.errors import InvalidRequestError, OrtServeError
+from core.http import Request
+from core.manifest import read_manifest
+from core.service import ModelState
+from functions.aws.buffer import buffered_result
+from functions.aws.errors import SetupError
+from functions.aws.events import EventError, Version, http_result, parse_event
+from functions.aws.model_source import fetch_model, local_folder, remote_model_bytes
+from functions.aws.secrets import resolve_api_keys
+from functions.aws.settings import LambdaSettings, LoadAtInit
+
+log = logging.getLogger("ortserve.lambda")
+
+_MB = 1024 * 1024
+# Init types whose init phase may run for minutes instead of 10 s.
+LONG_INIT_TYPES = frozenset({"provisioned-concurrency", "snap-start"})
+# Routes that answer without the model (and so must not wait for a lazy load).
+_NO_SETUP_ROUTES = frozenset({"/healthz", "/openapi.json"})
+
+
+def plan_load(
+    mode: LoadAtInit,
+    initialization_type: str | None,
+    model_bytes: int | None,
+    read_passes: int,
+    mb_per_s: float,
+    budget_s: float,
+    elapsed_s: float,
+) -> tuple[bool, str]:
+    """Whether to load the model during init, and why (for the cold-start log).
+
+    Args:
+        mode: The operator's choice (`auto` decides by the estimate).
+        initialization_type: `AWS_LAMBDA_INITIALIZATION_TYPE`.
+        model_bytes: Bytes of the model files, or None when unknown.
+        read_passes: How often each byte is read (download, hash, load).
+        mb_per_s: The assumed read rate.
+        budget_s: The part of init the load may use.
+        elapsed_s: Init time already spent (runtime start, imports).
+    """
+    if mode != "auto":
+        return mode == "always", f"ORTSERVE_LAMBDA_LOAD_AT_INIT={mode}"
+    if initialization_type in LONG_INIT_TYPES:
+        return True, f"{initialization_type} init is not cut at 10 s"
+    if model_bytes is None:
+        return True, "model size unknown: loading now, so that an error shows at init"
+    estimate = elapsed_s + model_bytes * read_passes / (mb_per_s * _MB)
+    fits = estimate <= budget_s
+    return fits, (
+        f"estimated init {estimate:.1f} s ({model_bytes / _MB:.1f} MB read {read_passes}x at "
+        f"{mb_per_s:g} MB/s) is {'within' if fits else 'over'} the {budget_s:g} s budget"
+    )
+
+
+def _process_age_s() -> float | None:
+    """Seconds since this process started (Linux), to put import time in the figures."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class LambdaApp:
+    """The API in one execution environment, answering API Gateway and Function URL events.
+
+    Attributes:
+        settings: The function's settings.
+        state: The model's state (loading, ready, failed).
+        api: The core API (rebuilt once the API keys are known).
+    """
+
+    def __init__(self, settings: LambdaSettings) -> None:
+        self.settings = settings
+        self._created = time.perf_counter()
+        engine_settings = settings
+        if settings.model_s3_uri:
+            folder = local_folder(settings.model_s3_uri, settings.model_cache_dir)
+            engine_settings = settings.model_copy(update={"model_dir": folder})
+        self.state = ModelState(engine_settings)
+        self.api = Api(self.state, settings, on_record=self._record)
+        self._lock = threading.Lock()
+        self._keys_resolved = False
+        self._failed_at: float | None = None
+        self._figures: dict[str, Any] = {}
+        self._logged_cold_start = False
+        self._aws_request_id: str | None = None
+
+    # -- cold start -------------------------------------------------------------------
+
+    def _model_bytes(self) -> tuple[int | None, int]:
+        """The model's size and how often init would read each byte."""
+        settings = self.settings
+        if settings.model_s3_uri:
+            folder = self.state.settings.model_dir
+            if folder.is_dir():  # downloaded by an earlier start in this environment
+                return self._local_bytes(folder), 1
+            return remote_model_bytes(settings.model_s3_uri), 3  # download, hash, load
+        return self._local_bytes(settings.model_dir), 2 if settings.verify_sha256 else 1
+
+    @staticmethod
+    def _local_bytes(folder: Path) -> int | None:
+        try:
+            return sum(f.size for f in read_manifest(folder).files)
+        except OrtServeError:
+            return None
+
+    def cold_start(self) -> None:
+        """Run during Lambda's init phase: set up now if it fits the init budget, else defer."""
+        settings = self.settings
+        model_bytes, passes = (
+            self._model_bytes() if settings.lambda_load_at_init == "auto" else (None, 1)
+        )
+        # On Lambda the process starts with the init phase: its age is init time spent.
+        age = _process_age_s() if settings.initialization_type else None
+        at_init, why = plan_load(
+            settings.lambda_load_at_init,
+            settings.initialization_type,
+            model_bytes,
+            passes,
+            settings.lambda_read_mb_per_s,
+            settings.lambda_init_budget_s,
+            age if age is not None else time.perf_counter() - self._created,
+        )
+        self._figures.update(load_phase="init" if at_init else "first_invoke", load_plan=why)
+        if at_init:
+            self._setup_if_due()
+        self._figures["init_s"] = round(time.perf_counter() - self._created, 3)
+        end_age = _process_age_s()
+        if age is not None and end_age is not None:
+            self._figures["process_age_at_init_end_s"] = round(end_age, 3)
+        if at_init:
+            self._log_setup()
+        else:
+            self._write("INFO", "model load deferred to the first invoke", **self._figures)
+
+    def ensure_ready(self) -> None:
+        """Finish the cold start if it has not (blocking); retry a failed one when due."""
+        if self._setup_if_due():
+            self._log_setup()
+
+    def _setup_if_due(self) -> bool:
+        with self._lock:
+            if self.state.status == "ready":
+                return False
+            failed_at = self._failed_at
+            if failed_at is not None and (
+                time.monotonic() - failed_at < self.settings.lambda_retry_failed_s
+            ):
+                return False
+            self._setup()
+            return True
+
+    def _setup(self) -> None:
+        start = time.perf_counter()
+        try:
+            if not self._keys_resolved:
+                keys = resolve_api_keys(self.settings)
+                if keys != self.settings.api_keys:
+                    with_keys = self.settings.model_copy(update={"api_keys": keys})
+                    self.api = Api(self.state, with_keys, on_record=self._record)
+                self._keys_resolved = True
+            if self.settings.model_s3_uri:
+                fetched = fetch_model(
+                    self.settings.model_s3_uri, self.settings.model_cache_dir,
+                    self.settings.model_sha256,
+                )  # fmt: skip
+                self._figures.update(
+                    download_s=round(fetched.seconds, 3),
+                    downloaded_mb=round(fetched.downloaded_bytes / _MB, 1),
+                )
+        except SetupError as exc:
+            self._fail(exc.message)
+            return
+        self.state.load()
+        self._figures["setup_s"] = round(time.perf_counter() - start, 3)
+        self._failed_at = None if self.state.status == "ready" else time.monotonic()
+
+    def _fail(self, reason: str) -> None:
+        self.state.fail(reason)
+        self._failed_at = time.monotonic()
+        self._write("ERROR", "cold start failed", reason=reason)
+
+    def _log_setup(self) -> None:
+        """The cold-start figures in one line (a retry after a failure logs its own)."""
+        message = "cold start retried" if self._logged_cold_start else "cold start"
+        self._logged_cold_start = True
+        settings, state = self.settings, self.state
+        figures: dict[str, Any] = {
+            "status": state.status,
+            "initialization_type": settings.initialization_type,
+            "model_source": settings.model_s3_uri or "image",
+            "memory_mb": settings.function_memory_mb,
+            "usable_cpus": usable_cpus(),
+            **self._figures,
+        }
+        engine = state.engine
+        if engine is not None:
+            figures.update(
+                model=engine.model_name,
+                manifest_digest=engine.digest,
+                execution_provider=engine.probe.provider,
+                threads=engine.probe.threads,
+                load_s=round(engine.probe.load_seconds, 3),
+            )
+        else:
+            figures["reason"] = state.reason
+        self._write("INFO" if engine else "ERROR", message, **figures)
+
+    # -- invokes ----------------------------------------------------------------------
+
+    def handle(self, event: object, context: object = None) -> dict[str, Any]:
+        """Answer one API Gateway (REST 1.0, HTTP 2.0) or Function URL event; never raises."""
+        self._aws_request_id = getattr(context, "aws_request_id", None)
+        version: Version = "2.0"
+        try:
+            try:
+                parsed = parse_event(event)
+            except EventError as exc:
+                version = exc.version
+                self._write("WARNING", "not an HTTP event", reason=exc.message)
+                return self._error_result(version, InvalidRequestError(exc.message))
+            version = parsed.version
+            if parsed.request.path not in _NO_SETUP_ROUTES:
+                self.ensure_ready()
+            return self.answer(parsed.request, version)
+        except Exception:  # never an exception out of the handler: Lambda would answer 502
+            log.exception("unhandled error in the Lambda handler")
+            return self._error_result(version, OrtServeError("internal error"))
+        finally:
+            self._aws_request_id = None
+
+    def answer(self, request: Request, version: Version) -> dict[str, Any]:
+        """The buffered result of one core request, in the event shape `version`."""
+        response = self.api.handle(request)
+        return buffered_result(response, version, self.settings.lambda_max_response_bytes)
+
+    @staticmethod
+    def _error_result(version: Version, exc: OrtServeError) -> dict[str, Any]:
+        response = error_response(exc)
+        assert isinstance(response.body, bytes)  # error responses are whole
+        return http_result(version, response.status, response.headers, response.body)
+
+    # -- logs -------------------------------------------------------------------------
+
+    def _record(self, record: RequestRecord) -> None:
+        self._write("INFO", "request", **asdict(record))
+
+    def _write(self, level: str, message: str, **fields: Any) -> None:
+        # One JSON object per line: CloudWatch Logs Insights parses each line's fields.
+        line = {"level": level, "message": message, **fields}
+        if self._aws_request_id is not None:
+            line["aws_request_id"] = self._aws_request_id
+        print(json.dumps(line, ensure_ascii=False, default=str), file=sys.stdout, flush=True)

@@ -1,0 +1,92 @@
+"""Settings of the Lambda target: the server's settings plus where the model and keys come from.
+
+Lambda's own variables (`AWS_LAMBDA_*`) keep their names: a field with an alias is read
+from the alias alone.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import AliasChoices, Field, model_validator
+
+from core.cpu import usable_cpus
+from core.settings import ServerSettings
+
+BUNDLE_ROOT = Path(__file__).resolve().parents[2]
+# At 1,769 MB a function gets one vCPU's worth of CPU time; more memory, proportionally more.
+MB_PER_VCPU = 1769
+# Lambda's limit on a synchronous (buffered) response is 6 MB; leave room for the runtime.
+SYNC_RESPONSE_LIMIT = 6 * 1024 * 1024
+
+LoadAtInit = Literal["auto", "always", "never"]
+
+
+def function_threads(memory_mb: int, visible_cpus: int) -> int:
+    """intra-op threads for a function with `memory_mb` of memory.
+
+    Lambda shows 2 vCPUs up to 3,008 MB and up to 6 at 10,240 MB, but grants CPU time in
+    proportion to memory (one vCPU per 1,769 MB): more threads than that only contend.
+    """
+    return max(1, min(visible_cpus, math.ceil(memory_mb / MB_PER_VCPU)))
+
+
+class LambdaSettings(ServerSettings):
+    """ServerSettings for a Lambda function (buffered handler or streaming image).
+
+    Attributes:
+        model_dir: The baked model folder; defaults to `model/` beside the code
+            (`/var/task/model` in the image).
+        model_s3_uri: `s3://bucket/prefix` of a baked model folder to download into
+            /tmp at cold start instead of using the baked-in one.
+        model_sha256: The expected sha256 of the model's manifest.json (`/readyz`'s
+            `manifest_digest`), to pin an S3 model to one exact bake.
+        model_cache_dir: Where an S3 model is downloaded (only /tmp is writable).
+        api_keys_secret_id: A Secrets Manager secret (name or ARN) whose string is a
+            JSON list or a comma-separated list of API keys, added to `api_keys`.
+        api_keys_ssm_parameter: An SSM parameter (SecureString, String or StringList)
+            holding API keys the same way, added to `api_keys`.
+        lambda_load_at_init: `always` loads the model during init, `never` on the first
+            invoke, `auto` during init when the estimate fits `lambda_init_budget_s`.
+        lambda_init_budget_s: The part of Lambda's 10 s on-demand init the model may use.
+        lambda_read_mb_per_s: A conservative read rate of model bytes during init (image
+            layers are pulled lazily on first read), for the `auto` estimate.
+        lambda_max_response_bytes: Largest serialized buffered response; larger ones
+            are answered with an error (streams: cut, with an error event).
+        lambda_retry_failed_s: After a failed cold start (S3, keys, model), the next
+            invoke at least this much later tries again.
+        initialization_type: `AWS_LAMBDA_INITIALIZATION_TYPE` (on-demand,
+            provisioned-concurrency, snap-start, ...).
+        function_memory_mb: `AWS_LAMBDA_FUNCTION_MEMORY_SIZE`; sets the default thread
+            count from the function's CPU share.
+    """
+
+    model_dir: Path = BUNDLE_ROOT / "model"
+    model_s3_uri: str | None = Field(
+        default=None, pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?$"
+    )
+    model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    model_cache_dir: Path = Path("/tmp/ortserve-models")  # noqa: S108 (Lambda's only writable place)
+    api_keys_secret_id: str | None = None
+    api_keys_ssm_parameter: str | None = None
+    lambda_load_at_init: LoadAtInit = "auto"
+    lambda_init_budget_s: float = Field(default=8.0, ge=0, le=900)
+    lambda_read_mb_per_s: float = Field(default=80.0, gt=0)
+    lambda_max_response_bytes: int = Field(
+        default=SYNC_RESPONSE_LIMIT - 64 * 1024, ge=4096, le=SYNC_RESPONSE_LIMIT
+    )
+    lambda_retry_failed_s: float = Field(default=30.0, ge=0)
+    initialization_type: str | None = Field(
+        default=None, validation_alias=AliasChoices("AWS_LAMBDA_INITIALIZATION_TYPE")
+    )
+    function_memory_mb: int | None = Field(
+        default=None, ge=128, validation_alias=AliasChoices("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
+    )
+
+    @model_validator(mode="after")
+    def _threads_from_function_cpus(self) -> Self:
+        if self.threads is None and self.function_memory_mb is not None:
+            self.threads = function_threads(self.function_memory_mb, usable_cpus())
+        return self

