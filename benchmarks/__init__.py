@@ -1,0 +1,1 @@
+"""Benchmarks: measurements, not tests (this machine is shared and noisy)."""
