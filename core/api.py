@@ -27,6 +27,7 @@ from core.errors import (
     DrainingError,
     InvalidRequestError,
     MethodNotAllowedError,
+    ModelNotFoundError,
     ModelUnavailableError,
     NotFoundError,
     OrtServeError,
@@ -300,11 +301,11 @@ class Api:
             stream.close()
 
     def _run(self, stream: GenerationStream) -> Completion:
-        text = "".join(self._timed(stream))
+        for _ in self._timed(stream):
+            pass
         done = stream.completion
-        assert done is not None  # the stream ended
-        return Completion(text, done.finish_reason, done.prompt_tokens,
-                          done.completion_tokens, done.timings)  # fmt: skip
+        assert done is not None  # the stream ended: its completion holds the whole text
+        return done
 
     def _sse_stream(
         self,
@@ -375,11 +376,9 @@ class Api:
     def _openai_common(self, body: CompletionBody | ChatBody) -> Sampling:
         served = self.state.engine.model_name if self.state.engine else None
         if body.model is not None and served is not None and body.model != served:
-            exc = NotFoundError(
+            raise ModelNotFoundError(
                 f"the model {body.model!r} does not exist; this server has {served!r}"
             )
-            exc.code = "model_not_found"
-            raise exc
         if body.n != 1:
             raise InvalidRequestError("n must be 1: one choice per request is supported", "n")
         if body.logprobs:
@@ -387,10 +386,12 @@ class Api:
         max_tokens = body.max_tokens
         if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
             max_tokens = body.max_completion_tokens
+        if max_tokens is None:  # OpenAI's defaults: 16 for completions, "as many as fit" for chat
+            limit = self.settings.max_new_tokens
+            max_tokens = min(16, limit) if isinstance(body, CompletionBody) else limit
         return Sampling(
-            max_new_tokens=max_tokens or min(self.settings.max_new_tokens, 16 if
-                                             isinstance(body, CompletionBody) else 1 << 30),
-            temperature=body.temperature, top_p=body.top_p, seed=body.seed,
+            max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+            seed=body.seed,
         )  # fmt: skip
 
     def _ids(self, request_id: str, prefix: str) -> tuple[str, int]:

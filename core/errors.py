@@ -74,6 +74,12 @@ class NotFoundError(OrtServeError):
     code = "not_found"
 
 
+class ModelNotFoundError(NotFoundError):
+    """A request names a model this server does not serve."""
+
+    code = "model_not_found"
+
+
 class MethodNotAllowedError(OrtServeError):
     """The route exists but not for this method."""
 
