@@ -37,7 +37,6 @@ from core.errors import (
 from core.generation import Completion, GenerationRequest, GenerationStream, Guidance
 from core.generation import SamplingOptions as Sampling
 from core.http import Request, Response, json_response, sse_response
-from core.openapi import openapi_document
 from core.schemas import ChatBody, CompletionBody, GenerateBody, ResponseFormat
 from core.service import ModelState
 from core.settings import ServerSettings
@@ -518,6 +517,8 @@ class Api:
                              None if ready else [("retry-after", "5")])  # fmt: skip
 
     def _openapi(self, request: Request, ctx: _Context) -> Response:
+        from core.openapi import openapi_document  # builds JSON schemas: not on the cold path
+
         return json_response(200, openapi_document())
 
 
