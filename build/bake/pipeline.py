@@ -15,25 +15,14 @@ from pathlib import Path
 from bake.errors import BakeError
 from bake.genai_config import infer_genai_config, set_session_options
 from bake.package import MODEL_SUBDIR, package
-from bake.sources import ResolvedSource, resolve
+from bake.sources import PROCESSING_FILES, ResolvedSource, resolve
 from bake.targets import Target, builder_options, get_target
 from core.manifest import Manifest, list_files, write_manifest
 
 # Head sizes the CPU GroupQueryAttention kernel accepts.
 _HEAD_SIZE_MULTIPLE = 16
 _ONNX_SUFFIXES = (".onnx", ".onnx.data", ".onnx_data")
-_ONNX_EXTRA_FILES = (
-    "genai_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.json",
-    "chat_template.jinja",
-)
+_ONNX_EXTRA_FILES = ("genai_config.json", *PROCESSING_FILES)
 
 
 @dataclass

@@ -15,11 +15,8 @@ FolderKind = Literal["hf", "onnx"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Files a conversion needs from a hub checkpoint; everything else (other formats,
 # READMEs, images, original/ folders) is never downloaded.
-HF_PATTERNS = [
-    "config.json",
-    "generation_config.json",
-    "*.safetensors",
-    "*.safetensors.index.json",
+# Tokenizer and chat-template files, whatever the model's format.
+PROCESSING_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "tokenizer.model",
@@ -29,6 +26,13 @@ HF_PATTERNS = [
     "merges.txt",
     "chat_template.json",
     "chat_template.jinja",
+)
+HF_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    *PROCESSING_FILES,
 ]
 ONNX_PATTERNS = [*HF_PATTERNS, "*.onnx", "*.onnx.data", "*.onnx_data", "genai_config.json"]
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
