@@ -80,6 +80,9 @@ class ProbeReport:
     threads: int
 
 
+_SEED_RANGE = 2**31
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -259,7 +262,10 @@ class Engine:
             search["top_p"] = options.top_p
             search["top_k"] = options.top_k if options.top_k > 0 else 0
         if options.seed is not None:
-            search["random_seed"] = options.seed
+            # onnxruntime-genai takes a non-negative int32 seed (2**31 and up fail with a
+            # native error; -1 means "random"): fold any int64 into that range, the same
+            # way every time.
+            search["random_seed"] = options.seed % _SEED_RANGE
         params = og.GeneratorParams(self._model)
         params.set_search_options(**search)
         if request.guidance is not None:

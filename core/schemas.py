@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.stops import MAX_STOP_STRINGS
 
-_SEED = Field(default=None, ge=0, le=2**63 - 1, description="same seed, same output")
+_SEED = Field(default=None, ge=-(2**63), le=2**63 - 1, description="same seed, same output")
 _TEMPERATURE_DOC = "0 is greedy; higher samples more freely"
 
 

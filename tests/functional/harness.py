@@ -231,11 +231,11 @@ def gcf_server(bundle: Path) -> Iterator[str]:
 
 
 @contextmanager
-def edge_server(model_dir: Path) -> Iterator[str]:
-    """The real edge daemon (`ortserve serve`) on loopback."""
+def edge_server(model_dir: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The real edge daemon (`ortserve serve`) on loopback (`env`: extra settings)."""
     port = free_port()
     ortserve = str(Path(sys.executable).parent / "ortserve")
     cmd = [ortserve, "serve", "--model-dir", str(model_dir), "--host", "127.0.0.1",
            "--port", str(port)]  # fmt: skip
-    with _server(cmd, {}, model_dir, port) as base:
+    with _server(cmd, env or {}, model_dir, port) as base:
         yield base
