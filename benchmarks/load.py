@@ -1,0 +1,206 @@
+"""Load and soak against the real edge daemon: `python -m benchmarks.load`.
+
+- Load: for each N in `--clients` (default 1,2,4,8,16), N closed-loop clients stream
+  `/v1/chat/completions` for `--seconds` each; reports requests/s, total tokens/s, TTFT and
+  latency p50/p99, 503s (each must carry Retry-After), any other error (must be 0), and
+  the daemon's peak RSS (VmHWM). `--plot FILE.png` draws throughput and p99 vs N.
+- Soak (`--soak N`): N requests in a row; the daemon's RSS after the first 10% and after
+  the last must differ by less than 5%.
+
+Everything stays on 127.0.0.1 and stops by itself. Not a test: figures for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.functional.harness import free_port, wait_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Tally:
+    """What the clients of one load level saw."""
+
+    ttft_s: list[float] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+    tokens: int = 0
+    busy: int = 0
+    busy_without_retry_after: int = 0
+    errors: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _rss_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {key} for pid {pid}")
+
+
+def _one(client: httpx.Client, base: str, max_tokens: int, tally: Tally) -> None:
+    body = {"messages": [{"role": "user", "content": "Tell me about edge boards."}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    start = time.perf_counter()
+    first = 0.0
+    tokens = 0
+    try:
+        with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+            if response.status_code == 503:
+                response.read()
+                with tally.lock:
+                    tally.busy += 1
+                    tally.busy_without_retry_after += "retry-after" not in response.headers
+                return
+            if response.status_code != 200:
+                with tally.lock:
+                    tally.errors.append(f"{response.status_code}: {response.read()[:200]!r}")
+                return
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise RuntimeError(f"stream error: {event['error']}")
+                if not first and event["choices"] and event["choices"][0]["delta"].get("content"):
+                    first = time.perf_counter()
+                if event.get("usage"):
+                    tokens = event["usage"]["completion_tokens"]
+    except (httpx.HTTPError, RuntimeError) as exc:
+        with tally.lock:
+            tally.errors.append(repr(exc))
+        return
+    end = time.perf_counter()
+    with tally.lock:
+        tally.ttft_s.append((first or end) - start)
+        tally.latency_s.append(end - start)
+        tally.tokens += tokens
+
+
+def _level(base: str, clients: int, seconds: float, max_tokens: int) -> dict[str, Any]:
+    tally = Tally()
+    deadline = time.monotonic() + seconds
+
+    def loop() -> None:
+        with httpx.Client(timeout=120) as client:
+            while time.monotonic() < deadline:
+                _one(client, base, max_tokens, tally)
+
+    threads = [threading.Thread(target=loop) for _ in range(clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+
+    def pct(values: list[float], q: int) -> float:
+        return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else float("nan")
+
+    return {
+        "clients": clients,
+        "requests_per_s": len(tally.latency_s) / elapsed,
+        "tokens_per_s": tally.tokens / elapsed,
+        "ttft_p50_ms": pct(tally.ttft_s, 50) * 1000,
+        "ttft_p99_ms": pct(tally.ttft_s, 99) * 1000,
+        "latency_p50_ms": pct(tally.latency_s, 50) * 1000,
+        "latency_p99_ms": pct(tally.latency_s, 99) * 1000,
+        "busy_503": tally.busy,
+        "busy_without_retry_after": tally.busy_without_retry_after,
+        "other_errors": len(tally.errors),
+        "error_samples": tally.errors[:3],
+    }
+
+
+def _soak(base: str, pid: int, count: int, max_tokens: int) -> dict[str, Any]:
+    tally = Tally()
+    early = 0
+    with httpx.Client(timeout=120) as client:
+        for i in range(count):
+            _one(client, base, max_tokens, tally)
+            if i + 1 == max(1, count // 10):
+                early = _rss_kib(pid, "VmRSS")
+    late = _rss_kib(pid, "VmRSS")
+    return {"requests": count, "rss_early_kib": early, "rss_late_kib": late,
+            "growth": late / early - 1, "errors": len(tally.errors) + tally.busy}  # fmt: skip
+
+
+def _plot(levels: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = [lv["clients"] for lv in levels]
+    fig, left = plt.subplots(figsize=(7, 4))
+    left.plot(n, [lv["tokens_per_s"] for lv in levels], "o-", color="tab:blue")
+    left.set_xlabel("concurrent streaming clients")
+    left.set_ylabel("total tokens/s", color="tab:blue")
+    left.set_xscale("log", base=2)
+    left.set_ylim(bottom=0)
+    right = left.twinx()
+    right.plot(n, [lv["latency_p99_ms"] for lv in levels], "s--", color="tab:red")
+    right.set_ylabel("p99 latency (ms)", color="tab:red")
+    left.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    """Start the daemon, run the load levels (and the soak), print a table."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model-dir", type=Path, required=True, help="a baked model folder")
+    parser.add_argument("--clients", default="1,2,4,8,16")
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--soak", type=int, default=0, help="requests in a row (0: none)")
+    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the daemon")
+    args = parser.parse_args()
+    port = free_port()
+    env = {**os.environ, "ORTSERVE_PROVIDERS": "cpu",
+           **dict(kv.split("=", 1) for kv in args.env)}  # fmt: skip
+    cmd = [str(Path(sys.executable).parent / "ortserve"), "serve", "--model-dir",
+           str(args.model_dir), "--port", str(port)]  # fmt: skip
+    result: dict[str, Any] = {"levels": []}
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_ready(base, proc, log)
+            for clients in (int(c) for c in args.clients.split(",")):
+                level = _level(base, clients, args.seconds, args.max_tokens)
+                level["peak_rss_mib"] = _rss_kib(proc.pid, "VmHWM") / 1024
+                result["levels"].append(level)
+                print(json.dumps({k: round(v, 1) if isinstance(v, float) else v
+                                  for k, v in level.items()}), flush=True)  # fmt: skip
+            if args.soak:
+                result["soak"] = _soak(base, proc.pid, args.soak, args.max_tokens)
+                print(json.dumps(result["soak"]), flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    if args.plot and result["levels"]:
+        _plot(result["levels"], args.plot, f"ortserve edge daemon, {args.model_dir.parent.name}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
