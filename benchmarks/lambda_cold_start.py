@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.bakes import baked
 from tests.functional.lambda_runtime_api import running
 from tests.functional.lambda_target import v2_event
 
@@ -46,17 +47,6 @@ generator.append_tokens(ids)
 generator.generate_next_token()
 print(int(generator.get_next_tokens()[0]), flush=True)
 """
-
-
-def _bundle(work: Path, model: str) -> Path:
-    out = work / f"{model.removeprefix('builtin:')}-lambda"
-    if not (out / "model" / "manifest.json").is_file():
-        subprocess.run(
-            [str(Path(sys.executable).parent / "ortserve"), "bake", "--model", model,
-             "--target", "lambda-x86_64", "--out", str(out), "--force"],
-            check=True,
-        )  # fmt: skip
-    return out
 
 
 def _lambda(bundle: Path, threads: int) -> float:
@@ -107,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, dict[str, float]] = {}
     for model in args.models.split(","):
-        bundle = _bundle(args.work, model)
+        bundle = baked(args.work, model, "lambda-x86_64")
         _lambda(bundle, args.threads)  # warm the page cache for both
         runs: dict[str, list[float]] = {"lambda": [], "bare": []}
         for _ in range(args.reps):

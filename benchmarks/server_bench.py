@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.bakes import baked
 from core.engine import Engine
 from core.generation import GenerationRequest, SamplingOptions
 from core.settings import EngineSettings
@@ -47,17 +48,6 @@ WORDS = [
     "network",
     "quickly",
 ]
-
-
-def _model_dir(work: Path, model: str) -> Path:
-    out = work / f"{model.removeprefix('builtin:')}-edge"
-    if not (out / "model" / "manifest.json").is_file():
-        subprocess.run(
-            [str(Path(sys.executable).parent / "ortserve"), "bake", "--model", model,
-             "--target", "edge-x86_64", "--out", str(out), "--force"],
-            check=True,
-        )  # fmt: skip
-    return out / "model"
 
 
 def _prompt(engine: Engine, tokens: int) -> str:
@@ -111,7 +101,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    model_dir = args.model_dir or _model_dir(args.work, args.model)
+    model_dir = args.model_dir or baked(args.work, args.model, "edge-x86_64") / "model"
     engine = Engine.load(EngineSettings(model_dir=model_dir, providers="cpu", threads=args.threads))
     prompt = _prompt(engine, args.prompt_tokens)
     port = free_port()
