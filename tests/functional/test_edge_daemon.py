@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from core.manifest import manifest_digest
+from core.manifest import list_files, manifest_digest, read_manifest, write_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -165,23 +165,40 @@ def test_ready_after_the_model_loads_then_stopping_and_exit_0(
     assert len(pings) >= 3
 
 
-@pytest.mark.parametrize("damage", ["missing", "truncated"])
+@pytest.mark.parametrize("damage", ["missing", "truncated", "tampered", "bad-genai-config"])
 def test_a_broken_model_leaves_the_process_up_and_not_ready(
     start: Any, tiny_model_dir: Path, tmp_path: Path, damage: str
 ) -> None:
     folder = tmp_path / "model"
-    if damage == "truncated":
+    named = {"missing": "does not exist", "truncated": "model.onnx.data",
+             "tampered": "model.onnx.data", "bad-genai-config": "genai_config.json"}  # fmt: skip
+    env = {}
+    if damage != "missing":
         shutil.copytree(tiny_model_dir, folder)
+    if damage == "truncated":
         data = max(folder.iterdir(), key=lambda p: p.stat().st_size)
         data.write_bytes(data.read_bytes()[:1000])
-    daemon = start(folder)
+    elif damage == "tampered":  # same size, other bytes: only the sha256 check sees it
+        data = folder / "model.onnx.data"
+        raw = bytearray(data.read_bytes())
+        raw[100] ^= 0xFF
+        data.write_bytes(bytes(raw))
+        env["VERIFY_SHA256"] = "true"
+    elif damage == "bad-genai-config":  # consistent with its manifest, but not JSON
+        (folder / "genai_config.json").write_text("{not json")
+        manifest = read_manifest(folder).model_copy(update={"files": list_files(folder)})
+        write_manifest(folder, manifest)
+    daemon = start(folder, **env)
     failed = daemon.wait_for("STATUS=model failed to load")
     assert "/readyz answers 503" in failed
     assert daemon.http.get("/healthz").status_code == 200
     reply = daemon.http.get("/readyz")
     assert reply.status_code == 503
     assert reply.json()["status"] == "failed"
-    assert reply.json()["reason"]
+    assert named[damage] in reply.json()["reason"]  # the reason names the file
+    generate = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 4})
+    assert generate.status_code == 503
+    assert named[damage] in generate.json()["error"]["message"]
     assert daemon.proc.poll() is None
     assert not any(m.startswith("READY=1") for _, m in daemon.messages)
     assert daemon.stop() == 0
@@ -236,6 +253,30 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_at_once(start: Any) -> N
     assert daemon.metric("ortserve_active_generations") == 0
     follow = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
     assert follow.status_code == 200, follow.text
+    assert daemon.stop() == 0
+
+
+def test_fifty_clients_leaving_mid_stream_leave_the_server_healthy(start: Any) -> None:
+    daemon = start(MAX_NEW_TOKENS=str(LONG))
+    daemon.wait_for("READY=1")
+    body = {"prompt": PROMPT, "max_new_tokens": LONG, "stream": True}
+    for _ in range(50):
+        with (
+            httpx.Client(base_url=daemon.url) as leaving,
+            leaving.stream("POST", "/generate", json=body) as reply,
+        ):
+            assert reply.status_code == 200
+            next(reply.iter_raw())
+    deadline = time.monotonic() + 10
+    while daemon.metric("ortserve_active_generations") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert daemon.metric("ortserve_active_generations") == 0
+    assert daemon.http.get("/readyz").status_code == 200
+    follow = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
+    assert follow.status_code == 200, follow.text
+    assert follow.json()["tokens_generated"] == 8
+    gone = [r for r in daemon.records() if r["route"] == "/generate"][:50]
+    assert all(r["completion_tokens"] < LONG for r in gone)  # each stopped early
     assert daemon.stop() == 0
 
 
