@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime_genai as og
 
 from core import chat
 from core.admission import Admission
+from core.batcher import Batcher, End, Sequence
 from core.cpu import usable_cpus
 from core.errors import (
     GenerationError,
@@ -166,11 +168,20 @@ class Engine:
         self.digest = manifest_digest(folder)
         self.probe = probe
         self.settings = settings
+        # Batched sequences hold a slot each: a batch needs as many slots as it has rows.
         self.admission = Admission(
-            settings.max_concurrency, settings.max_queue, settings.queue_timeout_s
+            max(settings.max_concurrency, settings.max_batch),
+            settings.max_queue,
+            settings.queue_timeout_s,
         )
         self._model = model
         self._tokenizer = og.Tokenizer(model)
+        self._eos_ids = {int(t) for t in self._tokenizer.eos_token_ids}
+        self._batcher = (
+            Batcher(self._run_batch, settings.max_batch, settings.batch_window_ms / 1000)
+            if settings.max_batch > 1
+            else None
+        )
         self.context_length = int(genai_config["model"].get("context_length", 0) or 0)
         self._chat_template = chat.find_template(folder)
         self._special_tokens = chat.special_tokens(folder)
@@ -239,6 +250,13 @@ class Engine:
 
     # -- generation ---------------------------------------------------------------------
 
+    def _budget(self, prompt_len: int, options: SamplingOptions) -> int:
+        """New tokens allowed: the request's, capped by settings and the context window."""
+        new = min(options.max_new_tokens, self.settings.max_new_tokens)
+        if self.context_length:
+            new = min(new, self.context_length - prompt_len)
+        return new
+
     def _params(self, prompt_len: int, request: GenerationRequest) -> Any:
         options = request.options
         if prompt_len == 0:
@@ -248,9 +266,7 @@ class Engine:
                 f"the prompt has {prompt_len} tokens; the model's context is "
                 f"{self.context_length} tokens, which leaves no room for new tokens"
             )
-        new = min(options.max_new_tokens, self.settings.max_new_tokens)
-        if self.context_length:
-            new = min(new, self.context_length - prompt_len)
+        new = self._budget(prompt_len, options)
         search: dict[str, Any] = {
             "max_length": prompt_len + new,
             "min_length": prompt_len + min(options.min_new_tokens, new),
@@ -324,25 +340,104 @@ class Engine:
             prompt = self.apply_chat_template(request.messages or [])
         input_ids = self.encode(prompt)
         params = self._params(len(input_ids), request)
+        ended: list[str] = []
         waited = self.admission.acquire()
         held_from = time.monotonic()
-        try:
-            generator = self._new_generator(params, request.guidance is not None)
-        except BaseException:
-            self.admission.release(time.monotonic() - held_from)
-            raise
-        result: list[Completion] = []
 
         def release() -> None:
             self.admission.release(time.monotonic() - held_from)
 
-        deltas = self._deltas(generator, input_ids, request, waited, result, release)
+        if self._batchable(request):
+            assert self._batcher is not None  # _batchable says so
+            sequence = Sequence(input_ids, self._budget(len(input_ids), request.options),
+                                key=request.options.repetition_penalty)  # fmt: skip
+            self._batcher.submit(sequence)
+            tokens = self._sequence_tokens(sequence, ended)
+        else:
+            try:
+                generator = self._new_generator(params, request.guidance is not None)
+            except BaseException:
+                release()
+                raise
+            tokens = self._tokens(generator, input_ids, ended)
+            del generator  # `tokens` holds the only reference: closing it frees the KV cache
+        result: list[Completion] = []
+        deltas = self._deltas(tokens, ended, len(input_ids), request, waited, result, release)
         return GenerationStream(deltas, result, release)
+
+    # -- batching -----------------------------------------------------------------------
+
+    def _batchable(self, request: GenerationRequest) -> bool:
+        """Greedy requests without guidance batch; sampled ones keep their own seeds."""
+        options = request.options
+        return (
+            self._batcher is not None
+            and request.guidance is None
+            and options.temperature == 0
+            and options.min_new_tokens == 0
+        )
+
+    def _sequence_tokens(self, sequence: Sequence, ended: list[str]) -> Iterator[int]:
+        """A batched sequence's tokens, as `_tokens` gives an unbatched one's."""
+        try:
+            while True:
+                item = sequence.out.get()
+                if isinstance(item, End):
+                    if item.reason == "eos":
+                        ended.append("eos")
+                    return
+                if isinstance(item, BaseException):
+                    raise GenerationError(f"generation failed: {_first_line(item)}") from item
+                yield item
+        finally:
+            sequence.cancelled.set()  # a closed stream is fed no more
+
+    def _run_batch(self, batch: list[Sequence]) -> None:
+        """Decode `batch` as one Generator; feed each sequence until its EOS or limit."""
+        longest = max(len(s.input_ids) for s in batch)
+        # Right padding with the pad token: verified here to give each sequence exactly
+        # the tokens it gets alone (left padding does not).
+        pad = int(self._tokenizer.pad_token_id)
+        tokens = np.full((len(batch), longest), pad, dtype=np.int32)
+        for row, sequence in enumerate(batch):
+            tokens[row, : len(sequence.input_ids)] = sequence.input_ids
+        max_length = longest + max(s.max_new for s in batch)  # prompts are padded to `longest`
+        if self.context_length:
+            max_length = min(max_length, self.context_length)
+        params = og.GeneratorParams(self._model)
+        params.set_search_options(
+            batch_size=len(batch), max_length=max_length, do_sample=False,
+            repetition_penalty=float(batch[0].key),  # type: ignore[arg-type]  # the key is the penalty
+        )  # fmt: skip
+        generator = og.Generator(self._model, params)
+        generator.append_tokens(tokens)
+        counts = [0] * len(batch)
+        active = set(range(len(batch)))
+        while active and not generator.is_done():
+            generator.generate_next_token()
+            step = generator.get_next_tokens()
+            for row in sorted(active):
+                sequence = batch[row]
+                token = int(step[row])
+                if sequence.cancelled.is_set():
+                    active.discard(row)
+                elif token in self._eos_ids:
+                    sequence.out.put(End("eos"))
+                    active.discard(row)
+                else:
+                    sequence.out.put(token)
+                    counts[row] += 1
+                    if counts[row] >= sequence.max_new:
+                        sequence.out.put(End("length"))
+                        active.discard(row)
+        for row in active:  # the batch's max_length came first
+            batch[row].out.put(End("length"))
 
     def _deltas(
         self,
-        generator: Any,
-        input_ids: list[int],
+        source: Iterator[int],
+        ended: list[str],
+        prompt_tokens: int,
         request: GenerationRequest,
         waited: float,
         result: list[Completion],
@@ -353,19 +448,17 @@ class Engine:
         count = 0
         finish: FinishReason = "cancelled"
         stops = StopMatcher(request.stop)
-        ended: list[str] = []
         pieces: list[str] = []
 
-        def counted(og_generator: Any) -> Generator[int, None, None]:
+        def counted() -> Generator[int, None, None]:
             nonlocal count, first
-            for token in self._tokens(og_generator, input_ids, ended):
+            for token in source:
                 if count == 0:
                     first = time.perf_counter() - start
                 count += 1
                 yield token
 
-        tokens = counted(generator)
-        del generator  # `tokens` holds the only reference, closed in `finally`
+        tokens = counted()
         try:
             for piece in self.detokenize(tokens):
                 text = stops.feed(piece)
@@ -380,7 +473,10 @@ class Engine:
                 yield tail
             finish = "stop" if stops.stopped or ended else "length"
         finally:
-            tokens.close()  # frees the og Generator (its KV cache) before the slot
+            tokens.close()
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()  # frees the og Generator (its KV cache) before the slot
             release()
             total = time.perf_counter() - start
             decode_s = total - first
@@ -388,7 +484,7 @@ class Engine:
                 Completion(
                     text="".join(pieces),
                     finish_reason=finish,
-                    prompt_tokens=len(input_ids),
+                    prompt_tokens=prompt_tokens,
                     completion_tokens=count,
                     timings=Timings(
                         queue_s=waited,

@@ -23,6 +23,9 @@ class EngineSettings(BaseSettings):
         queue_timeout_s: How long a request may wait for a slot before `Busy`.
         max_new_tokens: Upper bound on new tokens per request.
         verify_sha256: Hash every model file at load (slower; sizes are always checked).
+        max_batch: Up to this many concurrent greedy requests decode as one batch
+            (1: no batching). Raises the generations allowed at once to at least this.
+        batch_window_ms: How long a batch waits for companions after its first request.
     """
 
     model_config = SettingsConfigDict(env_prefix="ORTSERVE_", extra="ignore")
@@ -35,6 +38,8 @@ class EngineSettings(BaseSettings):
     queue_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     max_new_tokens: int = Field(default=512, ge=1, le=131072)
     verify_sha256: bool = False
+    max_batch: int = Field(default=1, ge=1, le=64)
+    batch_window_ms: float = Field(default=5.0, ge=0, le=1000)
 
     def provider_order(self) -> list[str]:
         """The execution providers to try, best first."""

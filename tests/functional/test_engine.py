@@ -247,3 +247,47 @@ def test_cuda_only_fails_clearly(tiny_model_dir: Path) -> None:
     with pytest.raises(ProviderUnavailableError, match="no allowed execution provider") as info:
         Engine.load(EngineSettings(model_dir=tiny_model_dir, providers="cuda"))
     assert "cuda:" in info.value.message
+
+
+def test_concurrent_greedy_requests_batch_and_match_unbatched(
+    engine: Engine, tiny_model_dir: Path
+) -> None:
+    batched = Engine.load(
+        EngineSettings(model_dir=tiny_model_dir, providers="cpu", max_batch=4, batch_window_ms=200)
+    )
+    prompts = ["Hello there", "The quick brown fox jumps over the lazy dog", "Edge", "Cold"]
+    lengths = [24, 7, 40, 16]
+    expected = [
+        engine.generate(GenerationRequest(prompt=p, options=SamplingOptions(n))).text
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+    results: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        request = GenerationRequest(prompt=prompts[i], options=SamplingOptions(lengths[i]))
+        results[i] = batched.generate(request).text
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert [results[i] for i in range(4)] == expected
+    assert batched.admission.active == 0
+    assert batched._batcher is not None
+    assert (batched._batcher.batches_run, batched._batcher.sequences_run) == (1, 4)
+
+
+def test_a_batched_stream_can_stop_and_cancel(tiny_model_dir: Path, engine: Engine) -> None:
+    batched = Engine.load(
+        EngineSettings(model_dir=tiny_model_dir, providers="cpu", max_batch=2, batch_window_ms=0)
+    )
+    full = engine.generate(_req()).text
+    stop = full[10:13]
+    assert batched.generate(_req(stop=(stop,))).text == full[: full.find(stop)]
+    stream = batched.stream(_req(200))
+    next(stream)
+    stream.close()
+    assert stream.completion is not None and stream.completion.finish_reason == "cancelled"
+    assert batched.admission.active == 0
+    assert batched.generate(_req(4)).completion_tokens == 4
