@@ -85,6 +85,10 @@ class ProbeReport:
 _SEED_RANGE = 2**31
 
 
+def _nothing() -> None:
+    """No cancellation needed."""
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -347,12 +351,14 @@ class Engine:
         def release() -> None:
             self.admission.release(time.monotonic() - held_from)
 
+        cancel: Callable[[], None] = _nothing
         if self._batchable(request):
             assert self._batcher is not None  # _batchable says so
             sequence = Sequence(input_ids, self._budget(len(input_ids), request.options),
                                 key=request.options.repetition_penalty)  # fmt: skip
             self._batcher.submit(sequence)
             tokens = self._sequence_tokens(sequence, ended)
+            cancel = sequence.cancelled.set
         else:
             try:
                 generator = self._new_generator(params, request.guidance is not None)
@@ -363,7 +369,15 @@ class Engine:
             del generator  # `tokens` holds the only reference: closing it frees the KV cache
         result: list[Completion] = []
         deltas = self._deltas(tokens, ended, len(input_ids), request, waited, result, release)
-        return GenerationStream(deltas, result, release)
+
+        def close_unstarted() -> None:
+            cancel()  # a batched sequence is fed no more
+            close = getattr(tokens, "close", None)
+            if close is not None:
+                close()  # an unbatched one's og Generator (and its KV cache) goes
+            release()
+
+        return GenerationStream(deltas, result, close_unstarted)
 
     # -- batching -----------------------------------------------------------------------
 

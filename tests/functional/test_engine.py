@@ -290,4 +290,7 @@ def test_a_batched_stream_can_stop_and_cancel(tiny_model_dir: Path, engine: Engi
     stream.close()
     assert stream.completion is not None and stream.completion.finish_reason == "cancelled"
     assert batched.admission.active == 0
+    unstarted = batched.stream(_req(200))
+    unstarted.close()
+    assert batched.admission.active == 0
     assert batched.generate(_req(4)).completion_tokens == 4
