@@ -16,9 +16,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from tests.functional.harness import free_port, wait_ready
+from tests.functional.harness import free_port, serve_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,23 +177,17 @@ def main() -> None:
     cmd = [str(Path(sys.executable).parent / "ortserve"), "serve", "--model-dir",
            str(args.model_dir), "--port", str(port)]  # fmt: skip
     result: dict[str, Any] = {"levels": []}
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_ready(base, proc, log)
-            for clients in (int(c) for c in args.clients.split(",")):
-                level = _level(base, clients, args.seconds, args.max_tokens)
-                level["peak_rss_mib"] = _rss_kib(proc.pid, "VmHWM") / 1024
-                result["levels"].append(level)
-                print(json.dumps({k: round(v, 1) if isinstance(v, float) else v
-                                  for k, v in level.items()}), flush=True)  # fmt: skip
-            if args.soak:
-                result["soak"] = _soak(base, proc.pid, args.soak, args.max_tokens)
-                print(json.dumps(result["soak"]), flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(60)
+    base = f"http://127.0.0.1:{port}"
+    with serve_process(cmd, env, base) as proc:
+        for clients in (int(c) for c in args.clients.split(",")):
+            level = _level(base, clients, args.seconds, args.max_tokens)
+            level["peak_rss_mib"] = _rss_kib(proc.pid, "VmHWM") / 1024
+            result["levels"].append(level)
+            print(json.dumps({k: round(v, 1) if isinstance(v, float) else v
+                              for k, v in level.items()}), flush=True)  # fmt: skip
+        if args.soak:
+            result["soak"] = _soak(base, proc.pid, args.soak, args.max_tokens)
+            print(json.dumps(result["soak"]), flush=True)
     if args.plot and result["levels"]:
         _plot(result["levels"], args.plot, f"ortserve edge daemon, {args.model_dir.parent.name}")
     if args.json:

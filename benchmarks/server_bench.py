@@ -17,9 +17,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from benchmarks.bakes import baked
 from core.engine import Engine
 from core.generation import GenerationRequest, SamplingOptions
 from core.settings import EngineSettings
-from tests.functional.harness import free_port, wait_ready
+from tests.functional.harness import free_port, serve_process
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = [
@@ -110,21 +108,14 @@ def main() -> None:
     cmd = [str(Path(sys.executable).parent / "ortserve"), "serve", "--model-dir", str(model_dir),
            "--port", str(port)]  # fmt: skip
     runs: dict[str, list[dict[str, float]]] = {"server": [], "engine": []}
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_ready(base, proc, log)
-            # One keep-alive connection, as HTTP clients (openai's included) use.
-            with httpx.Client(timeout=300) as client:
-                _server_run(client, base, prompt, args.new_tokens)  # warm-up both
-                _engine_run(engine, prompt, args.new_tokens)
-                for _ in range(args.reps):
-                    runs["server"].append(_server_run(client, base, prompt, args.new_tokens))
-                    runs["engine"].append(_engine_run(engine, prompt, args.new_tokens))
-        finally:
-            proc.terminate()
-            proc.wait(60)
+    base = f"http://127.0.0.1:{port}"
+    # One keep-alive connection, as HTTP clients (openai's included) use.
+    with serve_process(cmd, env, base), httpx.Client(timeout=300) as client:
+        _server_run(client, base, prompt, args.new_tokens)  # warm-up both
+        _engine_run(engine, prompt, args.new_tokens)
+        for _ in range(args.reps):
+            runs["server"].append(_server_run(client, base, prompt, args.new_tokens))
+            runs["engine"].append(_engine_run(engine, prompt, args.new_tokens))
     med: dict[str, dict[str, Any]] = {
         k: {m: statistics.median(r[m] for r in v) for m in ("ttft_s", "decode_tps")}
         for k, v in runs.items()

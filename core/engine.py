@@ -255,14 +255,11 @@ class Engine:
     # -- generation ---------------------------------------------------------------------
 
     def _budget(self, prompt_len: int, options: SamplingOptions) -> int:
-        """New tokens allowed: the request's, capped by settings and the context window."""
-        new = min(options.max_new_tokens, self.settings.max_new_tokens)
-        if self.context_length:
-            new = min(new, self.context_length - prompt_len)
-        return new
+        """New tokens allowed: the request's, capped by settings and the context window.
 
-    def _params(self, prompt_len: int, request: GenerationRequest) -> Any:
-        options = request.options
+        Raises:
+            InvalidRequestError: The prompt is empty or leaves no room in the context.
+        """
         if prompt_len == 0:
             raise InvalidRequestError("the prompt is empty")
         if self.context_length and prompt_len >= self.context_length:
@@ -270,6 +267,13 @@ class Engine:
                 f"the prompt has {prompt_len} tokens; the model's context is "
                 f"{self.context_length} tokens, which leaves no room for new tokens"
             )
+        new = min(options.max_new_tokens, self.settings.max_new_tokens)
+        if self.context_length:
+            new = min(new, self.context_length - prompt_len)
+        return new
+
+    def _params(self, prompt_len: int, request: GenerationRequest) -> Any:
+        options = request.options
         new = self._budget(prompt_len, options)
         search: dict[str, Any] = {
             "max_length": prompt_len + new,
@@ -343,7 +347,10 @@ class Engine:
         if prompt is None:
             prompt = self.apply_chat_template(request.messages or [])
         input_ids = self.encode(prompt)
-        params = self._params(len(input_ids), request)
+        batched = self._batchable(request)
+        # Validate before taking a slot; a batched request needs no og params of its own.
+        budget = self._budget(len(input_ids), request.options)
+        params = None if batched else self._params(len(input_ids), request)
         ended: list[str] = []
         waited = self.admission.acquire()
         held_from = time.monotonic()
@@ -352,10 +359,9 @@ class Engine:
             self.admission.release(time.monotonic() - held_from)
 
         cancel: Callable[[], None] = _nothing
-        if self._batchable(request):
+        if batched:
             assert self._batcher is not None  # _batchable says so
-            sequence = Sequence(input_ids, self._budget(len(input_ids), request.options),
-                                key=request.options.repetition_penalty)  # fmt: skip
+            sequence = Sequence(input_ids, budget, key=request.options.repetition_penalty)
             self._batcher.submit(sequence)
             tokens = self._sequence_tokens(sequence, ended)
             cancel = sequence.cancelled.set

@@ -15,7 +15,6 @@ import shlex
 import shutil
 import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +23,7 @@ from pathlib import Path
 from bake.package_edge import INFO_NAME, package_edge, write_bundle_manifest
 from bake.targets import get_target
 from tests import models
-from tests.functional.harness import wait_ready
+from tests.functional.harness import serve_process
 
 ROOT = models.ROOT
 EDGE = ROOT / "edge"
@@ -189,18 +188,8 @@ def serve_installed(prefix: Path, port: int, timeout_s: float = 180) -> Iterator
                 if not k.startswith(("ORTSERVE_", "NOTIFY_", "WATCHDOG_"))}  # fmt: skip
     env = {**base_env, **unit_env, "ORTSERVE_PORT": str(port)}
     url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-        try:
-            wait_ready(url, proc, log, timeout_s)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with serve_process(argv, env, url, ready_timeout_s=timeout_s):
+        yield url
 
 
 class Stopwatch:

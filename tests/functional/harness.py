@@ -66,6 +66,13 @@ class Target(Protocol):
     ) -> Reply: ...  # fmt: skip
 
 
+def request_headers(headers: dict[str, str] | None) -> dict[str, str]:
+    """JSON content type and the test API key, then `headers`; an empty value stands for
+    "no such header"."""
+    merged = {"content-type": "application/json", **AUTH, **(headers or {})}
+    return {k: v for k, v in merged.items() if v}
+
+
 def encode_body(body: Any, raw: bytes | None) -> bytes:
     """The request body: raw bytes as given, else JSON."""
     if raw is not None:
@@ -134,9 +141,7 @@ class Http:
     ) -> Reply:  # fmt: skip
         import httpx
 
-        # An empty value stands for "no such header".
-        hdrs = {"content-type": "application/json", **AUTH, **(headers or {})}
-        hdrs = {k: v for k, v in hdrs.items() if v}
+        hdrs = request_headers(headers)
         content = encode_body(body, raw)
         with (
             httpx.Client(base_url=self.base_url, timeout=120) as client,
@@ -199,15 +204,19 @@ SERVER_ENV = {
 
 
 @contextmanager
-def _server(cmd: list[str], env: dict[str, str], cwd: Path, port: int) -> Iterator[str]:
-    base = f"http://127.0.0.1:{port}"
+def serve_process(
+    cmd: list[str], env: dict[str, str], base_url: str, cwd: Path | None = None,
+    ready_timeout_s: float = 120,
+) -> Iterator[subprocess.Popen[str]]:  # fmt: skip
+    """Run a server process (its whole environment given) until /readyz answers 200; stop
+    it with SIGTERM afterwards, failing loudly if it ignores that."""
     # A file, not a pipe: a server whose output nobody reads would block on a full pipe.
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **SERVER_ENV, **env},
-                                stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
         try:
-            wait_ready(base, proc, log)
-            yield base
+            wait_ready(base_url, proc, log, ready_timeout_s)
+            yield proc
         finally:
             proc.terminate()
             try:
@@ -218,6 +227,13 @@ def _server(cmd: list[str], env: dict[str, str], cwd: Path, port: int) -> Iterat
                 log.seek(0)
                 message = f"server ignored SIGTERM for 30 s:\n{log.read()[-3000:]}"
                 raise RuntimeError(message) from None
+
+
+@contextmanager
+def _server(cmd: list[str], env: dict[str, str], cwd: Path, port: int) -> Iterator[str]:
+    base = f"http://127.0.0.1:{port}"
+    with serve_process(cmd, {**os.environ, **SERVER_ENV, **env}, base, cwd):
+        yield base
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from functions.aws.runtime import LambdaApp
 from functions.aws.settings import LambdaSettings
-from tests.functional.harness import API_KEY, AUTH, Reply, encode_body
+from tests.functional.harness import API_KEY, Reply, encode_body, request_headers
 
 Shape = Literal["http-api", "function-url", "rest"]
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
@@ -169,9 +169,7 @@ class LambdaTarget:
         raw: bytes | None = None,
     ) -> Reply:  # fmt: skip
         """One request through the handler; an empty header value means "no such header"."""
-        hdrs = {"content-type": "application/json", **AUTH, **(headers or {})}
-        hdrs = {k: v for k, v in hdrs.items() if v}
-        event = self.event(method, path, hdrs, encode_body(body, raw))
+        event = self.event(method, path, request_headers(headers), encode_body(body, raw))
         result = self.handler(json.loads(json.dumps(event)), FakeContext())
         # What the runtime would send must be JSON: serialize it as the runtime does.
         return decode_result(json.loads(json.dumps(result)))
