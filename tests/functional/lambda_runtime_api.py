@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -104,6 +105,11 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, api: FakeRuntimeApi) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.api = api
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A runtime client stopped mid-request (its process ended) is not an error here."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class FakeRuntimeApi:

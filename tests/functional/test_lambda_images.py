@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,14 @@ import pytest
 from core.api import Api
 from core.service import ModelState
 from core.settings import ServerSettings
+from tests.functional.dockerfile import (
+    TASK_ROOT,
+    env_of,
+    final_stage,
+    image_env,
+    parse,
+    run_compile_steps,
+)
 from tests.functional.harness import (
     API_KEY,
     SERVER_ENV,
@@ -34,49 +40,7 @@ from tests.functional.lambda_target import make_lambda_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 AWS = ROOT / "functions" / "aws"
-TASK_ROOT = "${LAMBDA_TASK_ROOT}"
 ARCH_WORDS = re.compile(r"x86_64|amd64|aarch64|arm64", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class Instruction:
-    """One Dockerfile instruction: its keyword and its arguments as written."""
-
-    keyword: str
-    args: str
-
-    def words(self) -> list[str]:
-        """The arguments, JSON (exec) form or shell-split."""
-        if self.args.startswith("["):
-            return [str(w) for w in json.loads(self.args)]
-        return shlex.split(self.args)
-
-
-def parse(path: Path) -> list[Instruction]:
-    """Instructions of a Dockerfile (continuations joined, comments dropped)."""
-    text = re.sub(r"\\\n", " ", path.read_text(encoding="utf-8"))
-    out = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            keyword, _, args = line.partition(" ")
-            out.append(Instruction(keyword.upper(), args.strip()))
-    return out
-
-
-def env_of(instructions: list[Instruction]) -> dict[str, str]:
-    """The ENV values the final image has (later ones win)."""
-    env: dict[str, str] = {}
-    for ins in instructions:
-        if ins.keyword == "ENV":
-            env.update(word.split("=", 1) for word in ins.words())  # type: ignore[misc]
-    return env
-
-
-def final_stage(instructions: list[Instruction]) -> list[Instruction]:
-    """The instructions of the last build stage (the image Lambda runs)."""
-    starts = [i for i, ins in enumerate(instructions) if ins.keyword == "FROM"]
-    return instructions[starts[-1] :]
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +94,28 @@ def test_the_base_image_is_a_python_312_lambda_image_for_any_arch(name: str) -> 
             assert not ARCH_WORDS.search(ins.args), f"{name}: arch-specific: {ins.args}"
         if ins.keyword == "RUN":
             assert not re.search(r"\b(curl|wget)\b", ins.args), "downloads belong in the bake"
+
+
+@pytest.mark.parametrize(
+    ("name", "entry"),
+    [("Dockerfile", "functions.aws.handler"), ("Dockerfile.stream", "edge.daemon")],
+)
+def test_the_image_compiles_its_code_so_a_cold_start_compiles_nothing(
+    tiny_model_dir: Path, tmp_path: Path, name: str, entry: str
+) -> None:
+    bundle = make_lambda_bundle(tiny_model_dir, tmp_path / "task")
+    assert run_compile_steps(AWS / name, bundle) == 1
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
+    env.update(image_env(AWS / name, bundle), PYTHONPATH=str(bundle), PYTHONDONTWRITEBYTECODE="1")
+    env["ORTSERVE_LAMBDA_LOAD_AT_INIT"] = "never"  # imports only
+    proc = subprocess.run([sys.executable, "-v", "-c", f"import {entry}"], cwd=bundle, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ours = [line for line in proc.stderr.splitlines() if str(bundle) in line]
+    from_source = [line for line in ours if line.startswith("# code object from") and
+                   line.rstrip("'").endswith(".py")]  # fmt: skip
+    assert any(".pyc" in line for line in ours) and not from_source, from_source
+    assert env["PYDANTIC_DISABLE_PLUGINS"] == "1"  # no entry-point scan on the cold path
 
 
 def test_the_buffered_image_runs_the_handler(bundle: Path) -> None:
