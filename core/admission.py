@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,53 +15,66 @@ from core.errors import BusyError
 class Admission:
     """A counting gate with a bounded, time-limited wait.
 
+    With request batching, a sequence in a batch takes 1/`batch` of a generation and a
+    request that runs alone takes a whole one, so a batch and an unbatched generation
+    cost the same.
+
     Attributes:
         max_active: Generations allowed at once.
         max_queue: Requests allowed to wait; one more is refused at once.
         timeout_s: How long a request may wait before it is refused.
+        batch: Sequences per batch (1: no batching).
     """
 
-    def __init__(self, max_active: int, max_queue: int, timeout_s: float) -> None:
+    def __init__(self, max_active: int, max_queue: int, timeout_s: float, batch: int = 1) -> None:
         self.max_active = max_active
         self.max_queue = max_queue
         self.timeout_s = timeout_s
+        self.batch = batch
+        self._capacity = max_active * batch  # in sequences
         self._cond = threading.Condition()
+        self._units = 0
         self._active = 0
-        self._waiting = 0
+        self._queue: deque[object] = deque()  # tickets of the waiting requests, in order
         self._mean_s = 1.0  # running mean of slot hold times, for Retry-After
 
     @property
     def active(self) -> int:
-        """Generations running now."""
+        """Requests being served now."""
         return self._active
 
     @property
     def waiting(self) -> int:
         """Requests waiting for a slot now."""
-        return self._waiting
+        return len(self._queue)
 
     def retry_after_s(self) -> int:
         """A hint for clients: about when a slot may be free."""
-        backlog = (self._waiting + 1) / self.max_active
+        backlog = (len(self._queue) + 1) / self.max_active
         return max(1, math.ceil(self._mean_s * backlog))
 
-    def acquire(self) -> float:
-        """Wait for a slot; return the seconds waited.
+    def acquire(self, batched: bool = False) -> float:
+        """Wait for a slot (a batch's place, when `batched`); return the seconds waited.
+
+        Waiters are served first come, first served: a request that needs a whole
+        generation is not overtaken by later batched ones.
 
         Raises:
             BusyError: The queue is full, or no slot came free within `timeout_s`.
         """
+        units = self._units_of(batched)
         start = time.monotonic()
         with self._cond:
-            if self._active < self.max_active and self._waiting == 0:
-                self._active += 1
+            if self._units + units <= self._capacity and not self._queue:
+                self._take(units)
                 return 0.0
-            if self._waiting >= self.max_queue:
+            if len(self._queue) >= self.max_queue:
                 raise BusyError("the server is busy: queue full", self.retry_after_s())
-            self._waiting += 1
+            ticket = object()
+            self._queue.append(ticket)
             try:
                 deadline = start + self.timeout_s
-                while self._active >= self.max_active:
+                while self._queue[0] is not ticket or self._units + units > self._capacity:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise BusyError(
@@ -68,17 +82,26 @@ class Admission:
                             self.retry_after_s(),
                         )
                     self._cond.wait(left)
-                self._active += 1
+                self._take(units)
             finally:
-                self._waiting -= 1
+                self._queue.remove(ticket)
+                self._cond.notify_all()  # the next in line may fit now
         return time.monotonic() - start
 
-    def release(self, held_s: float) -> None:
-        """Free a slot held for `held_s` seconds."""
+    def _units_of(self, batched: bool) -> int:
+        return 1 if batched else self.batch
+
+    def _take(self, units: int) -> None:
+        self._units += units
+        self._active += 1
+
+    def release(self, held_s: float, batched: bool = False) -> None:
+        """Free the slot a request held for `held_s` seconds."""
         with self._cond:
+            self._units -= self._units_of(batched)
             self._active -= 1
             self._mean_s = 0.8 * self._mean_s + 0.2 * held_s
-            self._cond.notify()
+            self._cond.notify_all()
 
     @contextmanager
     def slot(self) -> Iterator[float]:

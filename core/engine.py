@@ -147,6 +147,33 @@ def _probe(folder: Path, settings: EngineSettings, threads: int) -> tuple[Any, s
     )
 
 
+@dataclass(frozen=True)
+class _Sampling:
+    """How tokens are picked, as og search options; requests whose `_Sampling` is equal can
+    share a batch (a batch has one set of search options)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+
+    @classmethod
+    def of(cls, options: SamplingOptions) -> _Sampling:
+        if options.temperature == 0:  # greedy: the sampling knobs do not matter
+            return cls(0.0, 1.0, 0, options.repetition_penalty)
+        return cls(options.temperature, options.top_p, options.top_k, options.repetition_penalty)
+
+    def search(self) -> dict[str, Any]:
+        """The og search options for these (`top_k` 0: no limit)."""
+        search: dict[str, Any] = {
+            "do_sample": self.temperature > 0,
+            "repetition_penalty": self.repetition_penalty,
+        }
+        if self.temperature > 0:
+            search.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        return search
+
+
 class Engine:
     """One loaded model, shared by all requests of the process.
 
@@ -172,11 +199,12 @@ class Engine:
         self.digest = manifest_digest(folder)
         self.probe = probe
         self.settings = settings
-        # Batched sequences hold a slot each: a batch needs as many slots as it has rows.
+        # MAX_CONCURRENCY generations at once, a batch being one generation.
         self.admission = Admission(
-            max(settings.max_concurrency, settings.max_batch),
+            settings.max_concurrency,
             settings.max_queue,
             settings.queue_timeout_s,
+            batch=settings.max_batch,
         )
         self._model = model
         self._tokenizer = og.Tokenizer(model)
@@ -278,13 +306,8 @@ class Engine:
         search: dict[str, Any] = {
             "max_length": prompt_len + new,
             "min_length": prompt_len + min(options.min_new_tokens, new),
-            "do_sample": options.temperature > 0,
-            "repetition_penalty": options.repetition_penalty,
+            **_Sampling.of(options).search(),
         }
-        if options.temperature > 0:
-            search["temperature"] = options.temperature
-            search["top_p"] = options.top_p
-            search["top_k"] = options.top_k if options.top_k > 0 else 0
         if options.seed is not None:
             # onnxruntime-genai takes a non-negative int32 seed (2**31 and up fail with a
             # native error; -1 means "random"): fold any int64 into that range, the same
@@ -352,16 +375,16 @@ class Engine:
         budget = self._budget(len(input_ids), request.options)
         params = None if batched else self._params(len(input_ids), request)
         ended: list[str] = []
-        waited = self.admission.acquire()
+        waited = self.admission.acquire(batched)
         held_from = time.monotonic()
 
         def release() -> None:
-            self.admission.release(time.monotonic() - held_from)
+            self.admission.release(time.monotonic() - held_from, batched)
 
         cancel: Callable[[], None] = _nothing
         if batched:
             assert self._batcher is not None  # _batchable says so
-            sequence = Sequence(input_ids, budget, key=request.options.repetition_penalty)
+            sequence = Sequence(input_ids, budget, key=_Sampling.of(request.options))
             self._batcher.submit(sequence)
             tokens = self._sequence_tokens(sequence, ended)
             cancel = sequence.cancelled.set
@@ -388,13 +411,17 @@ class Engine:
     # -- batching -----------------------------------------------------------------------
 
     def _batchable(self, request: GenerationRequest) -> bool:
-        """Greedy requests without guidance batch; sampled ones keep their own seeds."""
+        """Greedy and unseeded sampled requests batch; seeded and guided ones run alone.
+
+        A batch shares one random generator and one set of search options, so a request
+        with a seed (same seed, same output) or a grammar keeps a generator of its own.
+        """
         options = request.options
         return (
             self._batcher is not None
             and request.guidance is None
-            and options.temperature == 0
             and options.min_new_tokens == 0
+            and (options.temperature == 0 or options.seed is None)
         )
 
     def _sequence_tokens(self, sequence: Sequence, ended: list[str]) -> Iterator[int]:
@@ -424,11 +451,10 @@ class Engine:
         max_length = longest + max(s.max_new for s in batch)  # prompts are padded to `longest`
         if self.context_length:
             max_length = min(max_length, self.context_length)
+        sampling = batch[0].key
+        assert isinstance(sampling, _Sampling)  # every key is one (see `stream`)
         params = og.GeneratorParams(self._model)
-        params.set_search_options(
-            batch_size=len(batch), max_length=max_length, do_sample=False,
-            repetition_penalty=float(batch[0].key),  # type: ignore[arg-type]  # the key is the penalty
-        )  # fmt: skip
+        params.set_search_options(batch_size=len(batch), max_length=max_length, **sampling.search())
         generator = og.Generator(self._model, params)
         generator.append_tokens(tokens)
         counts = [0] * len(batch)

@@ -18,14 +18,16 @@ class EngineSettings(BaseSettings):
         model_dir: The baked model folder (with manifest.json).
         providers: `auto` or a comma-separated preference list such as `cuda,cpu`.
         threads: intra-op threads; None means the baked value, capped by usable cores.
-        max_concurrency: Generations that run at once.
+        max_concurrency: Generations that run at once (a batch is one generation).
         max_queue: Requests that may wait for a slot; one more gets `Busy` at once.
         queue_timeout_s: How long a request may wait for a slot before `Busy`.
         max_new_tokens: Upper bound on new tokens per request.
         verify_sha256: Hash every model file at load (slower; sizes are always checked).
-        max_batch: Up to this many concurrent greedy requests decode as one batch
-            (1: no batching). Raises the generations allowed at once to at least this.
-        batch_window_ms: How long a batch waits for companions after its first request.
+        max_batch: Up to this many concurrent requests decode as one batch (1: no
+            batching): greedy ones and sampled ones without a seed and with the same
+            sampling options. A seeded or guided request runs alone and counts as a batch.
+        batch_window_ms: How long a batch waits for companions after its first request
+            (a lone request starts this much later).
     """
 
     model_config = SettingsConfigDict(env_prefix="ORTSERVE_", extra="ignore")
@@ -38,7 +40,7 @@ class EngineSettings(BaseSettings):
     queue_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     max_new_tokens: int = Field(default=512, ge=1, le=131072)
     verify_sha256: bool = False
-    max_batch: int = Field(default=1, ge=1, le=64)
+    max_batch: int = Field(default=4, ge=1, le=64)
     batch_window_ms: float = Field(default=5.0, ge=0, le=1000)
 
     def provider_order(self) -> list[str]:

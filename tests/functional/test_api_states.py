@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from core.api import Api, RequestRecord
 from core.http import Request
 from core.service import ModelState
@@ -33,18 +35,29 @@ def test_missing_model_keeps_serving_health_and_says_why(tmp_path: Path) -> None
     assert "does not exist" in reply.json()["error"]["message"]
 
 
-def test_busy_is_503_with_retry_after(tiny_model_dir: Path) -> None:
-    api = _api(tiny_model_dir, max_concurrency=1, max_queue=0)
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_busy_is_503_with_retry_after(tiny_model_dir: Path, max_batch: int) -> None:
+    # One generation at a time: with batching, that is a batch of up to `max_batch`.
+    api = _api(tiny_model_dir, max_concurrency=1, max_queue=0, max_batch=max_batch)
     client = InProcess(api)
-    held = api.handle(Request("POST", "/generate", body=json.dumps(
-        {"prompt": "x", "max_new_tokens": 50, "stream": True}).encode()))  # fmt: skip
-    assert not isinstance(held.body, bytes)
-    next(held.body)
-    busy = client.call("POST", "/v1/completions", {"prompt": "y", "max_tokens": 2})
-    assert busy.status == 503
-    assert busy.json()["error"]["code"] == "busy"
-    assert int(busy.headers["retry-after"]) >= 1
-    held.close_body()
+    held = []
+    for _ in range(max_batch):
+        reply = api.handle(Request("POST", "/generate", body=json.dumps(
+            {"prompt": "x", "max_new_tokens": 50, "stream": True}).encode()))  # fmt: skip
+        assert not isinstance(reply.body, bytes)
+        next(reply.body)
+        held.append(reply)
+    for body in ({"prompt": "y", "max_tokens": 2}, {"prompt": "y", "max_tokens": 2, "seed": 1}):
+        busy = client.call("POST", "/v1/completions", body)
+        assert busy.status == 503
+        assert busy.json()["error"]["code"] == "busy"
+        assert int(busy.headers["retry-after"]) >= 1
+    if max_batch > 1:  # a seeded request needs the whole generation: one batched is too many
+        held.pop().close_body()
+        seeded = client.call("POST", "/v1/completions", {"prompt": "y", "max_tokens": 2, "seed": 1})
+        assert seeded.status == 503
+    for reply in held:
+        reply.close_body()
     assert api.state.engine is not None and api.state.engine.admission.active == 0
     assert api.in_flight == 0
     assert client.call("POST", "/v1/completions", {"prompt": "y", "max_tokens": 2}).status == 200

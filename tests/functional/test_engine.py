@@ -294,3 +294,43 @@ def test_a_batched_stream_can_stop_and_cancel(tiny_model_dir: Path, engine: Engi
     unstarted.close()
     assert batched.admission.active == 0
     assert batched.generate(_req(4)).completion_tokens == 4
+
+
+def _concurrently(engine: Engine, requests: list[GenerationRequest]) -> list[str]:
+    results: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        results[i] = engine.generate(requests[i]).text
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return [results[i] for i in range(len(requests))]
+
+
+def test_unseeded_sampled_requests_batch_and_seeded_ones_run_alone(tiny_model_dir: Path) -> None:
+    batched = Engine.load(
+        EngineSettings(model_dir=tiny_model_dir, providers="cpu", max_batch=4, batch_window_ms=300)
+    )
+    assert batched._batcher is not None
+    sampled = SamplingOptions(max_new_tokens=12, temperature=0.9, top_p=0.95, top_k=40)
+    texts = _concurrently(batched, [GenerationRequest(prompt=p, options=sampled)
+                                    for p in ("Hello", "Edge", "Cold", "Lambda")])  # fmt: skip
+    assert all(texts)
+    assert (batched._batcher.batches_run, batched._batcher.sequences_run) == (1, 4)
+    # Different sampling options never share a batch (one set of search options each).
+    other = SamplingOptions(max_new_tokens=12, temperature=0.5)
+    _concurrently(batched, [GenerationRequest(prompt="a", options=sampled),
+                            GenerationRequest(prompt="b", options=other)])  # fmt: skip
+    assert (batched._batcher.batches_run, batched._batcher.sequences_run) == (3, 6)
+    # A seed promises the same output: seeded requests keep a generator of their own.
+    seeded = [
+        GenerationRequest(prompt="Hello", options=SamplingOptions(16, temperature=0.9, seed=s))
+        for s in (1, 2, 1)
+    ]
+    alone = [batched.generate(r).text for r in seeded]
+    assert _concurrently(batched, seeded) == alone and alone[0] == alone[2]
+    assert batched._batcher.batches_run == 3
+    assert batched.admission.active == 0

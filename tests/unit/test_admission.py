@@ -55,3 +55,43 @@ def test_slot_context_releases_on_error() -> None:
         assert gate.active == 1
         raise RuntimeError("boom")
     assert gate.active == 0
+
+
+def _waiting_thread(gate: Admission, batched: bool, got: threading.Event) -> threading.Thread:
+    before = gate.waiting
+
+    def run() -> None:
+        gate.acquire(batched)
+        got.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    while gate.waiting == before and not got.is_set():
+        threading.Event().wait(0.001)
+    return thread
+
+
+def test_a_generation_alone_waits_for_a_batch_to_leave_and_none_overtake_it() -> None:
+    gate = Admission(max_active=1, max_queue=4, timeout_s=10, batch=4)
+    for _ in range(3):
+        assert gate.acquire(batched=True) == 0.0  # three sequences of a batch
+    alone, small = threading.Event(), threading.Event()
+    first = _waiting_thread(gate, False, alone)  # needs the whole generation
+    second = _waiting_thread(gate, True, small)  # a batch place is free, but FIFO
+    assert gate.waiting == 2 and not alone.is_set() and not small.is_set()
+    for _ in range(3):
+        gate.release(0.1, batched=True)
+    first.join(5)
+    assert alone.is_set() and not small.is_set()
+    gate.release(0.1)
+    second.join(5)
+    assert small.is_set() and gate.active == 1 and gate.waiting == 0
+    for _ in range(3):
+        gate.acquire(batched=True)
+    assert gate.active == 4  # a full batch
+    gate.timeout_s = 0.02
+    with pytest.raises(BusyError, match="no slot within"):
+        gate.acquire(batched=True)
+    for _ in range(4):
+        gate.release(0.1, batched=True)
+    assert gate.active == 0 and gate.acquire() == 0.0
