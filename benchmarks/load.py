@@ -6,6 +6,11 @@
   the daemon's peak RSS (VmHWM). `--plot FILE.png` draws throughput and p99 vs N.
 - Soak (`--soak N`): N requests in a row; the daemon's RSS after the first 10% and after
   the last must differ by less than 5%.
+- Single-request A/B (`--ab KEY=VALUE --ab-requests N`): a second daemon runs with that
+  setting changed (e.g. `ORTSERVE_MAX_BATCH=1`, batching off); one client sends N
+  requests to each, alternating A, B, A, B with a pause between, and reports both
+  medians and the median of the paired latency ratios (B's request beside A's, seconds
+  apart): what a setting costs a lone client, with the machine's drift paired out.
 
 Everything stays on 127.0.0.1 and stops by itself. Not a test: figures for the README.
 """
@@ -16,9 +21,12 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,6 +146,28 @@ def _soak(base: str, pid: int, count: int, max_tokens: int) -> dict[str, Any]:
             "growth": late / early - 1, "errors": len(tally.errors) + tally.busy}  # fmt: skip
 
 
+def _ab(base_a: str, base_b: str, count: int, max_tokens: int) -> dict[str, Any]:
+    tallies = (Tally(), Tally())
+    with httpx.Client(timeout=120) as client:
+        for _ in range(count):
+            for base, tally in zip((base_a, base_b), tallies, strict=True):
+                _one(client, base, max_tokens, tally)
+                time.sleep(0.05)  # let the other daemon's onnxruntime threads stop spinning
+    a, b = tallies
+    ratios = [x / y for x, y in zip(a.latency_s, b.latency_s, strict=False)]
+    ttft = [x - y for x, y in zip(a.ttft_s, b.ttft_s, strict=False)]
+    return {
+        "requests": count,
+        "a_latency_p50_ms": statistics.median(a.latency_s) * 1000,
+        "b_latency_p50_ms": statistics.median(b.latency_s) * 1000,
+        "a_ttft_p50_ms": statistics.median(a.ttft_s) * 1000,
+        "b_ttft_p50_ms": statistics.median(b.ttft_s) * 1000,
+        "latency_a_over_b_paired": statistics.median(ratios),
+        "ttft_a_minus_b_paired_ms": statistics.median(ttft) * 1000,
+        "errors": len(a.errors) + len(b.errors) + a.busy + b.busy,
+    }
+
+
 def _plot(levels: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -159,6 +189,16 @@ def _plot(levels: list[dict[str, Any]], path: Path, title: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+@contextmanager
+def _daemon(model_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "ortserve"), "serve", "--model-dir",
+           str(model_dir), "--port", str(port)]  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    with serve_process(cmd, env, base) as proc:
+        yield base, proc
+
+
 def main() -> None:
     """Start the daemon, run the load levels (and the soak), print a table."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -170,16 +210,25 @@ def main() -> None:
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the daemon")
+    parser.add_argument("--ab", action="append", default=[], help="KEY=VALUE for daemon B")
+    parser.add_argument("--ab-requests", type=int, default=30)
     args = parser.parse_args()
-    port = free_port()
     env = {**os.environ, "ORTSERVE_PROVIDERS": "cpu",
            **dict(kv.split("=", 1) for kv in args.env)}  # fmt: skip
-    cmd = [str(Path(sys.executable).parent / "ortserve"), "serve", "--model-dir",
-           str(args.model_dir), "--port", str(port)]  # fmt: skip
     result: dict[str, Any] = {"levels": []}
-    base = f"http://127.0.0.1:{port}"
-    with serve_process(cmd, env, base) as proc:
-        for clients in (int(c) for c in args.clients.split(",")):
+    if args.ab:
+        env_b = {**env, **dict(kv.split("=", 1) for kv in args.ab)}
+        with (
+            _daemon(args.model_dir, env) as (base_a, _),
+            _daemon(args.model_dir, env_b) as (
+                base_b,
+                _,
+            ),
+        ):
+            result["ab"] = _ab(base_a, base_b, args.ab_requests, args.max_tokens)
+        print(json.dumps({"b": args.ab, **result["ab"]}), flush=True)
+    with _daemon(args.model_dir, env) as (base, proc):
+        for clients in (int(c) for c in args.clients.split(",") if c):
             level = _level(base, clients, args.seconds, args.max_tokens)
             level["peak_rss_mib"] = _rss_kib(proc.pid, "VmHWM") / 1024
             result["levels"].append(level)

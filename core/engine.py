@@ -8,6 +8,7 @@ admission control. Native errors are translated to `core.errors` here and nowher
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import onnxruntime_genai as og
 
 from core import chat
 from core.admission import Admission
-from core.batcher import Batcher, End, Sequence
+from core.batcher import Alone, Batcher, End, Sequence
 from core.cpu import usable_cpus
 from core.errors import (
     GenerationError,
@@ -207,10 +208,17 @@ class Engine:
             batch=settings.max_batch,
         )
         self._model = model
+        self._arriving = 0  # requests in `stream` not yet submitted or refused (batch hint)
+        self._arriving_lock = threading.Lock()
         self._tokenizer = og.Tokenizer(model)
         self._eos_ids = {int(t) for t in self._tokenizer.eos_token_ids}
         self._batcher = (
-            Batcher(self._run_batch, settings.max_batch, settings.batch_window_ms / 1000)
+            Batcher(
+                self._run_batch,
+                settings.max_batch,
+                settings.batch_window_ms / 1000,
+                arriving=lambda: self._arriving,
+            )
             if settings.max_batch > 1
             else None
         )
@@ -337,9 +345,16 @@ class Engine:
         yield from self._tokens(generator, input_ids)
 
     def _tokens(
-        self, generator: Any, input_ids: list[int], ended: list[str] | None = None
+        self,
+        generator: Any,
+        input_ids: list[int],
+        ended: list[str] | None = None,
+        sequence: Sequence | None = None,
     ) -> Iterator[int]:
-        """Yield new tokens; append "eos" to `ended` when the model (or grammar) ended."""
+        """Yield new tokens; append "eos" to `ended` when the model (or grammar) ended.
+
+        A lone batched `sequence` says when it waits for its reader (`paused_at`).
+        """
         try:
             generator.append_tokens(input_ids)
             count = generator.token_count()
@@ -352,7 +367,13 @@ class Engine:
                         ended.append("eos")
                     return
                 count = new_count
-                yield int(generator.get_next_tokens()[0])
+                token = int(generator.get_next_tokens()[0])
+                if sequence is None:
+                    yield token
+                else:
+                    sequence.paused_at = time.monotonic()
+                    yield token
+                    sequence.paused_at = None
         except RuntimeError as exc:
             raise GenerationError(f"generation failed: {_first_line(exc)}") from exc
 
@@ -366,17 +387,21 @@ class Engine:
             InvalidRequestError: Bad parameters, a prompt that does not fit, bad guidance.
             BusyError: No slot within the queue timeout, or the queue is full.
         """
-        prompt = request.prompt
-        if prompt is None:
-            prompt = self.apply_chat_template(request.messages or [])
-        input_ids = self.encode(prompt)
-        batched = self._batchable(request)
-        # Validate before taking a slot; a batched request needs no og params of its own.
-        budget = self._budget(len(input_ids), request.options)
-        params = None if batched else self._params(len(input_ids), request)
-        ended: list[str] = []
-        waited = self.admission.acquire(batched)
+        self._arrive(1)
+        try:
+            prompt = request.prompt
+            if prompt is None:
+                prompt = self.apply_chat_template(request.messages or [])
+            input_ids = self.encode(prompt)
+            batched = self._batchable(request)
+            # Validate before taking a slot; a batched request needs no og params of its own.
+            budget = self._budget(len(input_ids), request.options)
+            params = None if batched else self._params(len(input_ids), request)
+            waited = self.admission.acquire(batched)
+        finally:
+            self._arrive(-1)
         held_from = time.monotonic()
+        ended: list[str] = []
 
         def release() -> None:
             self.admission.release(time.monotonic() - held_from, batched)
@@ -386,8 +411,11 @@ class Engine:
             assert self._batcher is not None  # _batchable says so
             sequence = Sequence(input_ids, budget, key=_Sampling.of(request.options))
             self._batcher.submit(sequence)
-            tokens = self._sequence_tokens(sequence, ended)
-            cancel = sequence.cancelled.set
+            tokens = self._sequence_tokens(sequence, request, ended)
+
+            def cancel() -> None:
+                sequence.cancelled.set()
+                sequence.done.set()  # nor will it run alone
         else:
             try:
                 generator = self._new_generator(params, request.guidance is not None)
@@ -410,6 +438,10 @@ class Engine:
 
     # -- batching -----------------------------------------------------------------------
 
+    def _arrive(self, delta: int) -> None:
+        with self._arriving_lock:
+            self._arriving += delta
+
     def _batchable(self, request: GenerationRequest) -> bool:
         """Greedy and unseeded sampled requests batch; seeded and guided ones run alone.
 
@@ -424,11 +456,19 @@ class Engine:
             and (options.temperature == 0 or options.seed is None)
         )
 
-    def _sequence_tokens(self, sequence: Sequence, ended: list[str]) -> Iterator[int]:
+    def _sequence_tokens(
+        self, sequence: Sequence, request: GenerationRequest, ended: list[str]
+    ) -> Iterator[int]:
         """A batched sequence's tokens, as `_tokens` gives an unbatched one's."""
         try:
             while True:
+                sequence.paused_at = None
                 item = sequence.out.get()
+                if isinstance(item, Alone):  # a batch of one: run it in this thread
+                    params = self._params(len(sequence.input_ids), request)
+                    generator = self._new_generator(params, guided=False)
+                    yield from self._tokens(generator, sequence.input_ids, ended, sequence)
+                    return
                 if isinstance(item, End):
                     if item.reason == "eos":
                         ended.append("eos")
@@ -438,6 +478,7 @@ class Engine:
                 yield item
         finally:
             sequence.cancelled.set()  # a closed stream is fed no more
+            sequence.done.set()
 
     def _run_batch(self, batch: list[Sequence]) -> None:
         """Decode `batch` as one Generator; feed each sequence until its EOS or limit."""
@@ -476,6 +517,9 @@ class Engine:
                     if counts[row] >= sequence.max_new:
                         sequence.out.put(End("length"))
                         active.discard(row)
+            # og keeps the GIL through a step: without this the requests would take their
+            # token only after the next step (a lone request's TTFT +1 step, see README).
+            time.sleep(0)
         for row in active:  # the batch's max_length came first
             batch[row].out.put(End("length"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import jsonschema
@@ -249,33 +250,79 @@ def test_cuda_only_fails_clearly(tiny_model_dir: Path) -> None:
     assert "cuda:" in info.value.message
 
 
-def test_concurrent_greedy_requests_batch_and_match_unbatched(
-    engine: Engine, tiny_model_dir: Path
-) -> None:
-    batched = Engine.load(
-        EngineSettings(model_dir=tiny_model_dir, providers="cpu", max_batch=4, batch_window_ms=200)
-    )
-    prompts = ["Hello there", "The quick brown fox jumps over the lazy dog", "Edge", "Cold"]
-    lengths = [24, 7, 40, 16]
-    expected = [
-        engine.generate(GenerationRequest(prompt=p, options=SamplingOptions(n))).text
-        for p, n in zip(prompts, lengths, strict=True)
-    ]
+def _batching_engine(model_dir: Path) -> Engine:
+    # Two generations at once: room for a blocker beside a full batch (see `_as_one_batch`).
+    settings = EngineSettings(model_dir=model_dir, providers="cpu", max_batch=4,
+                              max_concurrency=2, batch_window_ms=50)  # fmt: skip
+    return Engine.load(settings)
+
+
+def _as_one_batch(engine: Engine, requests: list[GenerationRequest]) -> list[str]:
+    """Submit `requests` from threads while a blocker runs, so that they all wait for the
+    next batch; then free the engine and return their texts."""
+    batcher = engine._batcher
+    assert batcher is not None
+    blocker = engine.stream(GenerationRequest(prompt="hold", options=SamplingOptions(500)))
+    next(blocker)  # a lone request: it runs by itself and the next batch waits for it
+    before = (batcher.batches_run, batcher.sequences_run)
     results: dict[int, str] = {}
 
     def run(i: int) -> None:
-        request = GenerationRequest(prompt=prompts[i], options=SamplingOptions(lengths[i]))
-        results[i] = batched.generate(request).text
+        results[i] = engine.generate(requests[i]).text
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 30
+    while len(batcher._pending) < len(requests) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    blocker.close()
     for thread in threads:
         thread.join(60)
-    assert [results[i] for i in range(4)] == expected
+    after = (batcher.batches_run, batcher.sequences_run)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, len(requests))
+    assert engine.admission.active == 0
+    return [results[i] for i in range(len(requests))]
+
+
+def test_concurrent_greedy_requests_batch_and_match_unbatched(
+    engine: Engine, tiny_model_dir: Path
+) -> None:
+    prompts = ["Hello there", "The quick brown fox jumps over the lazy dog", "Edge", "Cold"]
+    lengths = [24, 7, 40, 16]
+    requests = [GenerationRequest(prompt=p, options=SamplingOptions(n))
+                for p, n in zip(prompts, lengths, strict=True)]  # fmt: skip
+    alone = [engine.generate(r).text for r in requests]  # one by one: each runs alone
+    assert _as_one_batch(_batching_engine(tiny_model_dir), requests) == alone
+
+
+def test_a_lone_request_runs_by_itself_and_frees_the_batcher_however_it_ends(
+    tiny_model_dir: Path,
+) -> None:
+    batched = _batching_engine(tiny_model_dir)
+    batcher = batched._batcher
+    assert batcher is not None
+
+    def lone(n: int) -> GenerationRequest:
+        return GenerationRequest(prompt=PROMPT, options=SamplingOptions(n))  # batchable
+
+    stream = batched.stream(lone(200))
+    next(stream)  # runs by itself: the batcher waits for it, nothing is pending
+    assert batcher.batches_run == 1 and not batcher._pending
+    stream.close()
+    assert stream.completion is not None and stream.completion.finish_reason == "cancelled"
+    batched.stream(lone(200)).close()  # closed before it started
+    # A lone stream whose reader pauses computes nothing: the next request runs beside it
+    # (one thread reading two streams in turn must not hang).
+    paused = batched.stream(lone(200))
+    next(paused)
+    other = batched.stream(lone(200))
+    assert next(other) and next(paused)
+    other.close()
+    paused.close()
+    assert batched.generate(lone(4)).completion_tokens == 4  # the batcher is free again
+    assert batched.generate(lone(4)).text == batched.generate(lone(4)).text
     assert batched.admission.active == 0
-    assert batched._batcher is not None
-    assert (batched._batcher.batches_run, batched._batcher.sequences_run) == (1, 4)
 
 
 def test_a_batched_stream_can_stop_and_cancel(tiny_model_dir: Path, engine: Engine) -> None:
@@ -296,41 +343,30 @@ def test_a_batched_stream_can_stop_and_cancel(tiny_model_dir: Path, engine: Engi
     assert batched.generate(_req(4)).completion_tokens == 4
 
 
-def _concurrently(engine: Engine, requests: list[GenerationRequest]) -> list[str]:
-    results: dict[int, str] = {}
-
-    def run(i: int) -> None:
-        results[i] = engine.generate(requests[i]).text
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return [results[i] for i in range(len(requests))]
-
-
 def test_unseeded_sampled_requests_batch_and_seeded_ones_run_alone(tiny_model_dir: Path) -> None:
-    batched = Engine.load(
-        EngineSettings(model_dir=tiny_model_dir, providers="cpu", max_batch=4, batch_window_ms=300)
-    )
-    assert batched._batcher is not None
+    batched = _batching_engine(tiny_model_dir)
     sampled = SamplingOptions(max_new_tokens=12, temperature=0.9, top_p=0.95, top_k=40)
-    texts = _concurrently(batched, [GenerationRequest(prompt=p, options=sampled)
+    texts = _as_one_batch(batched, [GenerationRequest(prompt=p, options=sampled)
                                     for p in ("Hello", "Edge", "Cold", "Lambda")])  # fmt: skip
     assert all(texts)
-    assert (batched._batcher.batches_run, batched._batcher.sequences_run) == (1, 4)
     # Different sampling options never share a batch (one set of search options each).
     other = SamplingOptions(max_new_tokens=12, temperature=0.5)
-    _concurrently(batched, [GenerationRequest(prompt="a", options=sampled),
-                            GenerationRequest(prompt="b", options=other)])  # fmt: skip
-    assert (batched._batcher.batches_run, batched._batcher.sequences_run) == (3, 6)
-    # A seed promises the same output: seeded requests keep a generator of their own.
+    with pytest.raises(AssertionError, match=r"\(2, 2\) == \(1, 2\)"):
+        _as_one_batch(batched, [GenerationRequest(prompt="a", options=sampled),
+                                GenerationRequest(prompt="b", options=other)])  # fmt: skip
+    # A seed promises the same output: seeded requests keep a generator of their own,
+    # so they never reach the batcher.
     seeded = [
         GenerationRequest(prompt="Hello", options=SamplingOptions(16, temperature=0.9, seed=s))
         for s in (1, 2, 1)
     ]
+    assert batched._batcher is not None
+    runs = batched._batcher.sequences_run
     alone = [batched.generate(r).text for r in seeded]
-    assert _concurrently(batched, seeded) == alone and alone[0] == alone[2]
-    assert batched._batcher.batches_run == 3
+    threads = [threading.Thread(target=batched.generate, args=(r,)) for r in seeded]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert alone[0] == alone[2] and batched._batcher.sequences_run == runs
     assert batched.admission.active == 0
