@@ -118,6 +118,8 @@ def _parse(model: type[_Body], body: bytes) -> _Body:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise InvalidRequestError("the request body is not valid JSON") from None
+    except RecursionError:  # the parser recurses once per nesting level
+        raise InvalidRequestError("the request body's JSON is nested too deeply") from None
     if not isinstance(data, dict):
         raise InvalidRequestError("the request body must be a JSON object")
     try:

@@ -56,6 +56,7 @@ class Sequence:
             never start).
         paused_at: When the request last handed a token to its reader and is waiting for
             it to ask for the next (None while it computes).
+        queued_behind: It arrived while a batch ran (so requests come concurrently).
     """
 
     input_ids: list[int]
@@ -67,14 +68,16 @@ class Sequence:
     cancelled: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     paused_at: float | None = field(default_factory=time.monotonic)
+    queued_behind: bool = False
 
 
 class Batcher:
     """Collects sequences for up to `window_s` after the first, then runs them as a batch.
 
     The whole window is waited only when requests come concurrently: the last batch had
-    more than one sequence, others are already waiting, `arriving()` counts requests on
-    their way in (being tokenized), or a companion joins. Otherwise the first request
+    more than one sequence, the first request arrived while a batch ran, others are
+    already waiting, `arriving()` counts requests on their way in (being tokenized), or a
+    companion joins. Otherwise the first request
     waits `LONE_WAIT_S` for one and then starts: a single client pays about a
     millisecond, and requests that reach the engine within it after a quiet spell still
     batch (later ones wait for the next batch).
@@ -94,6 +97,7 @@ class Batcher:
         self._run_batch = run_batch
         self._arriving = arriving
         self._last_size = 0
+        self._running = False  # a batch (or a lone sequence) is running
         self.max_batch = max_batch
         self.window_s = window_s
         self._pending: deque[Sequence] = deque()
@@ -105,6 +109,7 @@ class Batcher:
     def submit(self, sequence: Sequence) -> None:
         """Queue a sequence; its tokens arrive on `sequence.out`."""
         with self._cond:
+            sequence.queued_behind = self._running
             self._pending.append(sequence)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
@@ -118,7 +123,12 @@ class Batcher:
             first = self._pending.popleft()
             batch = [first]
             start = time.monotonic()
-            concurrent = self._last_size > 1 or bool(self._pending) or self._arriving() > 0
+            concurrent = (
+                self._last_size > 1
+                or first.queued_behind
+                or bool(self._pending)
+                or self._arriving() > 0
+            )
             deadline = start + (self.window_s if concurrent else min(self.window_s, LONE_WAIT_S))
             while len(batch) < self.max_batch:
                 match = next((s for s in self._pending if s.key == first.key), None)
@@ -153,11 +163,14 @@ class Batcher:
             self.batches_run += 1
             self.sequences_run += len(batch)
             self._last_size = len(batch)
-            if len(batch) == 1:
-                self._run_alone(batch[0])
-                continue
+            self._running = True
             try:
-                self._run_batch(batch)
+                if len(batch) == 1:
+                    self._run_alone(batch[0])
+                else:
+                    self._run_batch(batch)
             except BaseException as exc:  # every waiting request must hear of it
                 for sequence in batch:
                     sequence.out.put(exc)
+            finally:
+                self._running = False

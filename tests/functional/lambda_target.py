@@ -43,9 +43,13 @@ class FakeContext:
 def _body_fields(body: bytes, base64_body: bool) -> dict[str, Any]:
     if not body:
         return {"isBase64Encoded": False}
-    if base64_body:
+    try:
+        text = None if base64_body else body.decode()
+    except UnicodeDecodeError:  # API Gateway sends a body that is not UTF-8 as base64
+        text = None
+    if text is None:
         return {"body": base64.b64encode(body).decode(), "isBase64Encoded": True}
-    return {"body": body.decode(), "isBase64Encoded": False}
+    return {"body": text, "isBase64Encoded": False}
 
 
 def v2_event(

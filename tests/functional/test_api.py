@@ -254,6 +254,21 @@ def test_invalid_values(target: Target, path: str, body: object, param: str | No
         assert str(error["param"]).startswith(param)
 
 
+def test_hostile_bodies_get_a_clear_4xx(target: Target) -> None:
+    # Nested deeper than Python's JSON parser goes (it recurses per level), within 64 KiB.
+    deep = b'{"prompt": "x", "deep": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+    _error(target.call("POST", "/generate", raw=deep), 400, "invalid_request")
+    _error(target.call("POST", "/generate", raw=b'{"prompt": "\xff\xfe"}'), 400, "invalid_request")
+    stops = {"prompt": "x", "stop": [f"s{i}" for i in range(5000)]}
+    assert (
+        _error(target.call("POST", "/generate", stops), 400, "invalid_request")["param"] == "stop"
+    )
+    huge = {"prompt": "x", "max_new_tokens": 10**12}
+    assert _error(target.call("POST", "/generate", huge), 400)["param"] == "max_new_tokens"
+    too_long = {"prompt": "hello world " * 2500, "max_new_tokens": 4}  # > the context window
+    assert "context" in str(_error(target.call("POST", "/generate", too_long), 400)["message"])
+
+
 def test_json_array_body(target: Target) -> None:
     _error(target.call("POST", "/generate", [1, 2]), 400, "invalid_request")
 

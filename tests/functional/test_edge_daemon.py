@@ -313,3 +313,26 @@ def test_metrics_and_one_json_log_line_per_request(start: Any) -> None:
     # Every stdout line is one request's JSON; /metrics scrapes are not requests of the API.
     assert [r["request_id"] for r in daemon.records()] == ["m-1", "m-2"]
     assert daemon.stop() == 0
+
+
+def test_no_api_key_appears_in_the_logs(start: Any) -> None:
+    secret = "s3cret-key-that-must-not-leak"
+    daemon = start(API_KEYS=secret)
+    daemon.wait_for("READY=1")
+    attempts = [
+        {"authorization": f"Bearer {secret}"},  # right
+        {"authorization": f"Bearer {secret}x"},  # wrong, close to the right one
+        {"x-api-key": secret[:-1]},
+        {"api-key": secret},  # the key in a header the API does not read: 401
+    ]
+    statuses = [
+        daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 2},
+                         headers={**h, "x-request-id": f"k-{i}"}).status_code
+        for i, h in enumerate(attempts)
+    ]  # fmt: skip
+    assert statuses == [200, 401, 401, 401]
+    for i in range(len(attempts)):
+        daemon.record(f"k-{i}")
+    assert daemon.stop() == 0
+    logs = "".join(daemon.stdout) + daemon.stderr()
+    assert "s3cret" not in logs
