@@ -77,10 +77,9 @@ class Batcher:
     The whole window is waited only when requests come concurrently: the last batch had
     more than one sequence, the first request arrived while a batch ran, others are
     already waiting, `arriving()` counts requests on their way in (being tokenized), or a
-    companion joins. Otherwise the first request
-    waits `LONE_WAIT_S` for one and then starts: a single client pays about a
-    millisecond, and requests that reach the engine within it after a quiet spell still
-    batch (later ones wait for the next batch).
+    companion joins. Otherwise the first request waits `LONE_WAIT_S` for one and then
+    starts (as `Alone`): a single client pays about a millisecond, and requests that
+    reach the engine within it after a quiet spell still batch.
 
     Attributes:
         batches_run: Batches decoded so far.

@@ -227,6 +227,13 @@ class Engine:
         self._special_tokens = chat.special_tokens(folder)
 
     @property
+    def batches(self) -> tuple[int, int]:
+        """Batches run since the load and the requests in them (a lone one is a batch of 1)."""
+        if self._batcher is None:
+            return 0, 0
+        return self._batcher.batches_run, self._batcher.sequences_run
+
+    @property
     def model_name(self) -> str:
         """The model's public name (the manifest says when its weights are random)."""
         return self.manifest.model_name

@@ -251,6 +251,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_at_once(start: Any) -> N
     gone = daemon.record("gone", timeout=full_s * 2)
     assert gone["duration_s"] < full_s / 2  # stopped, not run to its end
     assert daemon.metric("ortserve_active_generations") == 0
+    assert daemon.metric("ortserve_batches") == daemon.metric("ortserve_batched_requests") == 1
     follow = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
     assert follow.status_code == 200, follow.text
     assert daemon.stop() == 0
@@ -271,6 +272,7 @@ def test_fifty_clients_leaving_mid_stream_leave_the_server_healthy(start: Any) -
     while daemon.metric("ortserve_active_generations") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert daemon.metric("ortserve_active_generations") == 0
+    assert daemon.metric("ortserve_batches") == daemon.metric("ortserve_batched_requests") == 1
     assert daemon.http.get("/readyz").status_code == 200
     follow = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
     assert follow.status_code == 200, follow.text
@@ -299,6 +301,7 @@ def test_metrics_and_one_json_log_line_per_request(start: Any) -> None:
     assert daemon.metric('ortserve_request_duration_seconds_count{route="/generate"}') == 1
     assert daemon.metric("ortserve_queue_depth") == 0
     assert daemon.metric("ortserve_active_generations") == 0
+    assert daemon.metric("ortserve_batches") == daemon.metric("ortserve_batched_requests") == 1
     assert daemon.metric("ortserve_model_ready") == 1
     assert daemon.metric("ortserve_model_load_seconds") > 0
 
