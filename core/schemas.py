@@ -13,7 +13,9 @@ _TEMPERATURE_DOC = "0 is greedy; higher samples more freely"
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # defer_build: a model's validator is built on first use, not at import: a Lambda cold
+    # start that answers /generate builds one, not all of them.
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 def _stops(value: str | list[str] | None) -> list[str]:

@@ -30,7 +30,8 @@ class EngineSettings(BaseSettings):
             (a lone request starts this much later).
     """
 
-    model_config = SettingsConfigDict(env_prefix="ORTSERVE_", extra="ignore")
+    # defer_build: each class builds its validator when first used (a process uses one).
+    model_config = SettingsConfigDict(env_prefix="ORTSERVE_", extra="ignore", defer_build=True)
 
     model_dir: Path = Path("models/default/model")
     providers: str = "auto"

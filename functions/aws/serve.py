@@ -38,7 +38,8 @@ def main() -> int:
     from edge.settings import EdgeSettings
 
     # The daemon reads its other ORTSERVE_* settings (host, port, limits) itself.
-    edge = EdgeSettings(model_dir=model_dir, api_keys=keys, threads=settings.threads)
+    edge = EdgeSettings(model_dir=model_dir, api_keys=keys, threads=settings.threads,
+                        max_batch=settings.max_batch)  # fmt: skip
     return serve(edge)
 
 

@@ -61,6 +61,8 @@ class LambdaSettings(ServerSettings):
             provisioned-concurrency, snap-start, ...).
         function_memory_mb: `AWS_LAMBDA_FUNCTION_MEMORY_SIZE`; sets the default thread
             count from the function's CPU share.
+        max_batch: 1 (no request batching): an execution environment gets one request at
+            a time, so there is never a companion to batch with.
     """
 
     model_dir: Path = BUNDLE_ROOT / "model"
@@ -78,6 +80,7 @@ class LambdaSettings(ServerSettings):
         default=SYNC_RESPONSE_LIMIT - 64 * 1024, ge=4096, le=SYNC_RESPONSE_LIMIT
     )
     lambda_retry_failed_s: float = Field(default=30.0, ge=0)
+    max_batch: int = Field(default=1, ge=1, le=64)
     initialization_type: str | None = Field(
         default=None, validation_alias=AliasChoices("AWS_LAMBDA_INITIALIZATION_TYPE")
     )

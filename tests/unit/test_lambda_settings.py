@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import ValidationError
 
+from core.settings import ServerSettings
 from functions.aws.errors import SetupError
 from functions.aws.runtime import plan_load
 from functions.aws.secrets import parse_keys
@@ -91,3 +94,13 @@ def test_empty_or_malformed_keys_are_refused(text: str) -> None:
     with pytest.raises(SetupError) as info:
         parse_keys(text, "secret s")
     assert info.value.message.startswith("secret s")
+
+
+def test_no_request_batching_on_lambda_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One request per execution environment at a time: nothing to batch with.
+    for name in [k for k in os.environ if k.startswith("ORTSERVE_")]:
+        monkeypatch.delenv(name)
+    assert LambdaSettings().max_batch == 1
+    assert ServerSettings().max_batch == 4
+    monkeypatch.setenv("ORTSERVE_MAX_BATCH", "2")
+    assert LambdaSettings().max_batch == 2
