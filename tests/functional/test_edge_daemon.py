@@ -251,7 +251,9 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_at_once(start: Any) -> N
     gone = daemon.record("gone", timeout=full_s * 2)
     assert gone["duration_s"] < full_s / 2  # stopped, not run to its end
     assert daemon.metric("ortserve_active_generations") == 0
-    assert daemon.metric("ortserve_batches") == daemon.metric("ortserve_batched_requests") == 1
+    assert daemon.metric("ortserve_batches") == daemon.metric(
+        "ortserve_batched_requests"
+    )  # one at a time: each alone
     follow = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
     assert follow.status_code == 200, follow.text
     assert daemon.stop() == 0
@@ -272,7 +274,9 @@ def test_fifty_clients_leaving_mid_stream_leave_the_server_healthy(start: Any) -
     while daemon.metric("ortserve_active_generations") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert daemon.metric("ortserve_active_generations") == 0
-    assert daemon.metric("ortserve_batches") == daemon.metric("ortserve_batched_requests") == 1
+    assert daemon.metric("ortserve_batches") == daemon.metric(
+        "ortserve_batched_requests"
+    )  # one at a time: each alone
     assert daemon.http.get("/readyz").status_code == 200
     follow = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
     assert follow.status_code == 200, follow.text
