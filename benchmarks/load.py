@@ -138,15 +138,17 @@ def _level(base: str, clients: int, seconds: float, max_tokens: int) -> dict[str
 
 def _soak(base: str, pid: int, count: int, max_tokens: int) -> dict[str, Any]:
     tally = Tally()
-    early = 0
+    step = max(1, count // 10)
+    samples: list[int] = []  # RSS after every tenth of the requests, to tell growth from noise
     with httpx.Client(timeout=120) as client:
         for i in range(count):
             _one(client, base, max_tokens, tally)
-            if i + 1 == max(1, count // 10):
-                early = _rss_kib(pid, "VmRSS")
-    late = _rss_kib(pid, "VmRSS")
+            if (i + 1) % step == 0:
+                samples.append(_rss_kib(pid, "VmRSS"))
+    early, late = samples[0], _rss_kib(pid, "VmRSS")
     return {"requests": count, "rss_early_kib": early, "rss_late_kib": late,
-            "growth": late / early - 1, "errors": len(tally.errors) + tally.busy}  # fmt: skip
+            "growth": late / early - 1, "rss_kib_every_tenth": samples,
+            "errors": len(tally.errors) + tally.busy}  # fmt: skip
 
 
 def _ab(base_a: str, base_b: str, count: int, max_tokens: int) -> dict[str, Any]:
