@@ -7,7 +7,8 @@ list (`k1,k2`; an SSM StringList is one). Messages name the secret, never a key.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from functions.aws.errors import SetupError
 from functions.aws.settings import LambdaSettings
@@ -15,6 +16,8 @@ from functions.aws.settings import LambdaSettings
 if TYPE_CHECKING:
     from mypy_boto3_secretsmanager import SecretsManagerClient
     from mypy_boto3_ssm import SSMClient
+
+T = TypeVar("T")
 
 
 def parse_keys(text: str, where: str) -> list[str]:
@@ -50,24 +53,31 @@ def _error_code(exc: Exception) -> str:
     return type(exc).__name__
 
 
+def _read(where: str, read: Callable[[], T]) -> T:
+    """`read()` (a boto3 call), its AWS errors said as a SetupError that names `where`."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return read()
+    except (ClientError, BotoCoreError) as exc:
+        raise SetupError(f"cannot read the API keys from {where}: {_error_code(exc)}") from exc
+
+
 def secret_keys(secret_id: str, client: SecretsManagerClient | None = None) -> list[str]:
     """The API keys in a Secrets Manager secret's SecretString.
 
     Raises:
         SetupError: The secret cannot be read or holds no keys.
     """
-    from botocore.exceptions import BotoCoreError, ClientError
-
     where = f"Secrets Manager secret {secret_id}"
-    try:
-        if client is None:
-            import boto3
 
-            client = boto3.client("secretsmanager")
-        value = client.get_secret_value(SecretId=secret_id)
-    except (ClientError, BotoCoreError) as exc:
-        raise SetupError(f"cannot read the API keys from {where}: {_error_code(exc)}") from exc
-    text = value.get("SecretString")
+    def read() -> str | None:
+        import boto3
+
+        sm = client or boto3.client("secretsmanager")
+        return sm.get_secret_value(SecretId=secret_id).get("SecretString")
+
+    text = _read(where, read)
     if text is None:
         raise SetupError(f"{where} has no SecretString (binary secrets are not supported)")
     return parse_keys(text, where)
@@ -79,18 +89,15 @@ def parameter_keys(name: str, client: SSMClient | None = None) -> list[str]:
     Raises:
         SetupError: The parameter cannot be read or holds no keys.
     """
-    from botocore.exceptions import BotoCoreError, ClientError
-
     where = f"SSM parameter {name}"
-    try:
-        if client is None:
-            import boto3
 
-            client = boto3.client("ssm")
-        value = client.get_parameter(Name=name, WithDecryption=True)
-    except (ClientError, BotoCoreError) as exc:
-        raise SetupError(f"cannot read the API keys from {where}: {_error_code(exc)}") from exc
-    return parse_keys(value["Parameter"].get("Value", ""), where)
+    def read() -> str:
+        import boto3
+
+        ssm = client or boto3.client("ssm")
+        return ssm.get_parameter(Name=name, WithDecryption=True)["Parameter"].get("Value", "")
+
+    return parse_keys(_read(where, read), where)
 
 
 def resolve_api_keys(settings: LambdaSettings) -> list[str]:

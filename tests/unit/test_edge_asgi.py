@@ -58,6 +58,12 @@ class Client:
     def disconnect(self) -> None:
         self.incoming.put_nowait({"type": "http.disconnect"})
 
+    async def first_chunk(self) -> None:
+        """Wait until the app has sent the first body chunk."""
+        while not self.chunks:
+            await self.sent_event.wait()
+            self.sent_event.clear()
+
     @property
     def status(self) -> int:
         return int(self.sent[0]["status"])
@@ -169,9 +175,7 @@ def test_each_stream_chunk_is_sent_before_the_next_is_made() -> None:
     async def go() -> None:
         client = Client()
         task = asyncio.create_task(app_for(api)(scope("POST"), client.receive, client.send))
-        while not client.chunks:
-            await client.sent_event.wait()
-            client.sent_event.clear()
+        await client.first_chunk()
         assert client.chunks == [b"data: 1\n\n"]
         assert client.headers[b"content-type"].startswith(b"text/event-stream")
         assert b"content-length" not in client.headers
@@ -202,9 +206,7 @@ def test_a_client_that_leaves_mid_stream_closes_the_stream() -> None:
     async def go() -> None:
         client = Client()
         task = asyncio.create_task(app_for(api)(scope("POST"), client.receive, client.send))
-        while not client.chunks:
-            await client.sent_event.wait()
-            client.sent_event.clear()
+        await client.first_chunk()
         client.disconnect()
         await task
 
