@@ -102,7 +102,8 @@ def error_response(exc: OrtServeError) -> Response:
     return json_response(exc.status, error_payload(exc), headers)
 
 
-def _sse(payload: Any) -> bytes:
+def sse_event(payload: Any) -> bytes:
+    """One server-sent event carrying `payload` as compact JSON."""
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
 
@@ -322,20 +323,20 @@ class Api:
         def chunks() -> Iterator[bytes]:
             try:
                 for event in first_events or []:
-                    yield _sse(event)
+                    yield sse_event(event)
                 for delta in self._timed(stream):
-                    yield _sse(delta_event(delta))
+                    yield sse_event(delta_event(delta))
                 done = stream.completion
                 assert done is not None  # the stream ended
                 ctx.completion = done
                 for event in final_events(done):
-                    yield _sse(event)
+                    yield sse_event(event)
             except OrtServeError as exc:
-                yield _sse(error_payload(exc))
+                yield sse_event(error_payload(exc))
                 return
             except Exception:
                 log.exception("error while streaming %s", ctx.request_id)
-                yield _sse(error_payload(OrtServeError("internal error")))
+                yield sse_event(error_payload(OrtServeError("internal error")))
                 return
             finally:
                 stream.close()

@@ -29,12 +29,13 @@ class ModelState:
         self.status: ModelStatus = "loading"
         self.reason: str | None = f"loading {settings.model_dir}"
         self.engine: Engine | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held through a load
+        self._loader_lock = threading.Lock()  # never held long: requests call start_loading
         self._loader: threading.Thread | None = None
 
     def start_loading(self) -> threading.Thread:
         """Load in a background thread (once); health answers "loading" meanwhile."""
-        with self._lock:
+        with self._loader_lock:
             if self._loader is None:
                 self._loader = threading.Thread(target=self.load, name="model-load", daemon=True)
                 self._loader.start()

@@ -12,7 +12,8 @@ import json
 import math
 from typing import Any
 
-from core.api import error_payload, error_response
+from core.api import error_payload, error_response, sse_event
+from core.errors import OrtServeError
 from core.http import Response
 from functions.aws.errors import ResponseTooLargeError
 from functions.aws.events import Version, encoded_size, http_result
@@ -28,9 +29,15 @@ def _escaped_len(chunk: bytes) -> int:
         return 4 * math.ceil(len(chunk) / 3) + 4
 
 
-def _sse_error(exc: ResponseTooLargeError) -> bytes:
-    data = json.dumps(error_payload(exc), ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
+def error_result(
+    version: Version, exc: OrtServeError, request_id: str | None = None
+) -> dict[str, Any]:
+    """`exc` as a whole error response in the event shape `version`."""
+    error = error_response(exc)
+    if request_id is not None:
+        error.headers.append(("x-request-id", request_id))
+    assert isinstance(error.body, bytes)  # error responses are whole
+    return http_result(version, error.status, error.headers, error.body)
 
 
 def _too_large(version: Version, response: Response, size: int, limit: int) -> dict[str, Any]:
@@ -38,20 +45,17 @@ def _too_large(version: Version, response: Response, size: int, limit: int) -> d
         f"the response ({size} bytes) is larger than the {limit} bytes a buffered Lambda "
         f"response may carry: {_ADVICE}"
     )
-    error = error_response(exc)
-    request_id = response.header("x-request-id")
-    if request_id is not None:
-        error.headers.append(("x-request-id", request_id))
-    assert isinstance(error.body, bytes)  # error responses are whole
-    return http_result(version, error.status, error.headers, error.body)
+    return error_result(version, exc, response.header("x-request-id"))
 
 
 def _collect(response: Response, version: Version, limit: int) -> dict[str, Any]:
     assert not isinstance(response.body, bytes)
-    tail = _sse_error(
-        ResponseTooLargeError(
-            f"the stream was cut at the {limit} bytes a buffered Lambda response may carry: "
-            f"{_ADVICE}"
+    tail = sse_event(
+        error_payload(
+            ResponseTooLargeError(
+                f"the stream was cut at the {limit} bytes a buffered Lambda response may carry: "
+                f"{_ADVICE}"
+            )
         )
     )
     empty = http_result(version, response.status, response.headers, b"")

@@ -20,15 +20,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from core.api import Api, RequestRecord, error_response
+from core.api import Api, RequestRecord
 from core.cpu import usable_cpus
 from core.errors import InvalidRequestError, OrtServeError
 from core.http import Request
 from core.manifest import read_manifest
 from core.service import ModelState
-from functions.aws.buffer import buffered_result
+from functions.aws.buffer import buffered_result, error_result
 from functions.aws.errors import SetupError
-from functions.aws.events import EventError, Version, http_result, parse_event
+from functions.aws.events import EventError, Version, parse_event
 from functions.aws.model_source import fetch_model, local_folder, remote_model_bytes
 from functions.aws.secrets import resolve_api_keys
 from functions.aws.settings import LambdaSettings, LoadAtInit
@@ -244,14 +244,14 @@ class LambdaApp:
             except EventError as exc:
                 version = exc.version
                 self._write("WARNING", "not an HTTP event", reason=exc.message)
-                return self._error_result(version, InvalidRequestError(exc.message))
+                return error_result(version, InvalidRequestError(exc.message))
             version = parsed.version
             if parsed.request.path not in _NO_SETUP_ROUTES:
                 self.ensure_ready()
             return self.answer(parsed.request, version)
         except Exception:  # never an exception out of the handler: Lambda would answer 502
             log.exception("unhandled error in the Lambda handler")
-            return self._error_result(version, OrtServeError("internal error"))
+            return error_result(version, OrtServeError("internal error"))
         finally:
             self._aws_request_id = None
 
@@ -259,12 +259,6 @@ class LambdaApp:
         """The buffered result of one core request, in the event shape `version`."""
         response = self.api.handle(request)
         return buffered_result(response, version, self.settings.lambda_max_response_bytes)
-
-    @staticmethod
-    def _error_result(version: Version, exc: OrtServeError) -> dict[str, Any]:
-        response = error_response(exc)
-        assert isinstance(response.body, bytes)  # error responses are whole
-        return http_result(version, response.status, response.headers, response.body)
 
     # -- logs -------------------------------------------------------------------------
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
 from core.api import Api, RequestRecord
+from core.engine import Engine
 from core.http import Request
 from core.service import ModelState
 from core.settings import ServerSettings
@@ -103,3 +105,28 @@ def test_records_carry_counts(tiny_model_dir: Path) -> None:
     assert (first.route, first.status, first.completion_tokens) == ("/generate", 200, 5)
     assert first.prompt_tokens > 0 and first.duration_s > 0
     assert (second.status, second.completion_tokens) == (404, 0)
+
+
+def test_start_loading_answers_at_once_while_a_load_runs(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cloud Functions calls start_loading on every request, health checks included.
+    entered, release = threading.Event(), threading.Event()
+    real = Engine.load.__func__  # type: ignore[attr-defined]
+
+    def slow(cls: type[Engine], settings: ServerSettings) -> Engine:
+        entered.set()
+        release.wait(30)
+        return real(cls, settings)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Engine, "load", classmethod(slow))
+    state = ModelState(ServerSettings(model_dir=tiny_model_dir, providers="cpu"))
+    loader = state.start_loading()
+    assert entered.wait(10)
+    again = threading.Thread(target=state.start_loading)
+    again.start()
+    again.join(5)
+    assert not again.is_alive() and state.status == "loading"
+    release.set()
+    loader.join(60)
+    assert state.engine is not None and state.reason is None
