@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.models import ORTSERVE
 
-def baked(work: Path, model: str, target: str) -> Path:
-    """The bake output (a bundle; the model is in `model/`) of `model` for `target`."""
+
+def baked(work: Path, model: str, target: str, package: bool = True) -> Path:
+    """The bake output (a bundle; the model is in `model/`) of `model` for `target`.
+
+    `package=False` bakes the model only (`--model-only`: no wheelhouse to download) when
+    the folder is missing; a packaged folder already there serves as well.
+    """
     out = work / f"{model.removeprefix('builtin:').replace('/', '--')}-{target}"
     if not (out / "model" / "manifest.json").is_file():
-        subprocess.run(
-            [str(Path(sys.executable).parent / "ortserve"), "bake", "--model", model,
-             "--target", target, "--out", str(out), "--force"],
-            check=True,
-        )  # fmt: skip
+        command = [*ORTSERVE, "bake", "--model", model, "--target", target,
+                   "--out", str(out), "--force"]  # fmt: skip
+        subprocess.run(command + ([] if package else ["--model-only"]), check=True)
     return out

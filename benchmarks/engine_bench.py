@@ -37,8 +37,9 @@ process tree's CPU time. Noise from outside the VM is invisible to that check: o
 
 Models, cached under `--work` (default .cache/bench) and made when missing:
 
-- the og folder: `ortserve bake --model MODEL --target edge-x86_64 --out WORK/SLUG-og`
-  (or any baked folder given with `--og-dir`);
+- the og folder: `ortserve bake --model MODEL --target edge-x86_64 --model-only --out
+  WORK/NAME-edge-x86_64` (`benchmarks.bakes.baked`; or any baked folder given with
+  `--og-dir`);
 - the Hugging Face checkpoint: `bake.builtin.write_builtin(NAME, WORK/SLUG-hf)`;
 - the GGUF: llama.cpp's own `convert_hf_to_gguf.py` (f32 output), then
   `llama_cpp.llama_model_quantize` to `LLAMA_FTYPE_MOSTLY_Q4_0`, which is what
@@ -312,16 +313,9 @@ def _slug(model: str) -> str:
 
 def ensure_og_model(model: str, work: Path, target: str) -> Path:
     """The baked og folder for `model`, baked with the project's CLI when missing."""
-    out = work / f"{_slug(model)}-og"
-    if (out / "manifest.json").is_file():
-        return out
-    cli = Path(sys.executable).with_name("ortserve")
-    command = [str(cli), "bake", "--model", model, "--target", target, "--out", str(out)]
-    if out.exists():
-        command.append("--force")
-    print("baking:", " ".join(command), flush=True)
-    subprocess.run(command, check=True)
-    return out
+    from benchmarks.bakes import baked  # not in the workers: they get the folder
+
+    return baked(work, model, target, package=False) / "model"
 
 
 def ensure_hf_checkpoint(model: str, work: Path) -> Path:
@@ -671,7 +665,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=5, help="repetitions (default 5)")
     parser.add_argument("--threads", type=int, default=2, help="threads for every variant")
     parser.add_argument("--json", type=Path, help="write every number here")
-    parser.add_argument("--work", type=Path, default=Path(".cache/bench"), help="model cache")
+    parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench", help="model cache")
     parser.add_argument("--target", default="edge-x86_64", help="bake target of the og model")
     parser.add_argument("--og-dir", type=Path, help="use this baked folder instead of baking")
     parser.add_argument("--llama-cpp-src", type=Path, help="a llama.cpp checkout's root")

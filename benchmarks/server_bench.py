@@ -99,7 +99,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    model_dir = args.model_dir or baked(args.work, args.model, "edge-x86_64") / "model"
+    model_dir = (
+        args.model_dir or baked(args.work, args.model, "edge-x86_64", package=False) / "model"
+    )
     engine = Engine.load(EngineSettings(model_dir=model_dir, providers="cpu", threads=args.threads))
     prompt = _prompt(engine, args.prompt_tokens)
     port = free_port()

@@ -48,11 +48,12 @@ def main() -> None:
     variants: dict[str, Engine] = {}
     for block in args.blocks.split(","):
         out = args.work / f"block{block}"
-        if not (out / "manifest.json").is_file():
+        if not (out / "model" / "manifest.json").is_file():
             bake(BakeRequest(args.model, "edge-x86_64", out=out, options={"block_size": block},
-                             force=True))  # fmt: skip
+                             force=True, package=False))  # fmt: skip
         for threads in args.threads.split(","):
-            settings = EngineSettings(model_dir=out, providers="cpu", threads=int(threads))
+            settings = EngineSettings(model_dir=out / "model", providers="cpu",
+                                      threads=int(threads))  # fmt: skip
             variants[f"block {block}, {threads} thr"] = Engine.load(settings)
     results: dict[str, dict[str, list[float]]] = {k: {} for k in variants}
     for _ in range(args.reps):
