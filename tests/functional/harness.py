@@ -92,7 +92,7 @@ class InProcess:
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
         raw: bytes | None = None,
     ) -> Reply:  # fmt: skip
-        hdrs = {"content-type": "application/json", **AUTH, **(headers or {})}
+        hdrs = request_headers(headers)
         request = Request(method, path, {}, {k.lower(): v for k, v in hdrs.items()},
                           encode_body(body, raw))  # fmt: skip
         response = self.api.handle(request)
