@@ -195,7 +195,6 @@ class Engine:
         genai_config: dict[str, Any],
         settings: EngineSettings,
     ) -> None:
-        self.folder = folder
         self.manifest = manifest
         self.digest = manifest_digest(folder)
         self.probe = probe
@@ -260,10 +259,6 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
         return [int(t) for t in self._tokenizer.encode(text)]
-
-    def decode(self, token_ids: list[int]) -> str:
-        """Text of `token_ids`."""
-        return str(self._tokenizer.decode(token_ids))
 
     def detokenize(self, token_ids: Iterable[int]) -> Iterator[str]:
         """Text pieces of a token stream, one per token; a piece is empty while a

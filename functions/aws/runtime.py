@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from core.api import Api, RequestRecord
+from core.api import PUBLIC_ROUTES, Api, RequestRecord
 from core.cpu import usable_cpus
 from core.errors import InvalidRequestError, OrtServeError
 from core.http import Request
@@ -39,7 +39,7 @@ _MB = 1024 * 1024
 # Init types whose init phase may run for minutes instead of 10 s.
 LONG_INIT_TYPES = frozenset({"provisioned-concurrency", "snap-start"})
 # Routes that answer without the model (and so must not wait for a lazy load).
-_NO_SETUP_ROUTES = frozenset({"/healthz", "/openapi.json"})
+_NO_SETUP_ROUTES = PUBLIC_ROUTES - {"/readyz"}
 
 
 def plan_load(

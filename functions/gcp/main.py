@@ -51,8 +51,7 @@ def ortserve(request: FlaskRequest) -> FlaskResponse:
         body=body,
     )
     response = api.handle(core_request)
-    if isinstance(response.body, bytes):
-        return FlaskResponse(response.body, status=response.status, headers=response.headers)
     return FlaskResponse(
-        response.body, status=response.status, headers=response.headers, direct_passthrough=True
-    )
+        response.body, status=response.status, headers=response.headers,
+        direct_passthrough=response.is_stream,
+    )  # fmt: skip
