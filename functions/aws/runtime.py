@@ -270,4 +270,5 @@ class LambdaApp:
         line = {"level": level, "message": message, **fields}
         if self._aws_request_id is not None:
             line["aws_request_id"] = self._aws_request_id
-        print(json.dumps(line, ensure_ascii=False, default=str), file=sys.stdout, flush=True)
+        sys.stdout.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+        sys.stdout.flush()

@@ -27,8 +27,10 @@ from functions.gcp.settings import GcfSettings
 
 
 def _log(record: RequestRecord) -> None:
-    # Cloud Logging parses one JSON object per stdout line.
-    print(json.dumps({"severity": "INFO", **asdict(record)}), file=sys.stdout, flush=True)
+    # Cloud Logging parses one JSON object per stdout line. One write per line: gunicorn's
+    # threads log concurrently, and print() writes the text and the newline apart.
+    sys.stdout.write(json.dumps({"severity": "INFO", **asdict(record)}) + "\n")
+    sys.stdout.flush()
 
 
 settings = GcfSettings()
