@@ -74,7 +74,8 @@ def _safe_path(root: Path, rel: str) -> Path:
     return root.joinpath(*parts)
 
 
-def _s3_client() -> S3Client:
+def s3_client() -> S3Client:
+    """A boto3 S3 client (boto3 is imported here, only when an S3 model is configured)."""
     import boto3
     from botocore.exceptions import BotoCoreError
 
@@ -174,7 +175,7 @@ def fetch_model(
                 shutil.rmtree(final, ignore_errors=True)
             staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache_dir))
             try:
-                size = _fetch_into(client or _s3_client(), bucket, prefix, staging,
+                size = _fetch_into(client or s3_client(), bucket, prefix, staging,
                                    expected_digest)  # fmt: skip
                 staging.rename(final)
             finally:
@@ -191,7 +192,7 @@ def remote_model_bytes(uri: str, client: S3Client | None = None) -> int | None:
 
     bucket, prefix = parse_s3_uri(uri)
     try:
-        s3 = client or _s3_client()
+        s3 = client or s3_client()
         data = s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST_NAME))["Body"].read()
         return sum(f.size for f in Manifest.model_validate_json(data).files)
     except (ClientError, BotoCoreError, ValidationError, SetupError):

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.api import PUBLIC_ROUTES, Api, RequestRecord
 from core.cpu import usable_cpus
@@ -29,9 +29,12 @@ from core.service import ModelState
 from functions.aws.buffer import buffered_result, error_result
 from functions.aws.errors import SetupError
 from functions.aws.events import EventError, Version, parse_event
-from functions.aws.model_source import fetch_model, local_folder, remote_model_bytes
+from functions.aws.model_source import fetch_model, local_folder, remote_model_bytes, s3_client
 from functions.aws.secrets import resolve_api_keys
 from functions.aws.settings import LambdaSettings, LoadAtInit
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 log = logging.getLogger("ortserve.lambda")
 
@@ -110,8 +113,16 @@ class LambdaApp:
         self._figures: dict[str, Any] = {}
         self._logged_cold_start = False
         self._aws_request_id: str | None = None
+        self._s3_client: S3Client | None = None
 
     # -- cold start -------------------------------------------------------------------
+
+    def _s3(self) -> S3Client:
+        """One S3 client for the environment, made when first needed (a client costs tens
+        of ms to make, and the cold start may need it twice: size estimate, download)."""
+        if self._s3_client is None:
+            self._s3_client = s3_client()
+        return self._s3_client
 
     def _model_bytes(self) -> tuple[int | None, int]:
         """The model's size and how often init would read each byte."""
@@ -120,7 +131,12 @@ class LambdaApp:
             folder = self.state.settings.model_dir
             if folder.is_dir():  # downloaded by an earlier start in this environment
                 return self._local_bytes(folder), 1
-            return remote_model_bytes(settings.model_s3_uri), 3  # download, hash, load
+            try:
+                return remote_model_bytes(
+                    settings.model_s3_uri, self._s3()
+                ), 3  # download, hash, load
+            except SetupError:  # no client: the setup will say why
+                return None, 3
         return self._local_bytes(settings.model_dir), 2 if settings.verify_sha256 else 1
 
     @staticmethod
@@ -188,7 +204,7 @@ class LambdaApp:
             if self.settings.model_s3_uri:
                 fetched = fetch_model(
                     self.settings.model_s3_uri, self.settings.model_cache_dir,
-                    self.settings.model_sha256,
+                    self.settings.model_sha256, self._s3(),
                 )  # fmt: skip
                 self._figures.update(
                     download_s=round(fetched.seconds, 3),
