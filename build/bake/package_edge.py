@@ -38,6 +38,7 @@ from pathlib import Path
 from bake.errors import BakeError
 from bake.package import MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, pinned
 from bake.targets import Target
+from core.manifest import sha256_file
 
 # The edge extra's distributions (pyproject's `edge` extra); the runtime ones come from
 # bake.package. pip goes in too: install.sh runs pip from its wheel, so the board needs
@@ -277,18 +278,13 @@ def build_ortserve_wheel(dest: Path, cache: Path) -> Path:
         return Path(shutil.copy2(built, dest / built.name))
 
 
-def _sha256(path: Path) -> str:
-    with path.open("rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
-
-
 def write_bundle_manifest(bundle: Path) -> Path:
     """Write BUNDLE-MANIFEST.sha256: every other file of `bundle`, as `sha256sum -c` reads it."""
     lines = []
     for path in sorted(bundle.rglob("*")):
         rel = path.relative_to(bundle).as_posix()
         if path.is_file() and rel != MANIFEST_NAME:
-            lines.append(f"{_sha256(path)}  {rel}\n")
+            lines.append(f"{sha256_file(path)}  {rel}\n")
     manifest = bundle / MANIFEST_NAME
     manifest.write_text("".join(lines), encoding="utf-8")
     return manifest
