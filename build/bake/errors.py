@@ -1,6 +1,13 @@
-"""The bake's one error type: a one-line, user-facing reason."""
+"""What the bake says to its user: progress lines, and its one error type (a one-line reason)."""
 
 from __future__ import annotations
+
+import sys
+
+
+def say(message: str) -> None:
+    """One progress line on stderr."""
+    print(f"[bake] {message}", file=sys.stderr, flush=True)
 
 
 class BakeError(Exception):

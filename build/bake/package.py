@@ -41,6 +41,11 @@ __all__ = ["ortserve"]
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
+def write_lines(path: Path, lines: list[str]) -> None:
+    """Write `lines` to `path`, one per line (requirements and constraints files)."""
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def package_dir(name: str) -> Path:
     """Where the importable package `name` lives (works for editable installs too)."""
     spec = importlib.util.find_spec(name)
@@ -84,4 +89,4 @@ def package(target: Target, bundle: Path) -> None:
         copy_runtime_code(bundle, ("gcp",))
         (bundle / "main.py").write_text(_GCF_MAIN, encoding="utf-8")
         requirements = pinned((*RUNTIME_DISTRIBUTIONS, "functions-framework"))
-        (bundle / "requirements.txt").write_text("\n".join(requirements) + "\n", encoding="utf-8")
+        write_lines(bundle / "requirements.txt", requirements)

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
-from bake.errors import BakeError
-from bake.package import MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, pinned
+from bake.errors import BakeError, say
+from bake.package import MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, pinned, write_lines
 from bake.targets import Target
 from core.manifest import sha256_file
 
@@ -71,10 +71,6 @@ _NOT_FOUND = re.compile(
     r"(?:No matching distribution found for|Could not find a version that satisfies the "
     r"requirement|Cannot install) (\S+)"
 )
-
-
-def _say(message: str) -> None:
-    print(f"[bake] {message}", file=sys.stderr, flush=True)
 
 
 def platform_tags(arch: str) -> list[str]:
@@ -224,16 +220,16 @@ def wheelhouse(arch: str, cache: Path) -> Path:
     tags = platform_tags(arch)
     folder = cache / f"{arch}-{_cache_key(arch, PYTHON_VERSIONS, tags, requirements, constraints)}"
     if (folder / ".complete").is_file():
-        _say(f"wheels for {arch}: cached in {folder}")
+        say(f"wheels for {arch}: cached in {folder}")
         return folder
 
     def fill(tmp: Path) -> None:
         lists = tmp / ".lists"
         lists.mkdir()
-        (lists / "requirements.txt").write_text("\n".join(requirements) + "\n", encoding="utf-8")
-        (lists / "constraints.txt").write_text("\n".join(constraints) + "\n", encoding="utf-8")
+        write_lines(lists / "requirements.txt", requirements)
+        write_lines(lists / "constraints.txt", constraints)
         for python in PYTHON_VERSIONS:
-            _say(f"downloading the wheels for {arch}, Python {python} (once; cached in {cache})")
+            say(f"downloading the wheels for {arch}, Python {python} (once; cached in {cache})")
             _pip(
                 ["download", "--only-binary=:all:", "--implementation", "cp",
                  "--python-version", python, *(f"--platform={tag}" for tag in tags),
@@ -264,7 +260,7 @@ def build_ortserve_wheel(dest: Path, cache: Path) -> Path:
     hint = f"bake once with access to PyPI (or a mirror in PIP_INDEX_URL) to fill {cache}"
 
     def fill(tmp: Path) -> None:
-        _say(f"downloading the build backend ({', '.join(backend)}) once into {cache}")
+        say(f"downloading the build backend ({', '.join(backend)}) once into {cache}")
         what = "cannot download the build backend for the ortserve wheel"
         _pip(["download", "--only-binary=:all:", "--progress-bar", "off", "--dest", str(tmp),
               *backend], what, hint)  # fmt: skip
@@ -315,9 +311,7 @@ def package_edge(target: Target, bundle: Path, cache: Path | None = None) -> Non
     (bundle / "requirements.txt").write_text(
         f"ortserve[edge]=={ortserve_version}\n{pip_pin}\n", encoding="utf-8"
     )
-    (bundle / "constraints.txt").write_text(
-        "\n".join([f"ortserve=={ortserve_version}", *constraints]) + "\n", encoding="utf-8"
-    )
+    write_lines(bundle / "constraints.txt", [f"ortserve=={ortserve_version}", *constraints])
     edge = project_root() / "edge"
     for name, source in _EDGE_FILES.items():
         shutil.copy2(edge / source, bundle / name)
@@ -335,4 +329,4 @@ def package_edge(target: Target, bundle: Path, cache: Path | None = None) -> Non
     )
     write_bundle_manifest(bundle)
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
-    _say(f"edge bundle for {target.arch}: {size / 1e6:.0f} MB; install with sh install.sh")
+    say(f"edge bundle for {target.arch}: {size / 1e6:.0f} MB; install with sh install.sh")

@@ -12,7 +12,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from bake.package import IGNORE, RUNTIME_DISTRIBUTIONS, copy_runtime_code, package_dir, pinned
+from bake.package import (
+    IGNORE,
+    RUNTIME_DISTRIBUTIONS,
+    copy_runtime_code,
+    package_dir,
+    pinned,
+    write_lines,
+)
 from bake.targets import Target
 
 DOCKERFILES = ("Dockerfile", "Dockerfile.stream")
@@ -20,10 +27,6 @@ DOCKERFILES = ("Dockerfile", "Dockerfile.stream")
 LAMBDA_DISTRIBUTIONS = (*RUNTIME_DISTRIBUTIONS, "onnxruntime")
 # The edge daemon's dependencies (the `edge` extra), for the streaming image.
 STREAM_DISTRIBUTIONS = ("uvicorn", "h11", "click", "prometheus-client")
-
-
-def _write_lines(path: Path, lines: list[str]) -> None:
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def package_lambda(target: Target, bundle: Path) -> None:
@@ -36,5 +39,5 @@ def package_lambda(target: Target, bundle: Path) -> None:
     for name in DOCKERFILES:
         shutil.copy2(aws / name, bundle / name)
     runtime = pinned(LAMBDA_DISTRIBUTIONS)
-    _write_lines(bundle / "requirements.txt", runtime)
-    _write_lines(bundle / "requirements-stream.txt", runtime + pinned(STREAM_DISTRIBUTIONS))
+    write_lines(bundle / "requirements.txt", runtime)
+    write_lines(bundle / "requirements-stream.txt", runtime + pinned(STREAM_DISTRIBUTIONS))

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bake.errors import BakeError
+from bake.errors import BakeError, say
 from bake.genai_config import infer_genai_config, set_session_options
 from bake.package import MODEL_SUBDIR, package
 from bake.sources import PROCESSING_FILES, ResolvedSource, resolve
@@ -48,10 +48,6 @@ class BakeResult:
     manifest: Manifest
     smoke_text: str
     smoke_provider: str
-
-
-def _say(message: str) -> None:
-    print(f"[bake] {message}", file=sys.stderr, flush=True)
 
 
 def default_out(source: str, target: str) -> Path:
@@ -92,7 +88,7 @@ def _run_builder(
     ]  # fmt: skip
     if options:
         cmd += ["--extra_options", *(f"{k}={v}" for k, v in options.items())]
-    _say(f"converting with the onnxruntime-genai builder: {precision}, -e {target.builder_ep}, "
+    say(f"converting with the onnxruntime-genai builder: {precision}, -e {target.builder_ep}, "
          f"{' '.join(f'{k}={v}' for k, v in options.items()) or 'default options'}")  # fmt: skip
     cache.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1")  # the builder reads the local folder only
@@ -118,7 +114,7 @@ def _copy_onnx(src: Path, dst: Path) -> list[str]:
     config, inferred = infer_genai_config(src)
     (dst / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
     for line in inferred:
-        _say(f"inferred: {line}")
+        say(f"inferred: {line}")
     return inferred
 
 
@@ -170,7 +166,7 @@ def bake(request: BakeRequest) -> BakeResult:
         bundle = work / "bundle"
         staging = bundle / MODEL_SUBDIR
         source = resolve(request.source, work / "src", request.revision)
-        _say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
+        say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
         inferred: list[str] = []
         if source.folder_kind == "hf":
             _check_checkpoint(source.folder, target)
@@ -186,7 +182,7 @@ def bake(request: BakeRequest) -> BakeResult:
         text, provider = ("", target.runtime_ep)
         if request.smoke:
             text, provider = _smoke(staging, target)
-            _say(f"smoke generation on {provider}: {text!r}")
+            say(f"smoke generation on {provider}: {text!r}")
         if request.package:
             package(target, bundle)
         _install(bundle, out, request.force)
@@ -202,7 +198,7 @@ def bake(request: BakeRequest) -> BakeResult:
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _say(f"baked {manifest.model_name} for {target.name} into {out} (model: {out / MODEL_SUBDIR})")
+    say(f"baked {manifest.model_name} for {target.name} into {out} (model: {out / MODEL_SUBDIR})")
     return BakeResult(out, manifest, text, provider)
 
 
