@@ -24,19 +24,15 @@ import json
 import math
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.functional.harness import free_port, serve_process
+from tests.functional.harness import daemon
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -195,16 +191,6 @@ def _plot(levels: list[dict[str, Any]], path: Path, title: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-@contextmanager
-def _daemon(model_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    port = free_port()
-    cmd = [str(Path(sys.executable).parent / "ortserve"), "serve", "--model-dir",
-           str(model_dir), "--port", str(port)]  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    with serve_process(cmd, env, base) as proc:
-        yield base, proc
-
-
 def main() -> None:
     """Start the daemon, run the load levels (and the soak), print a table."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -227,8 +213,8 @@ def main() -> None:
         rounds = []
         for first, second in ((env, env_b), (env_b, env)):  # each config started first once
             with (
-                _daemon(args.model_dir, first) as (one, _),
-                _daemon(args.model_dir, second) as (
+                daemon(args.model_dir, first) as (one, _),
+                daemon(args.model_dir, second) as (
                     two,
                     _,
                 ),
@@ -238,7 +224,7 @@ def main() -> None:
         ratios = [r["latency_a_over_b_paired"] for r in rounds]
         result["ab"] = {"rounds": rounds, "latency_a_over_b": math.sqrt(ratios[0] * ratios[1])}
         print(json.dumps({"b": args.ab, **result["ab"]}), flush=True)
-    with _daemon(args.model_dir, env) as (base, proc):
+    with daemon(args.model_dir, env) as (base, proc):
         for clients in (int(c) for c in args.clients.split(",") if c):
             level = _level(base, clients, args.seconds, args.max_tokens)
             level["peak_rss_mib"] = _rss_kib(proc.pid, "VmHWM") / 1024

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from benchmarks.bakes import baked
 from core.engine import Engine
 from core.generation import GenerationRequest, SamplingOptions
 from core.settings import EngineSettings
-from tests.functional.harness import free_port, serve_process
+from tests.functional.harness import daemon
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = [
@@ -104,15 +103,11 @@ def main() -> None:
     )
     engine = Engine.load(EngineSettings(model_dir=model_dir, providers="cpu", threads=args.threads))
     prompt = _prompt(engine, args.prompt_tokens)
-    port = free_port()
     env = {**os.environ, "ORTSERVE_THREADS": str(args.threads), "ORTSERVE_PROVIDERS": "cpu",
            "ORTSERVE_MAX_NEW_TOKENS": str(args.new_tokens)}  # fmt: skip
-    cmd = [str(Path(sys.executable).parent / "ortserve"), "serve", "--model-dir", str(model_dir),
-           "--port", str(port)]  # fmt: skip
     runs: dict[str, list[dict[str, float]]] = {"server": [], "engine": []}
-    base = f"http://127.0.0.1:{port}"
     # One keep-alive connection, as HTTP clients (openai's included) use.
-    with serve_process(cmd, env, base), httpx.Client(timeout=300) as client:
+    with daemon(model_dir, env) as (base, _), httpx.Client(timeout=300) as client:
         _server_run(client, base, prompt, args.new_tokens)  # warm-up both
         _engine_run(engine, prompt, args.new_tokens)
         for _ in range(args.reps):

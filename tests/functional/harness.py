@@ -247,11 +247,19 @@ def gcf_server(bundle: Path) -> Iterator[str]:
 
 
 @contextmanager
+def daemon(model_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`ortserve serve` on a free loopback port with `env` as its whole environment, until
+    ready; yields its URL and process (tests and benchmarks)."""
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "ortserve"), "serve", "--model-dir", str(model_dir),
+           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    with serve_process(cmd, env, base) as proc:
+        yield base, proc
+
+
+@contextmanager
 def edge_server(model_dir: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """The real edge daemon (`ortserve serve`) on loopback (`env`: extra settings)."""
-    port = free_port()
-    ortserve = str(Path(sys.executable).parent / "ortserve")
-    cmd = [ortserve, "serve", "--model-dir", str(model_dir), "--host", "127.0.0.1",
-           "--port", str(port)]  # fmt: skip
-    with _server(cmd, env or {}, model_dir, port) as base:
+    with daemon(model_dir, {**os.environ, **SERVER_ENV, **(env or {})}) as (base, _):
         yield base
