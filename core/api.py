@@ -276,17 +276,7 @@ class Api:
                 f"of {limit}",
                 "max_tokens",
             )
-        if self.settings.max_prompt_tokens:
-            prompt = request.prompt
-            if prompt is None:
-                prompt = engine.apply_chat_template(request.messages or [])
-            count = len(engine.encode(prompt))
-            if count > self.settings.max_prompt_tokens:
-                raise InvalidRequestError(
-                    f"the prompt has {count} tokens; this server's limit is "
-                    f"{self.settings.max_prompt_tokens}"
-                )
-        return engine.stream(request)
+        return engine.stream(request)  # it checks the prompt's length once it has the tokens
 
     def _timed(self, stream: GenerationStream) -> Iterator[str]:
         """The stream's deltas, stopped with a timeout error past request_timeout_s."""

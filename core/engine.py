@@ -296,10 +296,16 @@ class Engine:
         """New tokens allowed: the request's, capped by settings and the context window.
 
         Raises:
-            InvalidRequestError: The prompt is empty or leaves no room in the context.
+            InvalidRequestError: The prompt is empty, longer than `max_prompt_tokens`, or
+                leaves no room in the context.
         """
         if prompt_len == 0:
             raise InvalidRequestError("the prompt is empty")
+        limit = self.settings.max_prompt_tokens
+        if limit and prompt_len > limit:
+            raise InvalidRequestError(
+                f"the prompt has {prompt_len} tokens; this server's limit is {limit}"
+            )
         if self.context_length and prompt_len >= self.context_length:
             raise InvalidRequestError(
                 f"the prompt has {prompt_len} tokens; the model's context is "

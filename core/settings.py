@@ -22,6 +22,7 @@ class EngineSettings(BaseSettings):
         max_queue: Requests that may wait for a slot; one more gets `Busy` at once.
         queue_timeout_s: How long a request may wait for a slot before `Busy`.
         max_new_tokens: Upper bound on new tokens per request.
+        max_prompt_tokens: Longer prompts are refused (0: only the context window limits).
         verify_sha256: Hash every model file at load (slower; sizes are always checked).
         max_batch: Up to this many concurrent requests decode as one batch (1: no
             batching): greedy ones and sampled ones without a seed and with the same
@@ -40,6 +41,7 @@ class EngineSettings(BaseSettings):
     max_queue: int = Field(default=16, ge=0, le=10000)
     queue_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     max_new_tokens: int = Field(default=512, ge=1, le=131072)
+    max_prompt_tokens: int = Field(default=0, ge=0)
     verify_sha256: bool = False
     max_batch: int = Field(default=4, ge=1, le=64)
     batch_window_ms: float = Field(default=5.0, ge=0, le=1000)
@@ -66,7 +68,6 @@ class ServerSettings(EngineSettings):
         port: Port the edge daemon listens on.
         api_keys: Accepted API keys (comma-separated in ORTSERVE_API_KEYS); none: no auth.
         max_body_bytes: Larger request bodies get 413.
-        max_prompt_tokens: Longer prompts get 400 (0: only the context window limits).
         request_timeout_s: A generation running longer is stopped with a timeout error.
         drain_timeout_s: On shutdown, how long in-flight requests may take to finish.
     """
@@ -75,7 +76,6 @@ class ServerSettings(EngineSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
-    max_prompt_tokens: int = Field(default=0, ge=0)
     request_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
 

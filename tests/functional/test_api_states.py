@@ -130,3 +130,14 @@ def test_start_loading_answers_at_once_while_a_load_runs(
     release.set()
     loader.join(60)
     assert state.engine is not None and state.reason is None
+
+
+def test_a_prompt_over_the_servers_token_limit_is_a_400(tiny_model_dir: Path) -> None:
+    client = InProcess(_api(tiny_model_dir, max_prompt_tokens=4))
+    assert client.call("POST", "/generate", {"prompt": "Hi", "max_new_tokens": 2}).status == 200
+    long = client.call("POST", "/generate", {"prompt": "hello world " * 10, "max_new_tokens": 2})
+    assert long.status == 400
+    assert "this server's limit is 4" in long.json()["error"]["message"]
+    chat = client.call("POST", "/v1/chat/completions",
+                       {"messages": [{"role": "user", "content": "hello " * 10}]})  # fmt: skip
+    assert chat.status == 400
