@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from core.stops import MAX_STOP_STRINGS
 
@@ -29,6 +29,10 @@ def _stops(value: str | list[str] | None) -> list[str]:
     return stops
 
 
+# Up to MAX_STOP_STRINGS non-empty strings; validated into a list.
+Stop = Annotated[str | list[str] | None, AfterValidator(_stops)]
+
+
 class GenerateBody(_Body):
     """POST /generate: the simple native API."""
 
@@ -38,13 +42,8 @@ class GenerateBody(_Body):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0, le=100000)
     seed: int | None = _SEED
-    stop: str | list[str] | None = None
+    stop: Stop = None
     stream: bool = False
-
-    @field_validator("stop")
-    @classmethod
-    def _check_stop(cls, value: str | list[str] | None) -> list[str]:
-        return _stops(value)
 
 
 class StreamOptions(_Body):
@@ -59,15 +58,10 @@ class _OpenAIBody(_Body):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, description=_TEMPERATURE_DOC)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = _SEED
-    stop: str | list[str] | None = None
+    stop: Stop = None
     n: int = Field(default=1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _check_stop(cls, value: str | list[str] | None) -> list[str]:
-        return _stops(value)
 
 
 class CompletionBody(_OpenAIBody):
