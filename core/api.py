@@ -304,11 +304,16 @@ class Api:
         stream: GenerationStream,
         ctx: _Context,
         delta_event: Callable[[str], Any],
-        final_events: Callable[[Completion], list[Any]],
+        final_event: Callable[[Completion], Any],
         first_events: list[Any] | None = None,
         done_marker: bool = True,
+        usage_base: dict[str, Any] | None = None,
     ) -> Response:
-        """SSE of a generation; an error after the first byte is sent as a final event."""
+        """SSE of a generation; an error after the first byte is sent as a final event.
+
+        With `usage_base` (OpenAI's `stream_options.include_usage`), a usage event on that
+        base follows the final event.
+        """
 
         def chunks() -> Iterator[bytes]:
             try:
@@ -319,8 +324,9 @@ class Api:
                 done = stream.completion
                 assert done is not None  # the stream ended
                 ctx.completion = done
-                for event in final_events(done):
-                    yield sse_event(event)
+                yield sse_event(final_event(done))
+                if usage_base is not None:
+                    yield sse_event({**usage_base, "choices": [], "usage": self._usage(done)})
             except OrtServeError as exc:
                 yield sse_event(error_payload(exc))
                 return
@@ -359,7 +365,7 @@ class Api:
         if body.stream:
             return self._sse_stream(
                 stream, ctx, lambda d: {"text": d},
-                lambda done: [{"done": True, **counts(done)}], done_marker=False,
+                lambda done: {"done": True, **counts(done)}, done_marker=False,
             )  # fmt: skip
         done = self._run(stream)
         ctx.completion = done
@@ -412,17 +418,11 @@ class Api:
             return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
 
         if body.stream:
-            usage = body.stream_options is not None and body.stream_options.include_usage
-
-            def final(done: Completion) -> list[Any]:
-                events: list[Any] = [{**base, "choices": [choice("", _finish(done))]}]
-                if usage:
-                    events.append({**base, "choices": [], "usage": self._usage(done)})
-                return events
-
             return self._sse_stream(
-                stream, ctx, lambda d: {**base, "choices": [choice(d, None)]}, final
-            )
+                stream, ctx, lambda d: {**base, "choices": [choice(d, None)]},
+                lambda done: {**base, "choices": [choice("", _finish(done))]},
+                usage_base=base if _include_usage(body) else None,
+            )  # fmt: skip
         done = self._run(stream)
         ctx.completion = done
         return json_response(
@@ -447,22 +447,19 @@ class Api:
                 "model": engine.model_name, "system_fingerprint": _fingerprint(engine)}  # fmt: skip
 
         if body.stream:
-            usage = body.stream_options is not None and body.stream_options.include_usage
 
             def delta(text: str) -> dict[str, Any]:
                 return {**base, "choices": [{"index": 0, "delta": {"content": text},
                                              "logprobs": None, "finish_reason": None}]}  # fmt: skip
 
-            def final(done: Completion) -> list[Any]:
-                events: list[Any] = [{**base, "choices": [{"index": 0, "delta": {},
-                    "logprobs": None, "finish_reason": _finish(done)}]}]  # fmt: skip
-                if usage:
-                    events.append({**base, "choices": [], "usage": self._usage(done)})
-                return events
+            def final(done: Completion) -> dict[str, Any]:
+                return {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                             "finish_reason": _finish(done)}]}  # fmt: skip
 
             first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                           "logprobs": None, "finish_reason": None}]}  # fmt: skip
-            return self._sse_stream(stream, ctx, delta, final, first_events=[first])
+            return self._sse_stream(stream, ctx, delta, final, first_events=[first],
+                                    usage_base=base if _include_usage(body) else None)  # fmt: skip
         done = self._run(stream)
         ctx.completion = done
         message = {"role": "assistant", "content": done.text, "refusal": None}
@@ -513,6 +510,10 @@ class Api:
         from core.openapi import openapi_document  # builds JSON schemas: not on the cold path
 
         return json_response(200, openapi_document())
+
+
+def _include_usage(body: CompletionBody | ChatBody) -> bool:
+    return body.stream_options is not None and body.stream_options.include_usage
 
 
 def _finish(done: Completion) -> str:
