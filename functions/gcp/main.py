@@ -48,7 +48,7 @@ def ortserve(request: FlaskRequest) -> FlaskResponse:
     core_request = Request(
         method=request.method,
         path=request.path,
-        query=dict(request.args.items()),
+        query={k: v[-1] for k, v in request.args.lists()},  # last value wins, as core says
         headers={k.lower(): v for k, v in request.headers.items()},
         body=body,
     )
