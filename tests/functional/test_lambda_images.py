@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from core.api import Api
@@ -207,11 +208,15 @@ def test_the_streaming_image_streams_the_same_sse_bytes(
         assert got.status == want.status == 200
         assert normalized(got.body) == normalized(want.body), path
     # And it streams: the first event arrives while the model is still generating.
+    # The tiny model generates its ~500 tokens in tens of ms: ask for health on a
+    # connection opened beforehand, so that asking takes one loopback round trip.
     body = {"prompt": "Hello", "max_new_tokens": 2000, "temperature": 0, "stream": True}
-    with target.open_stream("/generate", body) as chunks:
-        assert next(chunks).startswith(b"data: {")
-        assert target.call("GET", "/healthz").json()["active"] == 1  # still generating
-        assert b'"done":true' in b"".join(chunks)
+    with httpx.Client(base_url=stream_server, timeout=30) as health:
+        assert health.get("/healthz").json()["active"] == 0
+        with target.open_stream("/generate", body) as chunks:
+            assert next(chunks).startswith(b"data: {")
+            assert health.get("/healthz").json()["active"] == 1  # still generating
+            assert b'"done":true' in b"".join(chunks)
 
 
 def test_the_streaming_entry_point_stops_with_the_reason(bundle: Path) -> None:
