@@ -480,21 +480,10 @@ class Api:
     def _health(self) -> dict[str, Any]:
         state = self.state
         status = "draining" if self.draining else state.status
-        payload: dict[str, Any] = {"status": status}
+        payload: dict[str, Any] = {"status": status, **state.describe()}
         engine = state.engine
         if engine is not None:
-            payload.update(
-                model=engine.model_name,
-                manifest_digest=engine.digest,
-                execution_provider=engine.probe.provider,
-                skipped_providers=engine.probe.skipped,
-                threads=engine.probe.threads,
-                load_seconds=round(engine.probe.load_seconds, 3),
-                active=engine.admission.active,
-                waiting=engine.admission.waiting,
-            )
-        else:
-            payload["reason"] = state.reason
+            payload.update(active=engine.admission.active, waiting=engine.admission.waiting)
         return payload
 
     def _healthz(self, request: Request, ctx: _Context) -> Response:

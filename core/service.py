@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Literal
+from typing import Any, Literal
 
 from core.engine import Engine
 from core.errors import ModelUnavailableError, OrtServeError
@@ -69,6 +69,22 @@ class ModelState:
         with self._lock:
             self.engine, self.status, self.reason = None, "failed", reason
         log.error("model unavailable: %s", reason)
+
+    def describe(self) -> dict[str, Any]:
+        """What health endpoints and cold-start logs say of the model: what is loaded,
+        where and how fast, or why nothing is."""
+        engine = self.engine
+        if engine is None:
+            return {"reason": self.reason}
+        probe = engine.probe
+        return {
+            "model": engine.model_name,
+            "manifest_digest": engine.digest,
+            "execution_provider": probe.provider,
+            "skipped_providers": probe.skipped,
+            "threads": probe.threads,
+            "load_seconds": round(probe.load_seconds, 3),
+        }
 
     def require(self) -> Engine:
         """The engine, or a 503 error that says why there is none."""

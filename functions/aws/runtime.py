@@ -234,19 +234,9 @@ class LambdaApp:
             "memory_mb": settings.function_memory_mb,
             "usable_cpus": usable_cpus(),
             **self._figures,
+            **state.describe(),
         }
-        engine = state.engine
-        if engine is not None:
-            figures.update(
-                model=engine.model_name,
-                manifest_digest=engine.digest,
-                execution_provider=engine.probe.provider,
-                threads=engine.probe.threads,
-                load_s=round(engine.probe.load_seconds, 3),
-            )
-        else:
-            figures["reason"] = state.reason
-        self._write("INFO" if engine else "ERROR", message, **figures)
+        self._write("INFO" if state.engine else "ERROR", message, **figures)
 
     # -- invokes ----------------------------------------------------------------------
 

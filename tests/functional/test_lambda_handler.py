@@ -180,9 +180,14 @@ def test_cold_start_figures_in_one_line(
     figures = lines[0]
     assert figures["status"] == "ready" and figures["load_phase"] == "init"
     assert figures["execution_provider"] == "cpu" and figures["threads"] >= 1
-    assert figures["load_s"] > 0 and figures["init_s"] >= figures["load_s"]
+    assert figures["load_seconds"] > 0 and figures["init_s"] >= figures["load_seconds"]
     assert figures["model_source"] == "image"
     assert "within the 8 s budget" in figures["load_plan"]
+    # The log says what /readyz says of the model (same names, same values).
+    ready = json.loads(app.handle(_event("rest-readyz.json"))["body"])
+    for key in ("model", "manifest_digest", "execution_provider", "skipped_providers"):
+        assert figures[key] == ready[key]
+    capsys.readouterr()
     app.handle(_event("http-api-generate.json"), FakeContext(aws_request_id="req-1"))
     (record,) = _lines(capsys.readouterr().out)
     assert record["message"] == "request" and record["aws_request_id"] == "req-1"
