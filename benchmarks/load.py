@@ -212,13 +212,9 @@ def main() -> None:
         env_b = {**env, **dict(kv.split("=", 1) for kv in args.ab)}
         rounds = []
         for first, second in ((env, env_b), (env_b, env)):  # each config started first once
-            with (
-                daemon(args.model_dir, first) as (one, _),
-                daemon(args.model_dir, second) as (
-                    two,
-                    _,
-                ),
-            ):
+            with daemon(args.model_dir, first) as (one, _), daemon(args.model_dir, second) as (
+                two, _
+            ):  # fmt: skip
                 base_a, base_b = (one, two) if first is env else (two, one)
                 rounds.append(_ab(base_a, base_b, args.ab_requests // 2, args.max_tokens))
         ratios = [r["latency_a_over_b_paired"] for r in rounds]

@@ -131,12 +131,11 @@ class LambdaApp:
             folder = self.state.settings.model_dir
             if folder.is_dir():  # downloaded by an earlier start in this environment
                 return self._local_bytes(folder), 1
+            passes = 3  # download, hash, load
             try:
-                return remote_model_bytes(
-                    settings.model_s3_uri, self._s3()
-                ), 3  # download, hash, load
+                return remote_model_bytes(settings.model_s3_uri, self._s3()), passes
             except SetupError:  # no client: the setup will say why
-                return None, 3
+                return None, passes
         return self._local_bytes(settings.model_dir), 2 if settings.verify_sha256 else 1
 
     @staticmethod

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from core.api import Api
 from core.http import Request
+from tests.models import ORTSERVE
 
 API_KEY = "test-key-1"
 AUTH = {"authorization": f"Bearer {API_KEY}"}
@@ -251,7 +252,7 @@ def daemon(model_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subproce
     """`ortserve serve` on a free loopback port with `env` as its whole environment, until
     ready; yields its URL and process (tests and benchmarks)."""
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "ortserve"), "serve", "--model-dir", str(model_dir),
+    cmd = [*ORTSERVE, "serve", "--model-dir", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     with serve_process(cmd, env, base) as proc:

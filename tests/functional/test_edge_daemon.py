@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,10 +25,10 @@ import httpx
 import pytest
 
 from core.manifest import list_files, manifest_digest, read_manifest, write_manifest
+from tests.models import ORTSERVE
 
 pytestmark = pytest.mark.slow
 
-ORTSERVE = str(Path(sys.executable).parent / "ortserve")
 LONG = 2000  # tokens: the tiny model needs about half a second for them
 PROMPT = "Hello"  # the tiny model's greedy continuation of it has no EOS before LONG
 
@@ -51,7 +50,7 @@ class Daemon:
         full_env = {**base, "ORTSERVE_PROVIDERS": "cpu", "NOTIFY_SOCKET": notify_path, **env}
         with self.stderr_path.open("wb") as stderr:
             self.proc = subprocess.Popen(
-                [ORTSERVE, "serve", "--model-dir", str(model_dir), "--port", "0"],
+                [*ORTSERVE, "serve", "--model-dir", str(model_dir), "--port", "0"],
                 stdout=subprocess.PIPE, stderr=stderr, env=full_env, text=True,
             )  # fmt: skip
         for target in (self._read_stdout, self._read_notify):
