@@ -159,10 +159,13 @@ class _Sampling:
     repetition_penalty: float
 
     @classmethod
-    def of(cls, options: SamplingOptions) -> _Sampling:
+    def of(cls, options: SamplingOptions, vocab_size: int) -> _Sampling:
         if options.temperature == 0:  # greedy: the sampling knobs do not matter
             return cls(0.0, 1.0, 0, options.repetition_penalty)
-        return cls(options.temperature, options.top_p, options.top_k, options.repetition_penalty)
+        # og rejects a top_k above the vocabulary size; keeping every token is what such a
+        # top_k means, and 0 says that to og.
+        top_k = 0 if vocab_size and options.top_k >= vocab_size else options.top_k
+        return cls(options.temperature, options.top_p, top_k, options.repetition_penalty)
 
     def search(self) -> dict[str, Any]:
         """The og search options for these (`top_k` 0: no limit)."""
@@ -184,6 +187,7 @@ class Engine:
         probe: The execution-provider probe's report.
         admission: The gate every generation passes (queue depth, active count).
         context_length: Prompt plus new tokens may not exceed it.
+        vocab_size: The model's vocabulary size (a larger top_k keeps every token).
     """
 
     def __init__(
@@ -222,6 +226,7 @@ class Engine:
             else None
         )
         self.context_length = int(genai_config["model"].get("context_length", 0) or 0)
+        self.vocab_size = int(genai_config["model"].get("vocab_size", 0) or 0)
         self._chat_template = chat.find_template(folder)
         self._special_tokens = chat.special_tokens(folder)
 
@@ -322,7 +327,7 @@ class Engine:
         search: dict[str, Any] = {
             "max_length": prompt_len + new,
             "min_length": prompt_len + min(options.min_new_tokens, new),
-            **_Sampling.of(options).search(),
+            **_Sampling.of(options, self.vocab_size).search(),
         }
         if options.seed is not None:
             # onnxruntime-genai takes a non-negative int32 seed (2**31 and up fail with a
@@ -417,7 +422,9 @@ class Engine:
         cancel: Callable[[], None] = _nothing
         if batched:
             assert self._batcher is not None  # _batchable says so
-            sequence = Sequence(input_ids, budget, key=_Sampling.of(request.options))
+            sequence = Sequence(
+                input_ids, budget, key=_Sampling.of(request.options, self.vocab_size)
+            )
             self._batcher.submit(sequence)
             tokens = self._sequence_tokens(sequence, request, ended)
 

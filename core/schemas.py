@@ -10,6 +10,7 @@ from core.stops import MAX_STOP_STRINGS
 
 _SEED = Field(default=None, ge=-(2**63), le=2**63 - 1, description="same seed, same output")
 _TEMPERATURE_DOC = "0 is greedy; higher samples more freely"
+_TOP_K_DOC = "keep the k most likely tokens; 0, or k at or above the vocabulary size: keep all"
 
 
 class _Body(BaseModel):
@@ -40,7 +41,7 @@ class GenerateBody(_Body):
     max_new_tokens: int = Field(default=128, ge=1, le=131072)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description=_TEMPERATURE_DOC)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=100000)
+    top_k: int = Field(default=0, ge=0, le=100000, description=_TOP_K_DOC)
     seed: int | None = _SEED
     stop: Stop = None
     stream: bool = False

@@ -140,6 +140,16 @@ def test_seed_determinism(target: Target) -> None:
 # -- OpenAI-compatible ----------------------------------------------------------------
 
 
+def test_top_k_at_or_above_the_vocabulary_keeps_every_token(target: Target) -> None:
+    """The tiny model's vocabulary is 512: a larger top_k means "no limit", as 0 does."""
+    body = {"prompt": "Edge boards", "max_new_tokens": 16, "temperature": 1.0, "seed": 7}
+    unlimited = target.call("POST", "/generate", {**body, "top_k": 0}).json()
+    for top_k in (512, 513, 100000):
+        reply = target.call("POST", "/generate", {**body, "top_k": top_k})
+        assert reply.status == 200, reply.body
+        assert reply.json() == unlimited
+
+
 def test_models(target: Target) -> None:
     body = target.call("GET", "/v1/models").json()
     assert body["object"] == "list"
