@@ -18,7 +18,7 @@ from core.errors import ModelIntegrityError
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 1 << 20
 
-SourceKind = Literal["builtin", "hub", "local-hf", "onnx", "s3"]
+SourceKind = Literal["builtin", "hub", "local-hf", "onnx", "s3", "gguf", "pypi"]
 
 
 class ManifestFile(BaseModel):

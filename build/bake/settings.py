@@ -1,0 +1,28 @@
+"""Bake-time settings, read once from the environment: where fetched sources are cached."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache() -> Path:
+    # The XDG base-directory rule, as huggingface_hub and pip follow it.
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ortserve"
+
+
+class BakeSettings(BaseSettings):
+    """Settings of the bake.
+
+    Attributes:
+        cache_dir: Where sources fetched from PyPI and converted GGUF checkpoints are
+            kept between bakes (`ORTSERVE_CACHE_DIR`; default `$XDG_CACHE_HOME/ortserve`).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ORTSERVE_", extra="ignore")
+
+    cache_dir: Path = Field(default_factory=_default_cache)
