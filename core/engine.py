@@ -295,6 +295,30 @@ class Engine:
             # the same template the way transformers does.
             return chat.render(self._chat_template, messages, tokens=self._special_tokens)
 
+    def logits(self, input_ids: list[int]) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """Next-token logits at every position of `input_ids`, from one forward pass.
+
+        For scoring (the bake's quality gate, the quality benchmark): it bypasses
+        admission and batching, so a serving process must not call it.
+
+        Returns:
+            A float32 array of shape (len(input_ids), vocabulary size).
+
+        Raises:
+            InvalidRequestError: `input_ids` is empty or longer than the context.
+        """
+        if not input_ids or (self.context_length and len(input_ids) >= self.context_length):
+            raise InvalidRequestError(f"cannot score {len(input_ids)} tokens with this model")
+        params = og.GeneratorParams(self._model)
+        params.set_search_options(max_length=len(input_ids) + 1)
+        generator = og.Generator(self._model, params)
+        generator.append_tokens(input_ids)
+        logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
+        if logits.shape[:2] != (1, len(input_ids)):
+            # A model baked with prune_lm_head computes the last position only.
+            raise InvalidRequestError("this model computes logits for the last position only")
+        return logits[0]
+
     # -- generation ---------------------------------------------------------------------
 
     def _budget(self, prompt_len: int, options: SamplingOptions) -> int:
