@@ -313,11 +313,13 @@ class Engine:
         params.set_search_options(max_length=len(input_ids) + 1)
         generator = og.Generator(self._model, params)
         generator.append_tokens(input_ids)
+        logits: np.ndarray[Any, np.dtype[np.float32]]
         logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
         if logits.shape[:2] != (1, len(input_ids)):
             # A model baked with prune_lm_head computes the last position only.
             raise InvalidRequestError("this model computes logits for the last position only")
-        return logits[0]
+        first: np.ndarray[Any, np.dtype[np.float32]] = logits[0]
+        return first
 
     # -- generation ---------------------------------------------------------------------
 
