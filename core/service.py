@@ -84,6 +84,7 @@ class ModelState:
             "skipped_providers": probe.skipped,
             "threads": probe.threads,
             "load_seconds": round(probe.load_seconds, 3),
+            "quality": quality.model_dump() if (quality := engine.manifest.quality) else None,
         }
 
     def require(self) -> Engine:

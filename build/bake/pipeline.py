@@ -11,13 +11,17 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bake.errors import BakeError, say
 from bake.genai_config import infer_genai_config, set_session_options
 from bake.package import MODEL_SUBDIR, package
 from bake.sources import PROCESSING_FILES, ResolvedSource, resolve
-from bake.targets import Target, builder_options, get_target
-from core.manifest import Manifest, list_files, write_manifest
+from bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
+from core.manifest import Manifest, QualityCheck, list_files, write_manifest
+
+if TYPE_CHECKING:
+    from core.engine import Engine
 
 # Head sizes the CPU GroupQueryAttention kernel accepts.
 _HEAD_SIZE_MULTIPLE = 16
@@ -38,6 +42,8 @@ class BakeRequest:
     force: bool = False
     smoke: bool = True
     package: bool = True
+    quality_check: bool = True
+    max_ppl_ratio: float = DEFAULT_MAX_PPL_RATIO
     cache_dir: Path | None = None  # PyPI downloads and GGUF conversions (None: this bake only)
 
 
@@ -61,7 +67,23 @@ def default_out(source: str, target: str) -> Path:
     return Path("models") / f"{name}-{target}"
 
 
-def _check_checkpoint(folder: Path, target: Target) -> None:
+def _check_block_size(config: dict[str, object], options: dict[str, str]) -> None:
+    """k_quant needs blocks that divide every weight row; say so before the builder fails
+    with a numpy reshape error."""
+    if not options.get("algo_config", "").startswith("k_quant"):
+        return
+    block = int(options.get("block_size", "32"))
+    for name in ("hidden_size", "intermediate_size"):
+        width = config.get(name)
+        if isinstance(width, int) and width % block:
+            raise BakeError(
+                f"block_size {block} does not divide the model's {name} {width}, which "
+                f"algo_config={options['algo_config']} needs: choose a block size that "
+                "divides it (e.g. 32), or --builder-option algo_config=rtn"
+            )
+
+
+def _check_checkpoint(folder: Path, target: Target, options: dict[str, str]) -> None:
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     heads = config.get("num_attention_heads")
     hidden = config.get("hidden_size")
@@ -71,6 +93,7 @@ def _check_checkpoint(folder: Path, target: Target) -> None:
             f"head size {head_size} is not a multiple of {_HEAD_SIZE_MULTIPLE}: the CPU "
             "GroupQueryAttention kernel rejects it"
         )
+    _check_block_size(config, options)
 
 
 def _last_error_line(log: str) -> str:
@@ -123,21 +146,48 @@ def _copy_onnx(src: Path, dst: Path) -> list[str]:
     return inferred
 
 
-def _smoke(folder: Path, target: Target) -> tuple[str, str]:
-    """Generate a few tokens from the baked folder; a bake that cannot generate fails."""
+def _load(folder: Path, target: Target) -> Engine:
+    """Load the baked folder as the runtime will: a folder that cannot load is never installed."""
     from core.engine import Engine
-    from core.errors import OrtServeError
-    from core.generation import GenerationRequest, SamplingOptions
+    from core.errors import OrtServeError, ProviderUnavailableError
     from core.settings import EngineSettings
 
     providers = "cpu" if target.runtime_ep == "cpu" else f"{target.runtime_ep},cpu"
     try:
-        engine = Engine.load(EngineSettings(model_dir=folder, providers=providers))
+        return Engine.load(EngineSettings(model_dir=folder, providers=providers))
+    except ProviderUnavailableError as exc:
+        # Name onnxruntime's own reason (e.g. an invalid graph), not just "no provider".
+        reason = exc.skipped.get(target.runtime_ep) or exc.skipped.get("cpu") or exc.message
+        raise BakeError(
+            f"the baked model does not load on {target.runtime_ep}: "
+            f"{reason.removeprefix('failed to initialise: ')}"
+        ) from exc
+    except OrtServeError as exc:
+        raise BakeError(f"the baked model does not load: {exc.message}") from exc
+
+
+def _smoke(engine: Engine) -> str:
+    """Generate a few tokens from the loaded baked folder; a bake that cannot generate fails."""
+    from core.errors import OrtServeError
+    from core.generation import GenerationRequest, SamplingOptions
+
+    try:
         request = GenerationRequest(prompt="Hello", options=SamplingOptions(max_new_tokens=8))
-        result = engine.generate(request)
+        return engine.generate(request).text
     except OrtServeError as exc:
         raise BakeError(f"smoke generation on the baked model failed: {exc.message}") from exc
-    return result.text, engine.probe.provider
+
+
+def _quality(source: ResolvedSource, engine: Engine, request: BakeRequest) -> QualityCheck:
+    if not request.quality_check:
+        say("quality gate: skipped (--no-quality-check)")
+        return QualityCheck(status="skipped: --no-quality-check")
+    if source.folder_kind != "hf":
+        say("quality gate: skipped (an ONNX source has no checkpoint to compare with)")
+        return QualityCheck(status="skipped: no source checkpoint (ONNX source)")
+    from bake.quality import check
+
+    return check(source.folder, engine, request.max_ppl_ratio, source.random_weights)
 
 
 def _install(staging: Path, out: Path, force: bool) -> None:
@@ -150,6 +200,25 @@ def _install(staging: Path, out: Path, force: bool) -> None:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         staging.rename(out)
+
+
+def _verify(
+    staging: Path, source: ResolvedSource, target: Target, request: BakeRequest, manifest: Manifest
+) -> tuple[Manifest, str, str]:
+    """Load the baked folder, run the quality gate and the smoke generation.
+
+    Returns:
+        The manifest with the gate's figures, the smoke text, the provider that loaded it.
+    """
+    engine = _load(staging, target)
+    # The manifest does not list itself: adding the gate's figures changes no hash.
+    manifest = manifest.model_copy(update={"quality": _quality(source, engine, request)})
+    write_manifest(staging, manifest)
+    text = ""
+    if request.smoke:
+        text = _smoke(engine)
+        say(f"smoke generation on {engine.probe.provider}: {text!r}")
+    return manifest, text, engine.probe.provider
 
 
 def bake(request: BakeRequest) -> BakeResult:
@@ -174,7 +243,7 @@ def bake(request: BakeRequest) -> BakeResult:
         say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
         inferred: list[str] = []
         if source.folder_kind == "hf":
-            _check_checkpoint(source.folder, target)
+            _check_checkpoint(source.folder, target, options)
             _run_builder(source.folder, staging, work / "cache", request.precision, target, options)
             precision = request.precision
         else:
@@ -184,10 +253,7 @@ def bake(request: BakeRequest) -> BakeResult:
         set_session_options(staging / "genai_config.json", target.intra_op_num_threads)
         manifest = _manifest(source, target, precision, options, inferred, staging)
         write_manifest(staging, manifest)
-        text, provider = ("", target.runtime_ep)
-        if request.smoke:
-            text, provider = _smoke(staging, target)
-            say(f"smoke generation on {provider}: {text!r}")
+        manifest, text, provider = _verify(staging, source, target, request, manifest)
         if request.package:
             package(target, bundle)
         _install(bundle, out, request.force)

@@ -25,7 +25,11 @@ def test_baked_folder_is_self_contained_with_a_complete_manifest(tiny_model_dir:
     assert manifest.precision == "int4"
     assert manifest.target == "edge-x86_64"
     assert manifest.execution_provider == "cpu"
-    assert manifest.builder_options == {"block_size": "128", "accuracy_level": "4"}
+    assert manifest.builder_options == {
+        "block_size": "32",
+        "accuracy_level": "4",
+        "algo_config": "k_quant_mixed",
+    }
     assert manifest.onnxruntime_genai_version == "0.18.0"
 
 

@@ -31,7 +31,8 @@ def test_unknown_builtin(tmp_path: Path) -> None:
 
 def test_source_that_is_nothing_known(tmp_path: Path) -> None:
     message = bake_fails("--model", "not a model", "--target", "gcf", out=tmp_path / "m")
-    assert "is not a folder, a hub id" in message
+    assert "is not a folder, a .gguf file, a hub id" in message
+    assert "pypi:PACKAGE==VERSION" in message
 
 
 def test_a_file_is_not_a_model_folder(tmp_path: Path) -> None:
@@ -79,7 +80,41 @@ def test_a_model_that_cannot_generate_fails_the_bake(tiny_model_dir: Path, tmp_p
     data = src / "model.onnx.data"
     data.write_bytes(data.read_bytes()[:1000])  # truncated weights
     message = bake_fails("--model", str(src), "--target", "gcf", out=tmp_path / "m")
-    assert "smoke generation on the baked model failed" in message
+    assert "the baked model does not load on cpu" in message
+
+
+def test_a_block_size_k_quant_cannot_use(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    message = bake_fails("--model", str(tiny_hf_dir), "--target", "gcf", "--block-size", "256",
+                         out=tmp_path / "m")  # fmt: skip
+    assert "block_size 256 does not divide the model's hidden_size 64" in message
+    assert "algo_config=rtn" in message
+
+
+def _tied(src: Path, dst: Path) -> Path:
+    """The tiny checkpoint with tied embeddings (as SmolLM2 and Qwen2.5 have)."""
+    from safetensors.torch import load_file, save_file
+
+    _edit_config(src, dst, tie_word_embeddings=True)
+    weights = load_file(str(dst / "model.safetensors"))
+    del weights["lm_head.weight"]
+    save_file(weights, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("smoke", [True, False])
+def test_a_builder_option_that_breaks_the_graph_fails_as_what_it_is(
+    tiny_hf_dir: Path, tmp_path: Path, smoke: bool
+) -> None:
+    """og's builder writes an invalid graph for an int8 lm_head on tied embeddings: the bake
+    says what onnxruntime says, and never installs it, --no-smoke or not."""
+    src = _tied(tiny_hf_dir, tmp_path / "tied")
+    message = bake_fails(
+        "--model", str(src), "--target", "gcf", *([] if smoke else ["--no-smoke"]),
+        "--builder-option", "matmul_mixed_precision=last_matmul:int8", out=tmp_path / "m",
+    )  # fmt: skip
+    assert message.startswith("the baked model does not load on cpu: "), message
+    assert "not a graph input" in message
 
 
 @pytest.mark.slow

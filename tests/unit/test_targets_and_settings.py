@@ -22,9 +22,16 @@ def test_every_design_target_exists() -> None:
 
 def test_cpu_int4_defaults_and_overrides() -> None:
     target = get_target("gcf")
-    assert builder_options(target, "int4", {}) == {"block_size": "128", "accuracy_level": "4"}
+    assert builder_options(target, "int4", {}) == {
+        "block_size": "32",
+        "accuracy_level": "4",
+        "algo_config": "k_quant_mixed",
+    }
+    assert builder_options(target, "int8", {}) == {"block_size": "128", "accuracy_level": "4"}
     assert builder_options(target, "int4", {"block_size": "32"})["block_size"] == "32"
     assert builder_options(target, "fp32", {}) == {}
+    # The builder ignores its own documented int4_ aliases: the bake passes the real names.
+    assert builder_options(target, "int4", {"int4_algo_config": "rtn"})["algo_config"] == "rtn"
 
 
 def test_unknown_target_and_precision() -> None:

@@ -1,0 +1,146 @@
+"""The bake's quality gate: the baked model against its source model, on a short fixed text.
+
+After converting, the bake scores a built-in text (a few hundred tokens of plain
+English prose, a short dialogue and a little code) with the source checkpoint in
+transformers (fp32, the reference for what the weights mean) and with the baked
+folder in onnxruntime-genai, on the same token ids. It records the perplexity ratio
+(baked ÷ source), the top-1 agreement (how often both pick the same next token) and
+the mean KL divergence in the manifest, and fails the bake when the ratio is above
+`--max-ppl-ratio`. Random weights are measured but never fail: their perplexity means
+nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bake.errors import BakeError, say
+from core.manifest import QualityCheck
+
+if TYPE_CHECKING:  # numpy is imported where it is used: `ortserve --help` stays fast
+    import numpy as np
+
+
+GATE_TEXT = """\
+Bread is one of the oldest prepared foods. People in many parts of the world learned to \
+grind grain into flour, mix it with water, and bake the dough on hot stones. Later, bakers \
+found that dough left to rest would rise, because wild yeast in the air fed on the sugars \
+in the flour and made bubbles of gas. Today most bread is made with a small amount of \
+yeast, salt, flour and water, and the long rest before baking is what gives a good loaf \
+its flavour.
+
+A river begins as rain or melting snow high in the hills. Small streams join together as \
+they run downhill, and the water carries sand and stones with it. Where the land becomes \
+flat, the river slows down, drops what it carries, and winds from side to side. Many of \
+the great cities of the world were built beside rivers, which gave them water to drink, \
+fields to farm and a road for boats.
+
+"Could you tell me the way to the station?" asked the traveller.
+"Of course. Walk straight ahead until you reach the church, then turn left. The station \
+is at the end of that street, about ten minutes from here."
+"Thank you very much. Is there a place nearby where I can buy a ticket?"
+"Yes, there is a small office inside the station. It opens at seven in the morning."
+
+The following function returns the largest number in a list, or None when the list is \
+empty:
+
+def largest(numbers):
+    if not numbers:
+        return None
+    best = numbers[0]
+    for number in numbers[1:]:
+        if number > best:
+            best = number
+    return best
+"""
+
+
+def _log_softmax(logits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    import numpy as np
+
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    out: np.ndarray[Any, Any] = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return out
+
+
+def compare(
+    reference: np.ndarray[Any, Any], candidate: np.ndarray[Any, Any], ids: list[int]
+) -> tuple[float, float, float, float]:
+    """Perplexities, top-1 agreement and mean KL(reference ‖ candidate) over `ids`.
+
+    Both logit arrays have one row per position of `ids`; row i predicts ids[i + 1].
+
+    Returns:
+        (reference perplexity, candidate perplexity, top-1 agreement, KL in nats).
+    """
+    import numpy as np
+
+    ref = _log_softmax(reference[:-1])
+    cand = _log_softmax(candidate[:-1])
+    targets = np.asarray(ids[1:])
+    rows = np.arange(len(targets))
+    ppl_ref = math.exp(-float(ref[rows, targets].mean()))
+    ppl_cand = math.exp(-float(cand[rows, targets].mean()))
+    top1 = float((ref.argmax(axis=-1) == cand.argmax(axis=-1)).mean())
+    kl = float((np.exp(ref) * (ref - cand)).sum(axis=-1).mean())
+    return ppl_ref, ppl_cand, top1, kl
+
+
+def _reference_logits(checkpoint: Path, ids: list[int]) -> np.ndarray[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]  # untyped upstream
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    out: np.ndarray[Any, Any] = logits.float().numpy()
+    return out
+
+
+def _gate_ids(checkpoint: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    return [int(t) for t in tokenizer(GATE_TEXT, add_special_tokens=False)["input_ids"]]
+
+
+def check(checkpoint: Path, baked: Any, max_ppl_ratio: float, random_weights: bool) -> QualityCheck:
+    """Score the gate text with the source `checkpoint` and the loaded `baked` engine.
+
+    Raises:
+        BakeError: The ratio is above `max_ppl_ratio` (never for random weights).
+    """
+    ids = _gate_ids(checkpoint)
+    if baked.context_length:
+        ids = ids[: baked.context_length - 1]
+    ppl_ref, ppl, top1, kl = compare(_reference_logits(checkpoint, ids), baked.logits(ids), ids)
+    ratio = ppl / ppl_ref
+    passed = ratio <= max_ppl_ratio
+    status = "passed" if passed else "failed"
+    if random_weights:
+        status = "not enforced (random weights)"
+    result = QualityCheck(
+        status=status,
+        reference="transformers fp32 of the source checkpoint",
+        scored_tokens=len(ids) - 1,
+        ppl_reference=round(ppl_ref, 4),
+        ppl=round(ppl, 4),
+        ppl_ratio=round(ratio, 4),
+        top1_agreement=round(top1, 4),
+        kl_divergence=round(kl, 5),
+        max_ppl_ratio=max_ppl_ratio,
+    )
+    say(f"quality gate: {result.summary()}")
+    if random_weights:
+        say("quality gate: random weights, so the figures mean nothing; the gate never fails them")
+    elif not passed:
+        raise BakeError(
+            f"quality gate failed: perplexity {ratio:.3f}x the source model's (limit "
+            f"{max_ppl_ratio}; top-1 agreement {top1:.1%}): try a smaller --block-size, "
+            "--precision int8, or --max-ppl-ratio to accept it"
+        )
+    return result

