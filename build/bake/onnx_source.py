@@ -175,10 +175,20 @@ def graph_precision(model: onnx.ModelProto) -> str:
     """What the graph's weights are: int4, int8, a quantized kind, fp16 or fp32."""
     import onnx
 
-    ops = {node.op_type: node for node in model.graph.node if node.op_type in _QUANTIZED_OPS}
+    nodes = [node for node in model.graph.node if node.op_type in _QUANTIZED_OPS]
+    ops = {node.op_type: node for node in nodes}
     if "MatMulNBits" in ops:  # the weights that matter; embeddings may differ
-        bits = next((a.i for a in ops["MatMulNBits"].attribute if a.name == "bits"), 4)
-        return f"int{bits}"
+        widths = sorted(
+            {
+                next((a.i for a in node.attribute if a.name == "bits"), 4)
+                for node in nodes
+                if node.op_type == "MatMulNBits"
+            }
+        )
+        # A mixed-precision graph (e.g. k_quant_mixed: int8 lm_head and sensitive layers)
+        # is named by its narrowest weights, which most MatMuls use.
+        mixed = f" (with int{widths[-1]} layers)" if len(widths) > 1 else ""
+        return f"int{widths[0]}{mixed}"
     for op, kind in _QUANTIZED_OPS.items():
         if op in ops:
             return kind

@@ -111,6 +111,7 @@ def test_a_builder_option_that_breaks_the_graph_fails_as_what_it_is(
     src = _tied(tiny_hf_dir, tmp_path / "tied")
     message = bake_fails(
         "--model", str(src), "--target", "gcf", *([] if smoke else ["--no-smoke"]),
+        "--builder-option", "algo_config=default",
         "--builder-option", "matmul_mixed_precision=last_matmul:int8", out=tmp_path / "m",
     )  # fmt: skip
     assert message.startswith("the baked model does not load on cpu: "), message

@@ -370,3 +370,28 @@ def test_unseeded_sampled_requests_batch_and_seeded_ones_run_alone(tiny_model_di
         thread.join(60)
     assert alone[0] == alone[2] and batched._batcher.sequences_run == runs
     assert batched.admission.active == 0
+
+
+@pytest.mark.slow
+def test_logits_at_every_position_also_from_a_pruned_lm_head(
+    engine: Engine, tiny_hf_dir: Path
+) -> None:
+    """The quality gate scores every position; `prune_lm_head` bakes compute only the last
+    one in a pass, so the engine feeds them token by token, with the same result."""
+    import numpy as np
+
+    from tests.models import baked
+
+    ids = engine.encode("Edge boards run a daemon under systemd and answer on the network.")
+    full = engine.logits(ids)
+    assert full.shape == (len(ids), engine.vocab_size)
+    # Row i predicts token i + 1: its last row equals the first step of a generation.
+    first = next(iter(engine.stream_tokens(ids, SamplingOptions(1))))
+    assert int(full[-1].argmax()) == first
+    pruned_dir = baked(str(tiny_hf_dir), package=False,
+                       extra=("--builder-option", "prune_lm_head=true")) / "model"  # fmt: skip
+    pruned = Engine.load(EngineSettings(model_dir=pruned_dir, providers="cpu")).logits(ids)
+    assert pruned.shape == full.shape
+    assert np.allclose(pruned, full, atol=1e-3)
+    with pytest.raises(InvalidRequestError, match="cannot score 0 tokens"):
+        engine.logits([])
