@@ -168,6 +168,25 @@ VARIANTS: dict[str, Variant] = {
             note="k_quant, lm_head + llama.cpp's 'mixed' layers int8 (fp32 embedding)",
         ),
         _og(
+            "og-int4-b32-kq-mixed-int8tied",
+            "int4",
+            32,
+            "k_quant_mixed",
+            shared=True,
+            note="the bake's default: k_quant, lm_head int8 tied to the embedding, 'mixed' "
+            "layers int8",
+        ),
+        _og(
+            "og-int4-b32-kq-mixed-int8tied-prune",
+            "int4",
+            32,
+            "k_quant_mixed",
+            _PRUNE,
+            shared=True,
+            speed_only=True,
+            note="the default + prune_lm_head (last-position logits only: speed only)",
+        ),
+        _og(
             "og-int4-b32-kq-mixed-tied",
             "int4",
             32,
