@@ -70,7 +70,6 @@ import importlib.util
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -80,6 +79,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from benchmarks.machine_load import cpu_snapshot, other_load, wait_quiet
 
 PROMPT_LENS = (128, 512)
 NEW_TOKENS = 128
@@ -447,50 +448,13 @@ def _spawn(variant: str, path: Path, args: argparse.Namespace) -> WorkerResult:
     return WorkerResult(**data)
 
 
-def _cpu_snapshot() -> tuple[float, float, float]:
-    """(busy CPU s of the machine, CPU s of this process and its reaped children, time)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields)
-    busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    own = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        own += usage.ru_utime + usage.ru_stime
-    return busy, own, time.monotonic()
-
-
-def _other_load(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
-    """Cores that other processes (or the hypervisor's steal) used between two snapshots."""
-    wall = after[2] - before[2]
-    other = (after[0] - before[0]) - (after[1] - before[1])
-    return max(0.0, other / wall) if wall > 0 else 0.0
-
-
-def _wait_quiet(limit_s: float, max_load: float) -> None:
-    """Wait (up to `limit_s`) until other processes use at most `max_load` cores."""
-    deadline = time.monotonic() + limit_s
-    told = False
-    while True:
-        before = _cpu_snapshot()
-        time.sleep(0.5)
-        load = _other_load(before, _cpu_snapshot())
-        if load <= max_load:
-            return
-        if time.monotonic() > deadline:
-            print(f"  the machine is still busy ({load:.2f} cores used by others); measuring")
-            return
-        if not told:
-            print(f"  waiting: other processes use {load:.2f} cores", flush=True)
-            told = True
-
-
 def _measure(variant: str, path: Path, args: argparse.Namespace) -> WorkerResult:
     """One worker run; repeated (up to --retries) when other processes disturbed it."""
     for attempt in range(args.retries + 1):
-        _wait_quiet(args.quiet_wait, args.max_other_load)
-        before = _cpu_snapshot()
+        wait_quiet(args.quiet_wait, args.max_other_load)
+        before = cpu_snapshot()
         result = _spawn(variant, path, args)
-        load = _other_load(before, _cpu_snapshot())
+        load = other_load(before, cpu_snapshot())
         if load <= args.max_other_load or attempt == args.retries:
             break
         print(f"  {variant}: other processes used {load:.2f} cores meanwhile; again")

@@ -67,7 +67,6 @@ import hashlib
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -79,6 +78,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+
+from benchmarks.machine_load import cpu_snapshot, other_load, wait_quiet
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -652,44 +653,16 @@ def _spawn(mode: str, variant: str, path: Path, work: Path, extra: list[str]) ->
     return json.loads(lines[-1])
 
 
-def _cpu_snapshot() -> tuple[float, float, float]:
-    """(busy CPU s of the machine, CPU s of this process and its reaped children, time)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields)
-    busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    own = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        own += usage.ru_utime + usage.ru_stime
-    return busy, own, time.monotonic()
-
-
-def _other_load(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
-    """Cores that other processes (or the hypervisor's steal) used between two snapshots."""
-    wall = after[2] - before[2]
-    other = (after[0] - before[0]) - (after[1] - before[1])
-    return max(0.0, other / wall) if wall > 0 else 0.0
-
-
-def _wait_quiet(limit_s: float, max_load: float) -> None:
-    deadline = time.monotonic() + limit_s
-    while True:
-        before = _cpu_snapshot()
-        time.sleep(0.5)
-        if _other_load(before, _cpu_snapshot()) <= max_load or time.monotonic() > deadline:
-            return
-
-
 def measure_speed(prep: Prepared, args: argparse.Namespace) -> dict[str, Any]:
     """One speed worker, repeated (up to --retries) when other processes disturbed it."""
     assert prep.path is not None
     extra = ["--threads", str(args.threads)]
     result: dict[str, Any] = {}
     for attempt in range(args.retries + 1):
-        _wait_quiet(args.quiet_wait, args.max_other_load)
-        before = _cpu_snapshot()
+        wait_quiet(args.quiet_wait, args.max_other_load)
+        before = cpu_snapshot()
         result = _spawn("speed", prep.variant.name, prep.path, args.work, extra)
-        load = _other_load(before, _cpu_snapshot())
+        load = other_load(before, cpu_snapshot())
         result |= {"other_load": load, "attempt": attempt + 1}
         if load <= args.max_other_load:
             break
