@@ -390,7 +390,7 @@ def _all_logits(variant: Variant, path: Path, chunks: list[list[int]]) -> Iterat
             verbose=False,
         )
         for chunk in chunks:
-            llm.reset()  # type: ignore[no-untyped-call]  # llama_cpp ships no types
+            llm.reset()  # type: ignore[no-untyped-call, unused-ignore]  # untyped where the bench extra is installed
             llm.eval(chunk)
             yield np.array(llm.scores[: len(chunk)], dtype=np.float32)
         return
@@ -446,7 +446,7 @@ def worker_speed(variant: Variant, path: Path, prompt: list[int], threads: int) 
         n_vocab = int(llm.n_vocab())
 
         def stream() -> Iterator[int]:
-            llm.reset()  # type: ignore[no-untyped-call]  # llama_cpp ships no types
+            llm.reset()  # type: ignore[no-untyped-call, unused-ignore]  # untyped where the bench extra is installed
             llm.eval(prompt)
             for i in range(NEW_TOKENS):
                 last = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
