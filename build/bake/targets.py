@@ -2,8 +2,7 @@
 
 Defaults were chosen on real weights (SmolLM2-135M-Instruct; README, "Quality"): int4
 k_quant at block 32 with the lm_head and llama.cpp's "mixed" sensitive layers at int8
-(the builder's `k_quant_mixed`), with the lm_head pruned to the last position during
-prefill. Block-128 RTN, the first default, was fast but broke
+(the builder's `k_quant_mixed`). Block-128 RTN, the first default, was fast but broke
 answers; plain block-32 RTN (the builder's default) loses a third more perplexity.
 intra_op_num_threads must be set (left at its default, onnxruntime-genai ran one thread).
 """
@@ -45,15 +44,9 @@ class Target:
 
 # `algo_config` needs a block size that divides every weight row (k_quant at 128 fails
 # on SmolLM2's 576-wide rows); 32 divides the hidden sizes of the models we serve.
-# prune_lm_head: og computes logits at every prompt position otherwise (llama.cpp only
-# the last); +9-18% prefill. The quality gate then scores token by token (Engine.logits),
-# and a bake that needs all-position logits passes prune_lm_head=false.
-_CPU_INT4 = {
-    "block_size": "32",
-    "accuracy_level": "4",
-    "algo_config": "k_quant_mixed",
-    "prune_lm_head": "true",
-}
+# Not prune_lm_head, though it gives +9-18% prefill: with it, og 0.18 batches of prompts
+# of different lengths decode wrong tokens (README, Troubleshooting).
+_CPU_INT4 = {"block_size": "32", "accuracy_level": "4", "algo_config": "k_quant_mixed"}
 
 TARGETS: dict[str, Target] = {
     t.name: t

@@ -26,7 +26,6 @@ def test_cpu_int4_defaults_and_overrides() -> None:
         "block_size": "32",
         "accuracy_level": "4",
         "algo_config": "k_quant_mixed",
-        "prune_lm_head": "true",
     }
     assert builder_options(target, "int8", {}) == {"block_size": "128", "accuracy_level": "4"}
     assert builder_options(target, "int4", {"block_size": "32"})["block_size"] == "32"
