@@ -50,7 +50,7 @@ def checkpoint_from_gguf(gguf: Path, cache: Path) -> Path:
     tmp = cache / f".gguf-{digest[:16]}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _convert(gguf, tmp)
+        _convert(gguf, tmp, digest)
     except BakeError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -59,7 +59,7 @@ def checkpoint_from_gguf(gguf: Path, cache: Path) -> Path:
     return out
 
 
-def _convert(gguf: Path, out: Path) -> None:
+def _convert(gguf: Path, out: Path, digest: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,5 +85,5 @@ def _convert(gguf: Path, out: Path) -> None:
     if not (out / "model.safetensors").is_file():
         raise BakeError(f"transformers wrote no model.safetensors for {gguf.name}")
     (out / "ortserve-gguf.json").write_text(
-        json.dumps({"gguf": gguf.name, "sha256": sha256_file(gguf)}), encoding="utf-8"
+        json.dumps({"gguf": gguf.name, "sha256": digest}), encoding="utf-8"
     )
