@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import jsonschema
 import pytest
 
@@ -14,6 +17,7 @@ from core.service import ModelState
 from core.settings import ServerSettings
 from tests.functional.harness import (
     API_KEY,
+    AUTH,
     Http,
     InProcess,
     Reply,
@@ -109,14 +113,29 @@ def test_generate_stream_equals_non_stream(target: Target) -> None:
 def test_stream_arrives_while_generating(target: Target) -> None:
     """The first event reaches the client while the model is still generating."""
     body = {"prompt": "Hello", "max_new_tokens": 2000, "temperature": 0, "stream": True}
-    with target.open_stream("/generate", body) as chunks:
-        first = next(chunks)
-        assert first.startswith(b"data: {")
-        health = target.call("GET", "/healthz").json()
-        assert health["active"] == 1, "the generation should still be running"
-        rest = b"".join(chunks)
-    assert rest.endswith(b"\n\n") and b'"done":true' in rest
-    assert target.call("GET", "/healthz").json()["active"] == 0
+    # The tiny model makes its 2,000 tokens in a few hundred ms: over HTTP, ask for health
+    # on a connection opened beforehand, so that asking takes one loopback round trip (a
+    # fresh connection lost the race in CI).
+    with contextlib.ExitStack() as stack:
+        if isinstance(target, Http):
+            client = stack.enter_context(httpx.Client(base_url=target.base_url, timeout=30))
+            client.headers.update(AUTH)
+
+            def health() -> dict[str, Any]:
+                return dict(client.get("/healthz").json())
+        else:
+
+            def health() -> dict[str, Any]:
+                return dict(target.call("GET", "/healthz").json())
+
+        assert health()["active"] == 0
+        with target.open_stream("/generate", body) as chunks:
+            first = next(chunks)
+            assert first.startswith(b"data: {")
+            assert health()["active"] == 1, "the generation should still be running"
+            rest = b"".join(chunks)
+        assert rest.endswith(b"\n\n") and b'"done":true' in rest
+        assert health()["active"] == 0
 
 
 def test_stop_string(target: Target) -> None:
