@@ -117,10 +117,11 @@ _Body = TypeVar("_Body", bound=BaseModel)
 def _parse(model: type[_Body], body: bytes) -> _Body:
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequestError("the request body is not valid JSON") from None
     except RecursionError:  # the parser recurses once per nesting level
         raise InvalidRequestError("the request body's JSON is nested too deeply") from None
+    except ValueError as exc:  # invalid JSON or UTF-8, or an int past Python's 4,300 digits
+        detail = "" if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError) else f": {exc}"
+        raise InvalidRequestError(f"the request body is not valid JSON{detail}") from None
     if not isinstance(data, dict):
         raise InvalidRequestError("the request body must be a JSON object")
     try:
@@ -437,6 +438,7 @@ class Api:
         engine = self._engine()
         gen = GenerationRequest(
             messages=[m.as_template_input() for m in body.messages],
+            template_kwargs=body.chat_template_kwargs,
             options=options,
             stop=tuple(body.stop or ()),
             guidance=_guidance(body.response_format),

@@ -74,7 +74,15 @@ def _body(event: Mapping[str, Any], version: Version) -> bytes:
             return base64.b64decode(body, validate=True)
         except (binascii.Error, ValueError):
             raise EventError("the event's body is not valid base64", version) from None
-    return body.encode()
+    # A lone surrogate (JSON allows "\ud800") stays invalid UTF-8 for the core to refuse.
+    return body.encode("utf-8", "surrogatepass")
+
+
+def _check_text(value: str, what: str, version: Version) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EventError(f"the event's {what} is not valid Unicode", version) from None
 
 
 def _joined(headers: Mapping[str, list[str]]) -> dict[str, str]:
@@ -89,6 +97,7 @@ def _v1(event: Mapping[str, Any]) -> Request:
     method, path = event.get("httpMethod"), event.get("path")
     if not isinstance(method, str) or not isinstance(path, str) or not path.startswith("/"):
         raise EventError("a REST API (1.0) event needs httpMethod and path", "1.0")
+    _check_text(path, "path", "1.0")
     params = event.get("pathParameters")
     proxy = params.get("proxy") if isinstance(params, Mapping) else None
     if event.get("resource") == "/{proxy+}" and isinstance(proxy, str):
@@ -114,6 +123,7 @@ def _v2(event: Mapping[str, Any]) -> Request:
     path = event.get("rawPath")
     if not isinstance(method, str) or not isinstance(path, str) or not path.startswith("/"):
         raise EventError("an HTTP API or Function URL (2.0) event needs a method and rawPath")
+    _check_text(path, "rawPath", "2.0")
     assert isinstance(context, Mapping)  # http came from it
     stage = context.get("stage")
     # An HTTP API stage other than $default prefixes rawPath with its name.

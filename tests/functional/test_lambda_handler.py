@@ -107,6 +107,16 @@ def test_errors_in_the_events_shape(app: LambdaApp, name: str, status: int, code
     assert "Traceback" not in reply.body.decode()
 
 
+def test_lone_surrogates_in_the_event_are_a_400(app: LambdaApp) -> None:
+    """JSON allows "\\ud800"; the runtime hands it over as a str that is not Unicode."""
+    event = _event("http-api-generate.json")
+    for changed in ({**event, "body": '{"prompt": "a\ud800b"}', "isBase64Encoded": False},
+                    {**event, "rawPath": "/gen\ud800erate"}):  # fmt: skip
+        reply = decode_result(app.handle(changed, FakeContext()))
+        assert reply.status == 400, reply.body
+        assert reply.json()["error"]["code"] == "invalid_request"
+
+
 def test_a_rest_error_is_rest_shaped(app: LambdaApp) -> None:
     event = _event("rest-completions-multivalue.json")
     event["multiValueHeaders"]["X-Api-Key"] = ["wrong"]
