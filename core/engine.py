@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import onnxruntime_genai as og
 
-from core import chat
 from core.admission import Admission
 from core.batcher import Alone, Batcher, End, Sequence
 from core.cpu import usable_cpus
@@ -39,6 +38,7 @@ from core.generation import (
 from core.manifest import Manifest, manifest_digest, verify_folder
 from core.settings import EngineSettings
 from core.stops import StopMatcher
+from core.text import TextCodec
 
 __all__ = ["Engine", "ProbeReport", "SamplingOptions"]
 
@@ -106,6 +106,13 @@ def _genai_config(folder: Path) -> dict[str, Any]:
     if not isinstance(data.get("model"), dict):
         raise ModelIntegrityError(f"{path} has no 'model' section")
     return data
+
+
+def _token_ids(value: Any) -> list[int]:
+    """genai_config's eos/pad id: an int or a list of them."""
+    if isinstance(value, list):
+        return [int(v) for v in value]
+    return [] if value is None else [int(value)]
 
 
 def _threads(genai_config: dict[str, Any], settings: EngineSettings) -> int:
@@ -213,8 +220,12 @@ class Engine:
         self._model = model
         self._arriving = 0  # requests in `stream` not yet submitted or refused (batch hint)
         self._arriving_lock = threading.Lock()
-        self._tokenizer = og.Tokenizer(model)
-        self._eos_ids = {int(t) for t in self._tokenizer.eos_token_ids}
+        # Text goes through HF tokenizers (core.text), exactly as transformers makes it;
+        # og generates, and stops at genai_config's EOS ids.
+        self.text = TextCodec(folder)
+        model_config = genai_config["model"]
+        self._eos_ids = set(_token_ids(model_config.get("eos_token_id")))
+        self._pad_id = (_token_ids(model_config.get("pad_token_id")) or [*self._eos_ids, 0])[0]
         self._batcher = (
             Batcher(
                 self._run_batch,
@@ -227,8 +238,6 @@ class Engine:
         )
         self.context_length = int(genai_config["model"].get("context_length", 0) or 0)
         self.vocab_size = int(genai_config["model"].get("vocab_size", 0) or 0)
-        self._chat_template = chat.find_template(folder)
-        self._special_tokens = chat.special_tokens(folder)
 
     @property
     def batches(self) -> tuple[int, int]:
@@ -262,38 +271,39 @@ class Engine:
     # -- text ---------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`."""
-        return [int(t) for t in self._tokenizer.encode(text)]
+        """Token ids of a raw prompt, as transformers' `tokenizer(text)` gives them."""
+        return self.text.encode(text)
 
     def detokenize(self, token_ids: Iterable[int]) -> Iterator[str]:
         """Text pieces of a token stream, one per token; a piece is empty while a
-        character's bytes are incomplete, so no piece holds a broken UTF-8 sequence."""
-        decoder = self._tokenizer.create_stream()
-        for token in token_ids:
-            yield str(decoder.decode(token))
+        character's bytes are incomplete and for special tokens."""
+        return self.text.detokenize(token_ids)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+    ) -> str:
         """The prompt for chat `messages`, with the assistant's turn opened.
 
         Raises:
             InvalidRequestError: The model has no chat template, or it rejects the messages.
         """
-        if self._chat_template is None:
-            raise InvalidRequestError(
-                f"model {self.model_name} has no chat template: use a plain prompt"
-            )
-        try:
-            return str(
-                self._tokenizer.apply_chat_template(
-                    json.dumps(messages),
-                    template_str=self._chat_template,
-                    add_generation_prompt=True,
-                )
-            )
-        except RuntimeError:
-            # onnxruntime-genai cannot run some HF templates (e.g. `.replace()`): render
-            # the same template the way transformers does.
-            return chat.render(self._chat_template, messages, tokens=self._special_tokens)
+        return self.text.render_chat(messages, template_kwargs)
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """The prompt's token ids: a raw prompt as `tokenizer(prompt)`, chat messages through
+        the model's template (control tokens in them as the settings say).
+
+        Raises:
+            InvalidRequestError: No chat template, the template rejects the messages, or
+                text that cannot be tokenized.
+        """
+        if request.prompt is not None:
+            return self.encode(request.prompt)
+        return self.text.encode_chat(
+            request.messages or [],
+            request.template_kwargs,
+            plain_control_tokens=self.settings.chat_plain_control_tokens,
+        )
 
     def logits(self, input_ids: list[int]) -> np.ndarray[Any, np.dtype[np.float32]]:
         """Next-token logits at every position of `input_ids`.
@@ -433,10 +443,7 @@ class Engine:
         """
         self._arrive(1)
         try:
-            prompt = request.prompt
-            if prompt is None:
-                prompt = self.apply_chat_template(request.messages or [])
-            input_ids = self.encode(prompt)
+            input_ids = self.prompt_ids(request)
             batched = self._batchable(request)
             # Validate before taking a slot; a batched request needs no og params of its own.
             budget = self._budget(len(input_ids), request.options)
@@ -531,7 +538,7 @@ class Engine:
         longest = max(len(s.input_ids) for s in batch)
         # Right padding with the pad token: verified here to give each sequence exactly
         # the tokens it gets alone (left padding does not).
-        pad = int(self._tokenizer.pad_token_id)
+        pad = self._pad_id
         tokens = np.full((len(batch), longest), pad, dtype=np.int32)
         for row, sequence in enumerate(batch):
             tokens[row, : len(sequence.input_ids)] = sequence.input_ids

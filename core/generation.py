@@ -47,10 +47,14 @@ class Guidance:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One generation: a prompt or chat messages, sampling options, stop strings, guidance."""
+    """One generation: a prompt or chat messages, sampling options, stop strings, guidance.
+
+    `template_kwargs` are extra chat-template variables (`chat_template_kwargs`).
+    """
 
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] | None = None
     options: SamplingOptions = field(default_factory=SamplingOptions)
     stop: tuple[str, ...] = ()
     guidance: Guidance | None = None

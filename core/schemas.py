@@ -97,14 +97,25 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    reasoning_content: str | None = Field(
+        default=None, description="an assistant turn's reasoning (templates such as Qwen3's "
+        "drop it from earlier turns)",
+    )  # fmt: skip
+    tool_call_id: str | None = None
 
     def as_template_input(self) -> dict[str, Any]:
-        """The message as chat templates expect it: role and plain-text content."""
+        """The message as chat templates expect it: role, plain-text content (text parts
+        joined), and the optional keys that were given."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content or ""}
+        message: dict[str, Any] = {"role": role, "content": content or ""}
+        for key in ("name", "reasoning_content", "tool_call_id"):
+            value = getattr(self, key)
+            if value is not None:
+                message[key] = value
+        return message
 
 
 class JsonSchemaFormat(_Body):
@@ -130,3 +141,8 @@ class ChatBody(_OpenAIBody):
     response_format: ResponseFormat | None = None
     logprobs: bool = False
     tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="extra variables for the model's chat template, e.g. "
+        '{"enable_thinking": false} for Qwen3 (as vLLM and llama-server accept)',
+    )

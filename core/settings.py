@@ -29,6 +29,10 @@ class EngineSettings(BaseSettings):
             sampling options. A seeded or guided request runs alone and counts as a batch.
         batch_window_ms: How long a batch waits for companions after its first request
             (a lone request starts this much later).
+        chat_plain_control_tokens: Control-token strings in chat messages (such as
+            `<|im_start|>`) are tokenized as plain text, so a user cannot forge a turn
+            (transformers' `sanitize_control_tokens`); off: they become control tokens, as
+            in transformers and vLLM by default.
     """
 
     # defer_build: each class builds its validator when first used (a process uses one).
@@ -45,6 +49,7 @@ class EngineSettings(BaseSettings):
     verify_sha256: bool = False
     max_batch: int = Field(default=4, ge=1, le=64)
     batch_window_ms: float = Field(default=5.0, ge=0, le=1000)
+    chat_plain_control_tokens: bool = False
 
     def provider_order(self) -> list[str]:
         """The execution providers to try, best first."""

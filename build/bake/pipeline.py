@@ -19,6 +19,8 @@ from bake.onnx_source import BAKED_GRAPH, copy_graph, data_files, graph_precisio
 from bake.package import MODEL_SUBDIR, package
 from bake.sources import PROCESSING_FILES, OnnxChoice, ResolvedSource, resolve
 from bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
+from bake.text import record_text
+from bake.upstream import builder_input
 from core.manifest import Manifest, QualityCheck, list_files, write_manifest
 
 if TYPE_CHECKING:
@@ -328,7 +330,8 @@ def _convert(
                 "with no ONNX graph"
             )
         _check_checkpoint(source.folder, target, options)
-        _run_builder(source.folder, staging, cache, precision, target, options)
+        folder, options = builder_input(source.folder, cache.parent / "builder-input", options)
+        _run_builder(folder, staging, cache, precision, target, options)
         return precision, options, "onnxruntime_genai.models.builder {og}", []
     inferred, plan = _copy_onnx(source, staging, request, target)
     if plan.bits is None:
@@ -365,6 +368,7 @@ def bake(request: BakeRequest) -> BakeResult:
         precision, options, builder, inferred = _convert(
             source, staging, work / "cache", request, target, precision, options
         )
+        record_text(source.folder, staging)
         set_session_options(staging / "genai_config.json", target.intra_op_num_threads)
         manifest = _manifest(source, target, precision, options, inferred, staging, builder)
         write_manifest(staging, manifest)

@@ -296,6 +296,16 @@ def test_hostile_bodies_get_a_clear_4xx(target: Target) -> None:
     assert _error(target.call("POST", "/generate", huge), 400)["param"] == "max_new_tokens"
     too_long = {"prompt": "hello world " * 2500, "max_new_tokens": 4}  # > the context window
     assert "context" in str(_error(target.call("POST", "/generate", too_long), 400)["message"])
+    # An int past Python's 4,300-digit limit for str -> int (json.loads raises ValueError).
+    seed = b'{"prompt": "x", "seed": ' + b"7" * 5000 + b"}"
+    _error(target.call("POST", "/generate", raw=seed), 400, "invalid_request")
+    # A lone surrogate is valid JSON but not Unicode text: the tokenizer cannot take it.
+    for path, body in [
+        ("/generate", b'{"prompt": "a\\ud800b"}'),
+        ("/v1/completions", b'{"prompt": "a\\ud800b"}'),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}'),
+    ]:
+        _error(target.call("POST", path, raw=body), 400, "invalid_request")
 
 
 def test_json_array_body(target: Target) -> None:

@@ -1,0 +1,259 @@
+"""Text in and out of a model, exactly as transformers makes it for the same folder.
+
+Prompts are tokenized, and tokens decoded, with Hugging Face's `tokenizers` library (the
+Rust library under transformers' fast tokenizers) from the baked `tokenizer.json`, not
+with onnxruntime-genai's tokenizer, which in 0.18 never adds BOS to raw text, ignores
+the normalizer (NFC) and decodes special tokens as spaces (README, Troubleshooting).
+
+What transformers adds on top of `tokenizer.json` (BOS/EOS that `add_bos_token` or the
+post-processor put around raw text, the special-tokens map a chat template sees, the
+control tokens) is recorded by the bake in `ortserve-text.json`; a folder without that
+record uses `tokenizer.json`'s own post-processor and `tokenizer_config.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core import chat
+from core.errors import InvalidRequestError, ModelIntegrityError
+
+TEXT_RECORD = "ortserve-text.json"
+
+
+@dataclass(frozen=True)
+class TextRecord:
+    """What transformers does with text for a model, recorded at bake time.
+
+    Attributes:
+        prefix_ids: Tokens transformers puts before raw text (`tokenizer(text)`), e.g. BOS.
+        suffix_ids: Tokens it puts after raw text (rare: an EOS some tokenizers add).
+        template_tokens: The special-tokens map a chat template sees (bos_token, ...).
+        control_tokens: Added tokens a chat template writes as control tokens (transformers'
+            `sanitize_control_tokens` encodes these as plain text in user strings).
+    """
+
+    prefix_ids: tuple[int, ...] = ()
+    suffix_ids: tuple[int, ...] = ()
+    template_tokens: dict[str, str] = field(default_factory=dict)
+    control_tokens: tuple[str, ...] = ()
+
+    def write(self, folder: Path) -> None:
+        """Write the record into a model folder."""
+        (folder / TEXT_RECORD).write_text(
+            json.dumps(asdict(self), ensure_ascii=False, indent=1) + "\n", encoding="utf-8"
+        )
+
+    @classmethod
+    def read(cls, folder: Path) -> TextRecord | None:
+        """The folder's record, or None for a folder baked before records existed."""
+        path = folder / TEXT_RECORD
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return cls(
+                prefix_ids=tuple(int(i) for i in data["prefix_ids"]),
+                suffix_ids=tuple(int(i) for i in data["suffix_ids"]),
+                template_tokens={str(k): str(v) for k, v in data["template_tokens"].items()},
+                control_tokens=tuple(str(t) for t in data["control_tokens"]),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelIntegrityError(f"{path} is not a valid text record: {exc}") from exc
+
+
+class TextCodec:
+    """Tokenizer, chat template and stream decoder of one model folder.
+
+    Attributes:
+        template: The chat template, or None when the model has none.
+        record: What transformers adds around text (see TextRecord).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        """Load `folder/tokenizer.json` and the chat template.
+
+        Raises:
+            ModelIntegrityError: tokenizer.json is missing or unreadable.
+        """
+        from tokenizers import Tokenizer
+
+        path = folder / "tokenizer.json"
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust library raises a plain Exception
+            raise ModelIntegrityError(f"{path} cannot be loaded: {exc}") from exc
+        self._plain: Any = None
+        self._plain_lock = threading.Lock()
+        self.template = chat.find_template(folder)
+        record = TextRecord.read(folder)
+        if record is None:
+            record = self._record_from_files(folder)
+        self.record = record
+        self._controls = chat.control_token_pattern(record.control_tokens)
+        markers = f"{chat.MARK_START}({self._controls.pattern}){chat.MARK_END}"
+        self._marked = re.compile(f"{markers}|[{chat.MARK_START}{chat.MARK_END}]")
+        self._newline = self._tokenizer.encode("\n", add_special_tokens=False).ids
+
+    def _record_from_files(self, folder: Path) -> TextRecord:
+        """A record for a folder baked without one: tokenizer.json's post-processor decides
+        BOS/EOS, and every special added token is a control token."""
+        probe = "a"
+        plain = self._tokenizer.encode(probe, add_special_tokens=False).ids
+        full = self._tokenizer.encode(probe, add_special_tokens=True).ids
+        start = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
+        controls = tuple(
+            t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special
+        )
+        return TextRecord(
+            prefix_ids=tuple(full[:start]),
+            suffix_ids=tuple(full[start + len(plain) :]),
+            template_tokens=chat.special_tokens(folder),
+            control_tokens=controls,
+        )
+
+    # -- encoding ---------------------------------------------------------------------
+
+    def _encode(self, text: str, *, plain: bool = False) -> list[int]:
+        tokenizer = self._plain_tokenizer() if plain else self._tokenizer
+        try:
+            return list(tokenizer.encode(text, add_special_tokens=False).ids)
+        except Exception as exc:  # the Rust library raises a plain Exception
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidRequestError(
+                    "the text contains a lone surrogate (not valid Unicode)"
+                ) from None
+            raise InvalidRequestError(f"the text cannot be tokenized: {exc}") from exc
+
+    def _plain_tokenizer(self) -> Any:
+        """A second tokenizer that matches no added tokens (special-token strings stay
+        text); a copy, so that requests encoding in other threads are not affected."""
+        with self._plain_lock:
+            if self._plain is None:
+                from tokenizers import Tokenizer
+
+                plain = Tokenizer.from_str(self._tokenizer.to_str())
+                plain.encode_special_tokens = True
+                self._plain = plain
+            return self._plain
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a raw prompt, as transformers' `tokenizer(text)` gives them (BOS
+        and the normalizer included)."""
+        return [*self.record.prefix_ids, *self._encode(text), *self.record.suffix_ids]
+
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt string for chat `messages`, with the assistant's turn opened.
+
+        Raises:
+            InvalidRequestError: The model has no chat template, or it rejects the messages.
+        """
+        return chat.render(
+            self._require_template(), messages, tokens=self.record.template_tokens,
+            template_kwargs=template_kwargs,
+        )  # fmt: skip
+
+    def encode_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None = None,
+        *,
+        plain_control_tokens: bool = False,
+    ) -> list[int]:
+        """Token ids of a chat prompt, as transformers' `apply_chat_template(...,
+        add_generation_prompt=True, tokenize=True)` gives them (no BOS added: the template
+        writes its own).
+
+        With `plain_control_tokens`, control-token strings the caller sent (in messages or
+        template kwargs) are encoded as plain text, as transformers does with
+        `sanitize_control_tokens=True`: a user cannot forge a turn.
+
+        Raises:
+            InvalidRequestError: No template, the template rejects the messages, or a
+                control token cannot be written as plain text with this tokenizer.
+        """
+        if not plain_control_tokens:
+            return self._encode(self.render_chat(messages, template_kwargs))
+        rendered = chat.render(
+            self._require_template(), messages, tokens=self.record.template_tokens,
+            template_kwargs=template_kwargs, mark_controls=self._controls,
+        )  # fmt: skip
+        return self._encode_marked(rendered)
+
+    def _encode_marked(self, rendered: str) -> list[int]:
+        # [text, marked token, text, ...]; None where a lone marker was (a template's string
+        # method split a marked token): dropped, but it still separates the text around it.
+        pieces = self._marked.split(rendered)
+        ids = self._encode(pieces[0])
+        for i, piece in enumerate(pieces[1:], start=1):
+            if not piece:
+                continue
+            as_text = i % 2 == 1
+            piece_ids = self._encode_piece(piece, as_text)
+            if as_text and self._tokenizer.token_to_id(piece) in piece_ids:
+                raise InvalidRequestError(
+                    f"{piece!r} cannot be sent as plain text: this tokenizer makes it from text"
+                )
+            ids += piece_ids
+        return ids
+
+    def _encode_piece(self, piece: str, plain: bool) -> list[int]:
+        # After a newline, so that SentencePiece-style tokenizers add no prefix space at the
+        # start of a piece; the newline's ids are removed again (as transformers does).
+        ids = self._encode("\n" + piece, plain=plain)
+        if ids[: len(self._newline)] == self._newline:
+            return ids[len(self._newline) :]
+        return self._encode(piece, plain=plain)
+
+    def _require_template(self) -> str:
+        if self.template is None:
+            raise InvalidRequestError("this model has no chat template: use a plain prompt")
+        return self.template
+
+    # -- decoding ---------------------------------------------------------------------
+
+    def decode(self, token_ids: Iterable[int]) -> str:
+        """Text of `token_ids` without special tokens, as transformers'
+        `decode(ids, skip_special_tokens=True)`."""
+        return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def stream_decoder(self) -> Callable[[int], str]:
+        """A function from each new token to its text piece: empty while a character's bytes
+        are incomplete and for special tokens; the pieces join to `decode`'s text."""
+        from tokenizers.decoders import DecodeStream
+
+        stream = DecodeStream(skip_special_tokens=True)
+        tokenizer = self._tokenizer
+
+        def step(token: int) -> str:
+            return stream.step(tokenizer, token) or ""
+
+        return step
+
+    def detokenize(self, token_ids: Iterable[int]) -> Iterator[str]:
+        """Text pieces of a token stream, one per token (see `stream_decoder`), and, once
+        the tokens end inside a character, one more piece with what `decode` makes of the
+        incomplete bytes (U+FFFD): the pieces always join to `decode`'s text."""
+        step = self.stream_decoder()
+        seen: list[int] = []
+        emitted = 0
+        for token in token_ids:
+            seen.append(token)
+            piece = step(token)
+            emitted += len(piece)
+            yield piece
+        whole = self.decode(seen) if seen else ""
+        if len(whole) > emitted:
+            yield whole[emitted:]
