@@ -92,8 +92,12 @@ class Batcher:
         max_batch: int,
         window_s: float,
         arriving: Callable[[], int] = lambda: 0,
+        fits: Callable[[list[Sequence]], bool] = lambda batch: True,
     ) -> None:
+        """`fits` says whether sequences can share a batch and each still get its whole
+        token limit (prompts are padded to the longest, and the context is one length)."""
         self._run_batch = run_batch
+        self._fits = fits
         self._arriving = arriving
         self._last_size = 0
         self._running = False  # a batch (or a lone sequence) is running
@@ -130,7 +134,10 @@ class Batcher:
             )
             deadline = start + (self.window_s if concurrent else min(self.window_s, LONE_WAIT_S))
             while len(batch) < self.max_batch:
-                match = next((s for s in self._pending if s.key == first.key), None)
+                match = next(
+                    (s for s in self._pending if s.key == first.key and self._fits([*batch, s])),
+                    None,
+                )
                 if match is not None:
                     self._pending.remove(match)
                     batch.append(match)

@@ -232,6 +232,7 @@ class Engine:
                 settings.max_batch,
                 settings.batch_window_ms / 1000,
                 arriving=lambda: self._arriving,
+                fits=self._fits,
             )
             if settings.max_batch > 1
             else None
@@ -532,6 +533,15 @@ class Engine:
         finally:
             sequence.cancelled.set()  # a closed stream is fed no more
             sequence.done.set()
+
+    def _fits(self, batch: list[Sequence]) -> bool:
+        """Whether `batch` decodes with every sequence's whole token limit: a batch's
+        prompts are padded to the longest, and the longest prompt plus the largest limit
+        must fit the context (else a short request would be cut short by a long one)."""
+        if not self.context_length:
+            return True
+        longest = max(len(s.input_ids) for s in batch)
+        return longest + max(s.max_new for s in batch) <= self.context_length
 
     def _run_batch(self, batch: list[Sequence]) -> None:
         """Decode `batch` as one Generator; feed each sequence until its EOS or limit."""

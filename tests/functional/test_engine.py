@@ -300,6 +300,43 @@ def test_concurrent_greedy_requests_batch_and_match_unbatched(
     assert _as_one_batch(_batching_engine(tiny_model_dir), requests) == alone
 
 
+def test_a_short_request_keeps_its_budget_beside_a_long_one(
+    engine: Engine, tiny_model_dir: Path
+) -> None:
+    """Sequences that would not fit the context together (the batch pads every prompt to
+    the longest) go to separate batches: the short one gets what it gets alone."""
+    words = 2000
+    while len(engine.encode(" ".join(["fox"] * words))) > 1995:  # of a 2,048 context
+        words -= 5
+    long_prompt = " ".join(["fox"] * words)
+    requests = [
+        GenerationRequest(prompt="hi", options=SamplingOptions(200)),
+        GenerationRequest(prompt=long_prompt, options=SamplingOptions(20)),
+    ]
+    alone = [engine.generate(r).text for r in requests]
+    batching = _batching_engine(tiny_model_dir)
+    assert batching._batcher is not None
+    before = batching._batcher.batches_run
+    blocker = batching.stream(GenerationRequest(prompt="hold", options=SamplingOptions(500)))
+    next(blocker)
+    results: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        results[i] = batching.generate(requests[i]).text
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(batching._batcher._pending) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    blocker.close()
+    for thread in threads:
+        thread.join(60)
+    assert [results[0], results[1]] == alone
+    assert batching._batcher.batches_run - before == 3  # the blocker, then one each
+
+
 def test_a_lone_request_runs_by_itself_and_frees_the_batcher_however_it_ends(
     tiny_model_dir: Path,
 ) -> None:
