@@ -47,8 +47,10 @@ ROUTES = frozenset(
     {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",
      "/readyz", "/openapi.json"}
 )  # fmt: skip
-PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", "/openapi.json"})
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# With API keys set, every other route needs one (/metrics too, unless METRICS_PUBLIC).
+PUBLIC_ROUTES = frozenset({"/healthz", "/readyz"})
+METRICS_ROUTE = "/metrics"  # the edge daemon's, when it passes a scrape
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -95,7 +97,9 @@ def error_response(exc: OrtServeError) -> Response:
     headers: list[tuple[str, str]] = []
     if isinstance(exc, BusyError):
         headers.append(("retry-after", str(int(exc.retry_after_s))))
-    elif isinstance(exc, ModelUnavailableError | DrainingError):
+    elif isinstance(exc, DrainingError) or (
+        isinstance(exc, ModelUnavailableError) and exc.retryable
+    ):
         headers.append(("retry-after", "5"))
     if isinstance(exc, MethodNotAllowedError):
         headers.append(("allow", ", ".join(exc.allowed)))
@@ -147,7 +151,10 @@ class Api:
         state: ModelState,
         settings: ServerSettings,
         on_record: Callable[[RequestRecord], None] | None = None,
+        metrics: Callable[[], tuple[str, bytes]] | None = None,
     ) -> None:
+        """Serve `state`'s model; `on_record` hears of every finished request; `metrics`
+        (content type and body of a Prometheus scrape) adds `GET /metrics`."""
         self.state = state
         self.settings = settings
         self.on_record = on_record
@@ -165,6 +172,9 @@ class Api:
             "/openapi.json": {"GET": self._openapi},
         }
         assert set(self._routes) == ROUTES  # one list of routes, for adapters' metrics too
+        self._scrape = metrics
+        if metrics is not None:
+            self._routes[METRICS_ROUTE] = {"GET": self._metrics}
 
     # -- entry point -------------------------------------------------------------------
 
@@ -172,7 +182,7 @@ class Api:
         """Answer one request; a streamed answer's body is an iterator of SSE chunks."""
         start = time.perf_counter()
         supplied = request.headers.get("x-request-id", "")
-        request_id = supplied if _REQUEST_ID.match(supplied) else uuid.uuid4().hex
+        request_id = supplied if _REQUEST_ID.fullmatch(supplied) else uuid.uuid4().hex
         with self._lock:
             self.in_flight += 1
         ctx = _Context(request_id)
@@ -185,7 +195,10 @@ class Api:
             response = error_response(OrtServeError("internal error"))
         response.headers.append(("x-request-id", request_id))
         record = RequestRecord(request_id, request.method, request.path, response.status)
-        if isinstance(response.body, bytes):
+        if request.path == METRICS_ROUTE and self._scrape is not None:
+            with self._lock:  # a scrape is not an API request: no record, no log line
+                self.in_flight -= 1
+        elif isinstance(response.body, bytes):
             self._finish(record, ctx, start)
         else:
             response.body = self._finish_when_done(response.body, record, ctx, start)
@@ -238,8 +251,11 @@ class Api:
                 f"{request.method} is not allowed on {request.path}; use {', '.join(allowed)}",
                 allowed,
             )
-        if request.path not in PUBLIC_ROUTES:
-            self._authenticate(request)
+        public = request.path in PUBLIC_ROUTES or (
+            request.path == METRICS_ROUTE and self.settings.metrics_public
+        )
+        if not public:
+            self.authenticate(request)
         if len(request.body) > self.settings.max_body_bytes:
             # An adapter may stop reading at limit + 1 bytes: say only what is certain.
             raise PayloadTooLargeError(
@@ -248,7 +264,12 @@ class Api:
             )
         return methods[request.method](request, ctx)
 
-    def _authenticate(self, request: Request) -> None:
+    def authenticate(self, request: Request) -> None:
+        """Check the request's API key (none needed when no keys are set).
+
+        Raises:
+            AuthenticationError: A key is needed and the request has no valid one.
+        """
         if not self._keys:
             return
         auth = request.headers.get("authorization", "")
@@ -494,8 +515,15 @@ class Api:
     def _readyz(self, request: Request, ctx: _Context) -> Response:
         payload = self._health()
         ready = payload["status"] == "ready"
+        # Retry-After only where waiting helps: not after a failed load.
+        retry = not ready and payload["status"] != "failed"
         return json_response(200 if ready else 503, payload,
-                             None if ready else [("retry-after", "5")])  # fmt: skip
+                             [("retry-after", "5")] if retry else None)  # fmt: skip
+
+    def _metrics(self, request: Request, ctx: _Context) -> Response:
+        assert self._scrape is not None  # the route exists only with a scrape
+        content_type, body = self._scrape()
+        return Response(200, [("content-type", content_type)], body)
 
     def _openapi(self, request: Request, ctx: _Context) -> Response:
         from core.openapi import openapi_document  # builds JSON schemas: not on the cold path

@@ -31,10 +31,11 @@ class InvalidRequestError(OrtServeError):
 
 
 class ModelUnavailableError(OrtServeError):
-    """The model is not loaded: still loading, or it failed to load."""
+    """The model is not loaded: still loading (`retryable`), or it failed to load."""
 
     status = 503
     code = "model_unavailable"
+    retryable = True
 
 
 class ModelIntegrityError(ModelUnavailableError):

@@ -160,8 +160,12 @@ def verify_folder(folder: Path, *, full_hash: bool = False) -> Manifest:
         ModelIntegrityError: Naming the first file that is missing, truncated or altered.
     """
     manifest = read_manifest(folder)
+    root = folder.resolve()
     for entry in manifest.files:
         path = folder / entry.path
+        if not path.resolve().is_relative_to(root):
+            # Never stat (and so report on) a file outside the model folder.
+            raise ModelIntegrityError(f"the manifest lists a file outside {folder}")
         if not path.is_file():
             raise ModelIntegrityError(f"model file {entry.path} is missing from {folder}")
         size = path.stat().st_size

@@ -91,7 +91,9 @@ class ModelState:
         """The engine, or a 503 error that says why there is none."""
         engine = self.engine
         if engine is None:
-            raise ModelUnavailableError(
+            error = ModelUnavailableError(
                 f"the model is not ready ({self.status}: {self.reason or 'no reason given'})"
             )
+            error.retryable = self.status != "failed"  # a failed load will not come back
+            raise error
         return engine

@@ -75,6 +75,8 @@ class ServerSettings(EngineSettings):
         max_body_bytes: Larger request bodies get 413.
         request_timeout_s: A generation running longer is stopped with a timeout error.
         drain_timeout_s: On shutdown, how long in-flight requests may take to finish.
+        metrics_public: /metrics answers without an API key (for a scraper) even when
+            keys are set.
     """
 
     host: str = "127.0.0.1"
@@ -83,10 +85,15 @@ class ServerSettings(EngineSettings):
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
     request_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
+    metrics_public: bool = False
 
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
-            return [k.strip() for k in value.split(",") if k.strip()]
+            keys = [k.strip() for k in value.split(",") if k.strip()]
+            if value.strip() and not keys:
+                # " , " would otherwise turn auth off without a word.
+                raise ValueError("ORTSERVE_API_KEYS holds no key: unset it, or give keys")
+            return keys
         return value

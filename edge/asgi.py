@@ -14,7 +14,6 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 from core.http import Request, Response
-from edge.metrics import CONTENT_TYPE, Metrics
 from edge.offload import ChunkPump, run_in_thread
 
 Message = MutableMapping[str, Any]
@@ -38,17 +37,15 @@ class Handler(Protocol):
 
 
 class EdgeApp:
-    """An ASGI application serving `api` (a `core.api.Api`), plus `GET /metrics` when
-    given `metrics`.
+    """An ASGI application serving `api` (a `core.api.Api`; `/metrics` is one of its routes
+    when the daemon gives it a scrape).
 
     Attributes:
         in_flight: HTTP requests inside the app now (from the first byte read to the
             last byte written).
     """
 
-    def __init__(
-        self, api: Handler, max_body_bytes: int, workers: int, metrics: Metrics | None = None
-    ) -> None:
+    def __init__(self, api: Handler, max_body_bytes: int, workers: int) -> None:
         """Serve `api`; bodies over `max_body_bytes` are not read further (the API answers
         413); at most `workers` calls that may generate run at once (others wait here).
 
@@ -56,7 +53,6 @@ class EdgeApp:
         engine would admit or queue has a thread and the others are refused by it at once.
         """
         self.api = api
-        self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.in_flight = 0
         self._work = asyncio.Semaphore(max(1, min(workers, _MAX_WORK_THREADS)))
@@ -81,10 +77,6 @@ class EdgeApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = str(scope["method"]).upper()
-        if self.metrics is not None and scope["path"] == "/metrics" and method == "GET":
-            scrape = Response(200, [("content-type", CONTENT_TYPE)], self.metrics.render())
-            await _send_bytes(send, scrape)
-            return
         body = await _read_body(receive, self.max_body_bytes)
         if body is None:
             return  # the client left before sending its request

@@ -25,7 +25,7 @@ from core.api import Api, RequestRecord
 from core.service import ModelState
 from edge.asgi import EdgeApp
 from edge.logs import JsonLines, configure_stderr_logging
-from edge.metrics import Metrics
+from edge.metrics import CONTENT_TYPE, Metrics
 from edge.notify import Notifier
 from edge.offload import run_in_thread
 from edge.settings import EdgeSettings
@@ -68,9 +68,10 @@ class Daemon:
         self.state = ModelState(settings)
         self._log = JsonLines(sys.stdout)
         self.metrics = Metrics(self.state, in_flight=lambda: self.api.in_flight)
-        self.api = Api(self.state, settings, on_record=self._record)
+        self.api = Api(self.state, settings, on_record=self._record,
+                       metrics=lambda: (CONTENT_TYPE, self.metrics.render()))  # fmt: skip
         workers = settings.max_concurrency + settings.max_queue + _SPARE_WORKERS
-        self.app = EdgeApp(self.api, settings.max_body_bytes, workers, self.metrics)
+        self.app = EdgeApp(self.api, settings.max_body_bytes, workers)
         config = uvicorn.Config(
             self.app,
             host=settings.host,

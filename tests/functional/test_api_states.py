@@ -29,12 +29,14 @@ def test_missing_model_keeps_serving_health_and_says_why(tmp_path: Path) -> None
     assert ready.status == 503
     assert ready.json()["status"] == "failed"
     assert "does not exist" in ready.json()["reason"]
-    assert ready.headers["retry-after"] == "5"
+    # A failed load does not come back by waiting: no Retry-After (loading has one).
+    assert "retry-after" not in ready.headers
     assert client.call("GET", "/healthz").status == 200
     reply = client.call("POST", "/generate", {"prompt": "x"})
     assert reply.status == 503
     assert reply.json()["error"]["code"] == "model_unavailable"
     assert "does not exist" in reply.json()["error"]["message"]
+    assert "retry-after" not in reply.headers
 
 
 @pytest.mark.parametrize("max_batch", [1, 4])
@@ -141,3 +143,14 @@ def test_a_prompt_over_the_servers_token_limit_is_a_400(tiny_model_dir: Path) ->
     chat = client.call("POST", "/v1/chat/completions",
                        {"messages": [{"role": "user", "content": "hello " * 10}]})  # fmt: skip
     assert chat.status == 400
+
+
+def test_a_request_id_is_echoed_only_when_it_is_safe(tiny_model_dir: Path) -> None:
+    client = InProcess(_api(tiny_model_dir))
+    assert (
+        client.call("GET", "/healthz", headers={"x-request-id": "ab-1.c_d"}).headers["x-request-id"]
+        == "ab-1.c_d"
+    )
+    for unsafe in ("abc\n", "a b", "x" * 65):
+        echoed = client.call("GET", "/healthz", headers={"x-request-id": unsafe})
+        assert len(echoed.headers["x-request-id"]) == 32, unsafe  # a fresh id instead

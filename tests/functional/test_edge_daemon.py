@@ -342,3 +342,24 @@ def test_no_api_key_appears_in_the_logs(start: Any) -> None:
     assert daemon.stop() == 0
     logs = "".join(daemon.stdout) + daemon.stderr()
     assert "s3cret" not in logs
+
+
+def test_with_keys_every_route_but_health_needs_one(start: Any) -> None:
+    """/metrics and /openapi.json too (METRICS_PUBLIC opens /metrics for a scraper); a
+    wrong method on /metrics is 405."""
+    daemon = start(API_KEYS="k1")
+    daemon.wait_for("READY=1")
+    key = {"authorization": "Bearer k1"}
+    for path in ("/metrics", "/openapi.json", "/v1/models"):
+        assert daemon.http.get(path).status_code == 401, path
+        assert daemon.http.get(path, headers=key).status_code == 200, path
+    for path in ("/healthz", "/readyz"):
+        assert daemon.http.get(path).status_code == 200, path
+    wrong = daemon.http.post("/metrics", headers=key)
+    assert (wrong.status_code, wrong.headers["allow"]) == (405, "GET")
+    assert daemon.stop() == 0
+    public = start(API_KEYS="k1", METRICS_PUBLIC="1")
+    public.wait_for("READY=1")
+    assert public.http.get("/metrics").status_code == 200
+    assert public.http.get("/openapi.json").status_code == 401
+    assert public.stop() == 0

@@ -31,7 +31,7 @@ def _check(case: Any) -> None:
 def test_no_server_errors_and_errors_keep_their_shape(tiny_model_dir: Path) -> None:
     # Short generations keep a bounded number of examples quick.
     with edge_server(tiny_model_dir, {"ORTSERVE_MAX_NEW_TOKENS": "16"}) as base:
-        schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
+        schema = schemathesis.openapi.from_url(f"{base}/openapi.json", headers=AUTH)
         operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]  # an Err would raise here: the schema is ours
         assert len(operations) == 6
         for operation in operations:

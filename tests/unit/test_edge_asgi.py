@@ -6,16 +6,12 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from core.http import Request, Response, json_response, sse_response
-from core.service import ModelState
-from core.settings import EngineSettings
 from edge.asgi import EdgeApp, Message
-from edge.metrics import Metrics
 
 
 class FakeApi:
@@ -90,8 +86,8 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(asyncio.wait_for(coro, timeout=10))
 
 
-def app_for(api: FakeApi, max_body: int = 1024, metrics: Metrics | None = None) -> EdgeApp:
-    return EdgeApp(api, max_body_bytes=max_body, workers=4, metrics=metrics)
+def app_for(api: FakeApi, max_body: int = 1024) -> EdgeApp:
+    return EdgeApp(api, max_body_bytes=max_body, workers=4)
 
 
 def test_request_is_translated_and_answered_from_a_worker_thread() -> None:
@@ -232,21 +228,6 @@ def test_an_error_inside_a_stream_ends_the_response_with_the_error() -> None:
         assert b"".join(client.chunks) == b"data: 1\n\n" and not client.complete
 
     run(go())
-
-
-def test_metrics_are_answered_by_the_edge(tmp_path: Path) -> None:
-    api = FakeApi(lambda r: json_response(200, {}))
-    metrics = Metrics(ModelState(EngineSettings(model_dir=tmp_path / "none")))
-
-    async def go() -> None:
-        client = Client()
-        await app_for(api, metrics=metrics)(scope("GET", "/metrics"), client.receive, client.send)
-        assert client.status == 200
-        assert client.headers[b"content-type"].startswith(b"text/plain; version=0.0.4")
-        assert b"ortserve_model_ready 0.0" in b"".join(client.chunks)
-
-    run(go())
-    assert api.requests == []
 
 
 def test_lifespan_is_acknowledged() -> None:

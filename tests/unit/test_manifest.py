@@ -84,3 +84,15 @@ def test_engine_refuses_a_tampered_model(tiny_model_dir: Path, tmp_path: Path) -
     (copy / "model.onnx.data").write_bytes(bytes(data[:-10]))
     with pytest.raises(ModelIntegrityError, match=r"model\.onnx\.data has"):
         Engine.load(EngineSettings(model_dir=copy))
+
+
+def test_an_entry_outside_the_folder_is_refused_unread(folder: Path, tmp_path: Path) -> None:
+    """A manifest entry that climbs out with ../ is never stat'ed (its size would reach
+    the public /readyz reason)."""
+    outside = folder.parent / "secret.bin"
+    outside.write_bytes(b"x" * 1234)
+    data = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(data.replace('"sub/tokenizer.json"', '"../secret.bin"'))
+    with pytest.raises(ModelIntegrityError, match="outside") as caught:
+        verify_folder(folder)
+    assert "1234" not in caught.value.message

@@ -58,3 +58,18 @@ def test_usable_cpus_follows_affinity() -> None:
         assert usable_cpus() == 1
     finally:
         os.sched_setaffinity(0, before)
+
+
+def test_api_keys_that_hold_no_key_refuse_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ORTSERVE_API_KEYS=" , " would otherwise turn auth off without a word."""
+    from pydantic import ValidationError
+
+    from core.settings import ServerSettings
+
+    monkeypatch.setenv("ORTSERVE_API_KEYS", " , ")
+    with pytest.raises(ValidationError, match="holds no key"):
+        ServerSettings()
+    monkeypatch.setenv("ORTSERVE_API_KEYS", "a, b,")
+    assert ServerSettings().api_keys == ["a", "b"]
+    monkeypatch.setenv("ORTSERVE_API_KEYS", "")
+    assert ServerSettings().api_keys == []
