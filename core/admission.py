@@ -9,7 +9,11 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from core.errors import BusyError
+from core.errors import BusyError, ClientClosedError
+
+# How often a waiter whose client may leave looks at its cancellation flag: an Event
+# cannot wake a Condition, and a queued request whose client left should go at once.
+_CANCEL_POLL_S = 0.05
 
 
 class Admission:
@@ -53,18 +57,21 @@ class Admission:
         backlog = (len(self._queue) + 1) / self.max_active
         return max(1, math.ceil(self._mean_s * backlog))
 
-    def acquire(self, batched: bool = False) -> float:
+    def acquire(self, batched: bool = False, cancelled: threading.Event | None = None) -> float:
         """Wait for a slot (a batch's place, when `batched`); return the seconds waited.
 
         Waiters are served first come, first served: a request that needs a whole
-        generation is not overtaken by later batched ones.
+        generation is not overtaken by later batched ones. A request whose `cancelled`
+        is set (its client left) takes no slot and leaves the queue at once.
 
         Raises:
             BusyError: The queue is full, or no slot came free within `timeout_s`.
+            ClientClosedError: `cancelled` was set before a slot was taken.
         """
         units = self._units_of(batched)
         start = time.monotonic()
         with self._cond:
+            _check(cancelled)
             if self._units + units <= self._capacity and not self._queue:
                 self._take(units)
                 return 0.0
@@ -75,13 +82,15 @@ class Admission:
             try:
                 deadline = start + self.timeout_s
                 while self._queue[0] is not ticket or self._units + units > self._capacity:
+                    _check(cancelled)
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise BusyError(
                             f"the server is busy: no slot within {self.timeout_s:g} s",
                             self.retry_after_s(),
                         )
-                    self._cond.wait(left)
+                    self._cond.wait(left if cancelled is None else min(left, _CANCEL_POLL_S))
+                _check(cancelled)
                 self._take(units)
             finally:
                 self._queue.remove(ticket)
@@ -112,3 +121,8 @@ class Admission:
             yield waited
         finally:
             self.release(time.monotonic() - start)
+
+
+def _check(cancelled: threading.Event | None) -> None:
+    if cancelled is not None and cancelled.is_set():
+        raise ClientClosedError("the client closed the request before a slot was free")

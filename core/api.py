@@ -24,6 +24,7 @@ from core.engine import Engine
 from core.errors import (
     AuthenticationError,
     BusyError,
+    ClientClosedError,
     DrainingError,
     InvalidRequestError,
     MethodNotAllowedError,
@@ -50,6 +51,7 @@ ROUTES = frozenset(
 # With API keys set, every other route needs one (/metrics too, unless METRICS_PUBLIC).
 PUBLIC_ROUTES = frozenset({"/healthz", "/readyz"})
 METRICS_ROUTE = "/metrics"  # the edge daemon's, when it passes a scrape
+_MODEL_PREFIX = "/v1/models/"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -131,8 +133,15 @@ def _parse(model: type[_Body], body: bytes) -> _Body:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
+        errors = exc.errors(include_url=False, include_input=False)
+        first = errors[0]
+        # A union reports one error per member, each under the member's tag
+        # (`messages.0.content.str`): name the field they share instead.
+        loc = list(first["loc"])
+        shared = [e["loc"] for e in errors if e["loc"][: len(loc) - 1] == tuple(loc[:-1])]
+        if len(shared) > 1:
+            loc = loc[:-1]
+        where = ".".join(str(p) for p in loc)
         message = first["msg"].removeprefix("Value error, ")
         raise InvalidRequestError(
             f"{where}: {message}" if where else message, where or None
@@ -194,6 +203,7 @@ class Api:
             log.exception("unhandled error in %s %s", request.method, request.path)
             response = error_response(OrtServeError("internal error"))
         response.headers.append(("x-request-id", request_id))
+        response.headers.extend(self._cors(request))
         record = RequestRecord(request_id, request.method, request.path, response.status)
         if request.path == METRICS_ROUTE and self._scrape is not None:
             with self._lock:  # a scrape is not an API request: no record, no log line
@@ -203,6 +213,23 @@ class Api:
         else:
             response.body = self._finish_when_done(response.body, record, ctx, start)
         return response
+
+    def _cors(self, request: Request) -> list[tuple[str, str]]:
+        """CORS headers for a browser origin the settings allow (none by default)."""
+        origin = request.headers.get("origin", "")
+        allowed = self.settings.cors_origins
+        if not origin or not ("*" in allowed or origin.rstrip("/") in allowed):
+            return []
+        headers = [("access-control-allow-origin", origin), ("vary", "Origin"),
+                   ("access-control-expose-headers", "x-request-id, retry-after")]  # fmt: skip
+        if request.method == "OPTIONS":  # a preflight
+            headers += [
+                ("access-control-allow-methods", "GET, HEAD, POST, OPTIONS"),
+                ("access-control-allow-headers",
+                 "authorization, content-type, x-api-key, x-request-id"),
+                ("access-control-max-age", "600"),
+            ]  # fmt: skip
+        return headers
 
     def start_draining(self) -> None:
         """Refuse new generations from now on; requests in flight go on."""
@@ -243,10 +270,15 @@ class Api:
 
     def _dispatch(self, request: Request, ctx: _Context) -> Response:
         methods = self._routes.get(request.path)
+        if methods is None and request.path.startswith(_MODEL_PREFIX):
+            methods = {"GET": self._model}  # /v1/models/{id}: the id may hold slashes
         if methods is None:
             raise NotFoundError(f"no route {request.path}")
-        if request.method not in methods:
-            allowed = tuple(sorted(methods))
+        # HEAD wherever GET is (RFC 9110), OPTIONS everywhere (with Allow; CORS preflight).
+        allowed = tuple(sorted({*methods, *(["HEAD"] if "GET" in methods else []), "OPTIONS"}))
+        if request.method == "OPTIONS":
+            return Response(204, [("allow", ", ".join(allowed))])
+        if request.method not in allowed:
             raise MethodNotAllowedError(
                 f"{request.method} is not allowed on {request.path}; use {', '.join(allowed)}",
                 allowed,
@@ -262,6 +294,12 @@ class Api:
                 f"the request body is larger than this server's limit of "
                 f"{self.settings.max_body_bytes} bytes"
             )
+        if request.method == "HEAD":
+            response = methods["GET"](request, ctx)
+            if not isinstance(response.body, bytes):
+                response.close_body()
+            response.body = b""  # GET's status and headers, no body
+            return response
         return methods[request.method](request, ctx)
 
     def authenticate(self, request: Request) -> None:
@@ -290,21 +328,35 @@ class Api:
 
     # -- generation plumbing ----------------------------------------------------------
 
-    def _start(self, engine: Engine, request: GenerationRequest) -> GenerationStream:
+    def _start(
+        self,
+        engine: Engine,
+        request: GenerationRequest,
+        param: str = "max_tokens",
+        cancelled: threading.Event | None = None,
+    ) -> GenerationStream:
+        """Start `request`; `param` names the route's token-limit field in errors; a set
+        `cancelled` (the client left) ends its wait for a slot."""
         limit = self.settings.max_new_tokens
         if request.options.max_new_tokens > limit:
             raise InvalidRequestError(
-                f"max tokens {request.options.max_new_tokens} is above this server's limit "
-                f"of {limit}",
-                "max_tokens",
+                f"{param} {request.options.max_new_tokens} is above this server's limit of {limit}",
+                param,
             )
-        return engine.stream(request)  # it checks the prompt's length once it has the tokens
+        # It checks the prompt's length once it has the tokens.
+        return engine.stream(request, cancelled)
 
-    def _timed(self, stream: GenerationStream) -> Iterator[str]:
-        """The stream's deltas, stopped with a timeout error past request_timeout_s."""
+    def _timed(
+        self, stream: GenerationStream, cancelled: threading.Event | None = None
+    ) -> Iterator[str]:
+        """The stream's deltas, stopped with a timeout error past request_timeout_s, or
+        with `ClientClosedError` once `cancelled` is set (closing the stream frees the
+        slot at the next token)."""
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
             for delta in stream:
+                if cancelled is not None and cancelled.is_set():
+                    raise ClientClosedError("the client closed the request during generation")
                 yield delta
                 if time.monotonic() > deadline:
                     raise RequestTimeoutError(
@@ -314,8 +366,10 @@ class Api:
         finally:
             stream.close()
 
-    def _run(self, stream: GenerationStream) -> Completion:
-        for _ in self._timed(stream):
+    def _run(
+        self, stream: GenerationStream, cancelled: threading.Event | None = None
+    ) -> Completion:
+        for _ in self._timed(stream, cancelled):
             pass
         done = stream.completion
         assert done is not None  # the stream ended: its completion holds the whole text
@@ -375,7 +429,7 @@ class Api:
             top_k=body.top_k, seed=body.seed,
         )  # fmt: skip
         gen = GenerationRequest(prompt=body.prompt, options=options, stop=tuple(body.stop or ()))
-        stream = self._start(engine, gen)
+        stream = self._start(engine, gen, "max_new_tokens", request.cancelled)
 
         def counts(done: Completion) -> dict[str, Any]:
             return {
@@ -389,7 +443,7 @@ class Api:
                 stream, ctx, lambda d: {"text": d},
                 lambda done: {"done": True, **counts(done)}, done_marker=False,
             )  # fmt: skip
-        done = self._run(stream)
+        done = self._run(stream, request.cancelled)
         ctx.completion = done
         return json_response(200, {"generated_text": done.text, **counts(done)})
 
@@ -399,10 +453,6 @@ class Api:
             raise ModelNotFoundError(
                 f"the model {body.model!r} does not exist; this server has {served!r}"
             )
-        if body.n != 1:
-            raise InvalidRequestError("n must be 1: one choice per request is supported", "n")
-        if body.logprobs:
-            raise InvalidRequestError("logprobs are not supported by this server", "logprobs")
         max_tokens = body.max_tokens
         if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
             max_tokens = body.max_completion_tokens
@@ -428,10 +478,8 @@ class Api:
         body = _parse(CompletionBody, request.body)
         options = self._openai_common(body)
         engine = self._engine()
-        if body.echo:
-            raise InvalidRequestError("echo is not supported by this server", "echo")
         gen = GenerationRequest(prompt=body.text(), options=options, stop=tuple(body.stop or ()))
-        stream = self._start(engine, gen)
+        stream = self._start(engine, gen, cancelled=request.cancelled)
         cid, created = self._ids(ctx.request_id, "cmpl")
         base = {"id": cid, "object": "text_completion", "created": created,
                 "model": engine.model_name}  # fmt: skip
@@ -445,7 +493,7 @@ class Api:
                 lambda done: {**base, "choices": [choice("", _finish(done))]},
                 usage_base=base if _include_usage(body) else None,
             )  # fmt: skip
-        done = self._run(stream)
+        done = self._run(stream, request.cancelled)
         ctx.completion = done
         return json_response(
             200, {**base, "choices": [choice(done.text, _finish(done))], "usage": self._usage(done)}
@@ -454,8 +502,6 @@ class Api:
     def _chat(self, request: Request, ctx: _Context) -> Response:
         body = _parse(ChatBody, request.body)
         options = self._openai_common(body)
-        if body.tools:
-            raise InvalidRequestError("tools are not supported by this server", "tools")
         engine = self._engine()
         gen = GenerationRequest(
             messages=[m.as_template_input() for m in body.messages],
@@ -464,7 +510,8 @@ class Api:
             stop=tuple(body.stop or ()),
             guidance=_guidance(body.response_format),
         )
-        stream = self._start(engine, gen)
+        given = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        stream = self._start(engine, gen, given, request.cancelled)
         cid, created = self._ids(ctx.request_id, "chatcmpl")
         base = {"id": cid, "object": "chat.completion.chunk", "created": created,
                 "model": engine.model_name, "system_fingerprint": _fingerprint(engine)}  # fmt: skip
@@ -483,7 +530,7 @@ class Api:
                                           "logprobs": None, "finish_reason": None}]}  # fmt: skip
             return self._sse_stream(stream, ctx, delta, final, first_events=[first],
                                     usage_base=base if _include_usage(body) else None)  # fmt: skip
-        done = self._run(stream)
+        done = self._run(stream, request.cancelled)
         ctx.completion = done
         message = {"role": "assistant", "content": done.text, "refusal": None}
         return json_response(200, {
@@ -495,10 +542,16 @@ class Api:
 
     def _models(self, request: Request, ctx: _Context) -> Response:
         engine = self.state.require()
-        created = int(datetime.fromisoformat(engine.manifest.created_at).timestamp())
-        model = {"id": engine.model_name, "object": "model", "created": created,
-                 "owned_by": "ortserve"}  # fmt: skip
-        return json_response(200, {"object": "list", "data": [model]})
+        return json_response(200, {"object": "list", "data": [_model_card(engine)]})
+
+    def _model(self, request: Request, ctx: _Context) -> Response:
+        engine = self.state.require()
+        name = request.path.removeprefix(_MODEL_PREFIX)
+        if name != engine.model_name:
+            raise ModelNotFoundError(
+                f"the model {name!r} does not exist; this server has {engine.model_name!r}"
+            )
+        return json_response(200, _model_card(engine))
 
     def _health(self) -> dict[str, Any]:
         state = self.state
@@ -528,7 +581,13 @@ class Api:
     def _openapi(self, request: Request, ctx: _Context) -> Response:
         from core.openapi import openapi_document  # builds JSON schemas: not on the cold path
 
-        return json_response(200, openapi_document())
+        return json_response(200, openapi_document(self.settings.max_new_tokens))
+
+
+def _model_card(engine: Engine) -> dict[str, Any]:
+    created = int(datetime.fromisoformat(engine.manifest.created_at).timestamp())
+    return {"id": engine.model_name, "object": "model", "created": created,
+            "owned_by": "ortserve"}  # fmt: skip
 
 
 def _include_usage(body: CompletionBody | ChatBody) -> bool:

@@ -432,15 +432,19 @@ class Engine:
         except RuntimeError as exc:
             raise GenerationError(f"generation failed: {_first_line(exc)}") from exc
 
-    def stream(self, request: GenerationRequest) -> GenerationStream:
+    def stream(
+        self, request: GenerationRequest, cancelled: threading.Event | None = None
+    ) -> GenerationStream:
         """Start a generation under admission control; iterate it for text deltas.
 
         Validation and admission happen here, before the first delta, so that callers
-        can still answer with an error status.
+        can still answer with an error status. A set `cancelled` (the client left) ends
+        the wait for a slot at once.
 
         Raises:
             InvalidRequestError: Bad parameters, a prompt that does not fit, bad guidance.
             BusyError: No slot within the queue timeout, or the queue is full.
+            ClientClosedError: `cancelled` was set before a slot was taken.
         """
         self._arrive(1)
         try:
@@ -449,7 +453,7 @@ class Engine:
             # Validate before taking a slot; a batched request needs no og params of its own.
             budget = self._budget(len(input_ids), request.options)
             params = None if batched else self._params(len(input_ids), request)
-            waited = self.admission.acquire(batched)
+            waited = self.admission.acquire(batched, cancelled)
         finally:
             self._arrive(-1)
         held_from = time.monotonic()

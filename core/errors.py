@@ -126,3 +126,11 @@ class GenerationError(OrtServeError):
 
     status = 500
     code = "generation_failed"
+
+
+class ClientClosedError(OrtServeError):
+    """The client went away before its answer was ready (nginx's 499): the request is
+    recorded with this status, and nothing is sent (there is no one to send it to)."""
+
+    status = 499
+    code = "client_closed_request"

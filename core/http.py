@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,9 @@ class Request:
         query: Query parameters (last value wins).
         headers: Header names in lower case.
         body: The raw body.
+        cancelled: Set by the adapter when the client has gone away while the answer is
+            computed: a buffered generation stops at its next token and a request waiting
+            for a slot leaves the queue at once (its record says 499; nothing is sent).
     """
 
     method: str
@@ -28,6 +32,7 @@ class Request:
     query: Mapping[str, str] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes = b""
+    cancelled: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
 
 @dataclass

@@ -81,14 +81,42 @@ def _get(summary: str, auth: bool) -> dict[str, Any]:
     return {"get": operation}
 
 
+# The token-limit fields, whose bound is the server's MAX_NEW_TOKENS.
+_TOKEN_LIMITS = {
+    "GenerateBody": ("max_new_tokens",),
+    "CompletionBody": ("max_tokens",),
+    "ChatBody": ("max_tokens", "max_completion_tokens"),
+}
+
+
+def _bound(schema: dict[str, Any], maximum: int) -> None:
+    """Set `maximum` on an integer schema, or on the integer member of an anyOf."""
+    for member in [schema, *schema.get("anyOf", [])]:
+        if member.get("type") == "integer":
+            member["maximum"] = maximum
+
+
+def _model_path() -> dict[str, Any]:
+    operation = _get("one model, by its id (the served one)", auth=True)
+    operation["get"]["parameters"] = [
+        {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+    ]
+    operation["get"]["responses"]["404"] = {"description": "no such model"}
+    return operation
+
+
 @cache
-def openapi_document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document for every route (built once)."""
+def openapi_document(max_new_tokens: int) -> dict[str, Any]:
+    """The OpenAPI 3.1 document for every route, with this server's token limit (built
+    once per limit)."""
     _, schemas = models_json_schema(
         [(m, "validation") for m in (GenerateBody, CompletionBody, ChatBody)],
         ref_template=_REF,
     )
     components = dict(schemas.get("$defs", {}))
+    for model, fields in _TOKEN_LIMITS.items():
+        for name in fields:
+            _bound(components[model]["properties"][name], max_new_tokens)
     components["Error"] = _ERROR
     return {
         "openapi": "3.1.0",
@@ -98,6 +126,7 @@ def openapi_document() -> dict[str, Any]:
             "/v1/completions": _post("CompletionBody", "OpenAI-compatible completion"),
             "/v1/chat/completions": _post("ChatBody", "OpenAI-compatible chat completion"),
             "/v1/models": _get("the served model", auth=True),
+            "/v1/models/{model}": _model_path(),
             "/healthz": _get("process alive", auth=False),
             "/readyz": _get("model loaded and ready", auth=False),
         },

@@ -1,10 +1,17 @@
-"""Request bodies of the HTTP API (pydantic v2). Unknown fields are ignored, as OpenAI does."""
+"""Request bodies of the HTTP API (pydantic v2).
+
+OpenAI's conventions: unknown fields are ignored, `null` for an optional field means its
+default (the openai client sends `temperature=None` when asked), and values are not
+coerced (`"max_tokens": "5"`, `"stream": "yes"` are errors: strict validation). The
+bounds are the ones the server keeps, so the OpenAPI document advertises only what it
+accepts (`n` is 1; `echo`, `logprobs` and `tools` are not supported).
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.stops import MAX_STOP_STRINGS
 
@@ -16,7 +23,14 @@ _TOP_K_DOC = "keep the k most likely tokens; 0, or k at or above the vocabulary 
 class _Body(BaseModel):
     # defer_build: a model's validator is built on first use, not at import: a Lambda cold
     # start that answers /generate builds one, not all of them.
-    model_config = ConfigDict(extra="ignore", defer_build=True)
+    model_config = ConfigDict(extra="ignore", defer_build=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 def _stops(value: str | list[str] | None) -> list[str]:
@@ -60,7 +74,7 @@ class _OpenAIBody(_Body):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = _SEED
     stop: Stop = None
-    n: int = Field(default=1, ge=1, le=128)
+    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -69,8 +83,8 @@ class CompletionBody(_OpenAIBody):
     """POST /v1/completions."""
 
     prompt: str | list[str]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=0, description="not supported")
+    echo: Literal[False] = Field(default=False, description="not supported")
 
     @field_validator("prompt")
     @classmethod
@@ -139,8 +153,10 @@ class ChatBody(_OpenAIBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=131072)
     response_format: ResponseFormat | None = None
-    logprobs: bool = False
-    tools: list[dict[str, Any]] | None = None
+    logprobs: Literal[False] = Field(default=False, description="not supported")
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, max_length=0, description="not supported"
+    )
     chat_template_kwargs: dict[str, Any] | None = Field(
         default=None,
         description="extra variables for the model's chat template, e.g. "

@@ -77,6 +77,8 @@ class ServerSettings(EngineSettings):
         drain_timeout_s: On shutdown, how long in-flight requests may take to finish.
         metrics_public: /metrics answers without an API key (for a scraper) even when
             keys are set.
+        cors_origins: Browser origins allowed to call the API (comma-separated in
+            ORTSERVE_CORS_ORIGINS; `*` for any); none: no CORS headers (browsers refuse).
     """
 
     host: str = "127.0.0.1"
@@ -86,6 +88,14 @@ class ServerSettings(EngineSettings):
     request_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     metrics_public: bool = False
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [o.strip().rstrip("/") for o in value.split(",") if o.strip()]
+        return value
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -3,13 +3,16 @@
 No framework: an ASGI request becomes a `core.http.Request`; `Api.handle` runs in a
 worker thread (it may run a whole generation); its `Response` is written at once, or,
 for a stream, chunk by chunk as the generation produces them. A client that goes away
-mid-stream closes the stream, which stops the generation and frees its slot.
+mid-stream closes the stream, which stops the generation and frees its slot; one that goes
+away while its answer is computed (a buffered generation, or a wait for a slot) sets the
+request's `cancelled`, which stops it too, and is sent nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
+from threading import Event
 from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
@@ -82,12 +85,20 @@ class EdgeApp:
             return  # the client left before sending its request
         request = _request(scope, method, body)
         gate = self._cheap if method in _CHEAP_METHODS else self._work
-        async with gate:
-            response = await run_in_thread(lambda: self.api.handle(request))
-        if isinstance(response.body, bytes):
-            await _send_bytes(send, response)
+        # An oversize body (answered 413 at once) is not watched: that would read its rest.
+        if len(body) <= self.max_body_bytes:
+            response = await _watched(self._handle(request, gate), receive, request.cancelled)
         else:
+            response = await self._handle(request, gate)
+        if isinstance(response.body, bytes):
+            if not request.cancelled.is_set():  # else no one is left to read it
+                await _send_bytes(send, response)
+        else:  # pumped even for a client gone: that stops the stream and ends its record
             await self._send_stream(response, receive, send)
+
+    async def _handle(self, request: Request, gate: asyncio.Semaphore) -> Response:
+        async with gate:
+            return await run_in_thread(lambda: self.api.handle(request))
 
     async def _send_stream(self, response: Response, receive: Receive, send: Send) -> None:
         assert not isinstance(response.body, bytes)
@@ -143,6 +154,16 @@ async def _send_bytes(send: Send, response: Response) -> None:
     length = [(b"content-length", str(len(response.body)).encode())]
     await send(_start(response, length))
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+async def _watched(answer: Awaitable[Response], receive: Receive, cancelled: Event) -> Response:
+    """Await `answer`, setting `cancelled` if the client leaves meanwhile."""
+    watcher = asyncio.create_task(_on_disconnect(receive, cancelled.set))
+    try:
+        return await answer
+    finally:
+        watcher.cancel()
+        await asyncio.wait({watcher})  # one reader of `receive` at a time
 
 
 async def _on_disconnect(receive: Receive, callback: Callable[[], None]) -> None:

@@ -24,6 +24,7 @@ import uvicorn
 from core.api import Api, RequestRecord
 from core.service import ModelState
 from edge.asgi import EdgeApp
+from edge.connections import guarded_h11
 from edge.logs import JsonLines, configure_stderr_logging
 from edge.metrics import CONTENT_TYPE, Metrics
 from edge.notify import Notifier
@@ -77,6 +78,11 @@ class Daemon:
             host=settings.host,
             port=settings.port,
             interface="asgi3",
+            # h11 with a read deadline and a connection cap (edge.connections); no
+            # WebSocket upgrade, which would leave that protocol.
+            http=guarded_h11(settings.read_timeout_s, settings.max_connections),
+            ws="none",
+            timeout_keep_alive=settings.keep_alive_s,
             lifespan="off",
             access_log=False,  # each request is logged once, as JSON, from its record
             log_config=None,  # stderr logging is configured by `serve`

@@ -80,9 +80,12 @@ class ChunkPump:
 
     def _run(self) -> None:
         try:
-            while not self._cancelled.is_set():
+            # The first chunk is pulled even when cancelled already: closing a generator
+            # that never started skips its `finally` (the API's record, its in-flight
+            # count and the generation's slot).
+            while True:
                 chunk = next(self._chunks, None)
-                if chunk is None or not self._put(chunk):
+                if chunk is None or not self._put(chunk) or self._cancelled.is_set():
                     break
         except BaseException as exc:  # re-raised in the loop by `__aiter__`
             self._put(exc)

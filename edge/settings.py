@@ -20,6 +20,14 @@ class EdgeSettings(ServerSettings):
             half of it.
         watchdog_pid: `WATCHDOG_PID`: the process the watchdog is meant for; pings are
             sent only when it is this process (or unset).
+        read_timeout_s: A whole request, head and body, must arrive within this many
+            seconds of its connection opening (or of the previous response on it), or the
+            connection is closed: it bounds idle new connections and slow (slowloris)
+            clients, which uvicorn alone never times out.
+        keep_alive_s: A connection idle this long after a response is closed (uvicorn's
+            `timeout_keep_alive`).
+        max_connections: Open connections at most; one more is closed as soon as it is
+            accepted, so slow clients cannot exhaust file descriptors or memory.
     """
 
     notify_socket: str | None = Field(
@@ -31,3 +39,7 @@ class EdgeSettings(ServerSettings):
     watchdog_pid: int | None = Field(
         default=None, validation_alias=AliasChoices("WATCHDOG_PID", "watchdog_pid")
     )
+
+    read_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    keep_alive_s: int = Field(default=5, ge=1, le=3600)
+    max_connections: int = Field(default=256, ge=1, le=65536)

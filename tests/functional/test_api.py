@@ -332,7 +332,7 @@ def test_unknown_route_and_method(target: Target) -> None:
     _error(target.call("GET", "/v2/nothing"), 404, "not_found")
     reply = target.call("GET", "/v1/chat/completions")
     _error(reply, 405, "method_not_allowed")
-    assert reply.headers["allow"] == "POST"
+    assert reply.headers["allow"] == "OPTIONS, POST"
 
 
 @pytest.mark.parametrize(
@@ -364,4 +364,63 @@ def test_openapi_document(target: Target) -> None:
     doc = target.call("GET", "/openapi.json").json()
     assert doc["openapi"].startswith("3.")
     assert {"/generate", "/v1/completions", "/v1/chat/completions"} <= set(doc["paths"])
-    assert "GenerateBody" in doc["components"]["schemas"]
+    schemas = doc["components"]["schemas"]
+    # It advertises only what the server accepts: its own token limit, n = 1, no echo.
+    assert schemas["GenerateBody"]["properties"]["max_new_tokens"]["maximum"] == 2000
+    chat_max = schemas["ChatBody"]["properties"]["max_completion_tokens"]["anyOf"]
+    assert {"type": "integer", "minimum": 1, "maximum": 2000} in chat_max
+    assert schemas["ChatBody"]["properties"]["n"]["maximum"] == 1
+    assert schemas["CompletionBody"]["properties"]["echo"]["const"] is False
+    assert "/v1/models/{model}" in doc["paths"]
+
+
+_CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+
+def test_null_means_the_default(target: Target) -> None:
+    """The openai client sends `temperature=None` when asked: OpenAI treats it as unset."""
+    nulls = {"temperature": None, "top_p": None, "n": None, "stream": None, "seed": None,
+             "logprobs": None, "stop": None, "stream_options": None, "tools": None}  # fmt: skip
+    assert target.call("POST", "/v1/chat/completions", {**_CHAT, **nulls}).status == 200
+    body = {"prompt": "x", "max_tokens": 2, "echo": None, "logprobs": None, "n": None}
+    assert target.call("POST", "/v1/completions", body).status == 200
+    generate = {"prompt": "x", "max_new_tokens": 2, "temperature": None, "top_k": None}
+    assert target.call("POST", "/generate", generate).status == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {**_CHAT, "max_tokens": "5"}, "max_tokens"),
+        ("/v1/chat/completions", {**_CHAT, "max_tokens": True}, "max_tokens"),
+        ("/v1/chat/completions", {**_CHAT, "stream": "yes"}, "stream"),
+        ("/generate", {"prompt": "x", "temperature": "0.5"}, "temperature"),
+        ("/generate", {"prompt": "x", "max_new_tokens": 5000}, "max_new_tokens"),
+        ("/v1/chat/completions", {**_CHAT, "max_completion_tokens": 5000},
+         "max_completion_tokens"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]},
+         "messages.0.content"),
+        ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
+        ("/v1/chat/completions", {**_CHAT, "logprobs": True}, "logprobs"),
+    ],
+)  # fmt: skip
+def test_no_coercion_and_the_routes_own_field_names(
+    target: Target, path: str, body: object, param: str
+) -> None:
+    assert _error(target.call("POST", path, body), 400, "invalid_request")["param"] == param
+
+
+def test_models_retrieve_head_and_options(target: Target) -> None:
+    listed = target.call("GET", "/v1/models").json()["data"][0]
+    one = target.call("GET", f"/v1/models/{listed['id']}")
+    assert one.status == 200 and one.json() == listed
+    _error(target.call("GET", "/v1/models/gpt-4"), 404, "model_not_found")
+    for path in ("/v1/models", "/healthz", "/readyz"):
+        head = target.call("HEAD", path)
+        assert (head.status, head.body) == (200, b""), path
+        assert head.headers["content-type"] == "application/json"
+    options = target.call("OPTIONS", "/generate")
+    assert options.status == 204
+    assert options.headers["allow"] == "OPTIONS, POST"
+    assert target.call("OPTIONS", "/v1/models").headers["allow"] == "GET, HEAD, OPTIONS"
+    assert "access-control-allow-origin" not in options.headers  # CORS is off by default

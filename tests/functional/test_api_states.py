@@ -154,3 +154,22 @@ def test_a_request_id_is_echoed_only_when_it_is_safe(tiny_model_dir: Path) -> No
     for unsafe in ("abc\n", "a b", "x" * 65):
         echoed = client.call("GET", "/healthz", headers={"x-request-id": unsafe})
         assert len(echoed.headers["x-request-id"]) == 32, unsafe  # a fresh id instead
+
+
+def test_cors_is_off_by_default_and_configurable(tiny_model_dir: Path) -> None:
+    origin = {"origin": "https://app.example"}
+    closed = InProcess(_api(tiny_model_dir))
+    assert (
+        "access-control-allow-origin"
+        not in closed.call("GET", "/v1/models", headers=origin).headers
+    )
+    opened = InProcess(_api(tiny_model_dir, cors_origins="https://app.example/, https://b.example"))
+    reply = opened.call("GET", "/v1/models", headers=origin)
+    assert reply.headers["access-control-allow-origin"] == "https://app.example"
+    asking = {**origin, "access-control-request-method": "POST"}
+    preflight = opened.call("OPTIONS", "/v1/chat/completions", headers=asking)
+    assert preflight.status == 204
+    assert "authorization" in preflight.headers["access-control-allow-headers"]
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    other = opened.call("GET", "/v1/models", headers={"origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in other.headers

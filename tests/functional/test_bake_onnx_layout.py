@@ -74,7 +74,10 @@ def test_default_variant_on_cpu_is_q4_and_the_bake_says_so(
     assert "builder" not in manifest.builder_version
     assert manifest.builder_options == {}
     files = sorted(f.path for f in manifest.files)
-    assert files == ["genai_config.json", "model.onnx", "model.onnx.data", *_SMALL_FILES[2:]]
+    # The graph and its data, the small files of the export, and what transformers adds
+    # to raw text (core/text.py).
+    assert files == ["genai_config.json", "model.onnx", "model.onnx.data", "ortserve-text.json",
+                     *_SMALL_FILES[2:]]  # fmt: skip
     config = json.loads((tmp_path / "m" / "model" / "genai_config.json").read_text())
     assert config["model"]["decoder"]["filename"] == "model.onnx"
     assert config["model"]["type"] == "llama"

@@ -356,10 +356,134 @@ def test_with_keys_every_route_but_health_needs_one(start: Any) -> None:
     for path in ("/healthz", "/readyz"):
         assert daemon.http.get(path).status_code == 200, path
     wrong = daemon.http.post("/metrics", headers=key)
-    assert (wrong.status_code, wrong.headers["allow"]) == (405, "GET")
+    assert (wrong.status_code, wrong.headers["allow"]) == (405, "GET, HEAD, OPTIONS")
     assert daemon.stop() == 0
     public = start(API_KEYS="k1", METRICS_PUBLIC="1")
     public.wait_for("READY=1")
     assert public.http.get("/metrics").status_code == 200
     assert public.http.get("/openapi.json").status_code == 401
     assert public.stop() == 0
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _post(body: dict[str, Any], request_id: str) -> bytes:
+    data = json.dumps(body).encode()
+    head = (f"POST /generate HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\nx-request-id: {request_id}\r\n\r\n")  # fmt: skip
+    return head.encode() + data
+
+
+def _closed_within(sock: socket.socket, timeout: float) -> float | None:
+    """Seconds until the server closed `sock` (reading whatever it sent first), or None."""
+    start = time.monotonic()
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - start
+
+
+def test_a_buffered_request_whose_client_leaves_stops_at_once_and_is_logged_499(
+    start: Any,
+) -> None:
+    # One slot and no queue: a slot still held would make the next request a 503.
+    daemon = start(MAX_NEW_TOKENS=str(LONG), MAX_CONCURRENCY="1", MAX_QUEUE="0")
+    daemon.wait_for("READY=1")
+    body = {"prompt": PROMPT, "max_new_tokens": LONG}
+    full = daemon.http.post("/generate", json=body, headers={"x-request-id": "full"})
+    assert full.json()["tokens_generated"] == LONG
+    full_s = daemon.record("full")["duration_s"]
+    with _connect(daemon.url) as leaving:
+        leaving.sendall(_post(body, "gone"))
+        time.sleep(min(0.05, full_s / 10))  # generating, far from done
+    gone = daemon.record("gone", timeout=full_s * 2 + 5)
+    assert gone["status"] == 499  # like a stream's client, it is gone: not a 200
+    assert gone["duration_s"] < full_s / 2  # stopped, not run to its end
+    assert daemon.metric("ortserve_active_generations") == 0
+    follow = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
+    assert follow.status_code == 200, follow.text
+    assert daemon.stop() == 0
+
+
+def test_a_queued_request_whose_client_leaves_leaves_the_queue_at_once(start: Any) -> None:
+    daemon = start(MAX_NEW_TOKENS=str(LONG), MAX_CONCURRENCY="1", MAX_QUEUE="1",
+                   MAX_BATCH="1", QUEUE_TIMEOUT_S="60")  # fmt: skip
+    daemon.wait_for("READY=1")
+    body = {"prompt": PROMPT, "max_new_tokens": LONG}
+    replies: list[httpx.Response] = []
+
+    def run_ahead() -> None:
+        with httpx.Client(base_url=daemon.url, timeout=60) as client:
+            replies.append(client.post("/generate", json=body, headers={"x-request-id": "ahead"}))
+
+    ahead = threading.Thread(target=run_ahead)
+    ahead.start()
+    deadline = time.monotonic() + 10
+    while not daemon.metric("ortserve_active_generations") and time.monotonic() < deadline:
+        time.sleep(0.002)
+    with _connect(daemon.url) as leaving:
+        leaving.sendall(_post(body, "queued"))
+        while not daemon.metric("ortserve_queue_depth") and time.monotonic() < deadline:
+            time.sleep(0.002)
+    queued = daemon.record("queued", timeout=10)
+    ahead.join(60)
+    assert queued["status"] == 499 and queued["completion_tokens"] == 0  # never generated
+    assert replies[0].json()["tokens_generated"] == LONG
+    # It left the queue when its client left, not when the request ahead of it ended.
+    assert queued["duration_s"] < daemon.record("ahead")["duration_s"]
+    assert daemon.metric("ortserve_queue_depth") == 0
+    assert daemon.stop() == 0
+
+
+def test_idle_slow_and_surplus_connections_are_closed(start: Any) -> None:
+    daemon = start(READ_TIMEOUT_S="2", KEEP_ALIVE_S="1", MAX_CONNECTIONS="4")
+    daemon.wait_for("READY=1")
+    idle = [_connect(daemon.url) for _ in range(4)]
+    surplus = _connect(daemon.url)
+    waited = _closed_within(surplus, 1)
+    assert waited is not None and waited < 0.5  # past the cap: closed at once, unread
+    # A connection that never sends a request is closed at the read timeout.
+    for sock in idle:
+        waited = _closed_within(sock, 6)
+        assert waited is not None and waited < 4, waited
+        sock.close()
+
+    # Slowloris: a header line every 0.2 s never completes the head.
+    slow = _connect(daemon.url)
+    slow.sendall(b"GET /healthz HTTP/1.1\r\nhost: test\r\n")
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for i in range(100):
+            if stop.wait(0.2):
+                return
+            try:
+                slow.sendall(f"x-slow-{i}: 1\r\n".encode())
+            except OSError:  # closed by the server
+                return
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    waited = _closed_within(slow, 10)
+    stop.set()
+    sender.join()
+    slow.close()
+    assert waited is not None and waited < 4, waited
+
+    # A kept-alive connection idle after its response is closed at KEEP_ALIVE_S.
+    with _connect(daemon.url) as kept:
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nhost: test\r\n\r\n")
+        reply = kept.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        waited = _closed_within(kept, 6)
+        assert waited is not None and 0.5 < waited < 1.8, waited
+    assert daemon.http.get("/healthz").status_code == 200
+    assert daemon.stop() == 0

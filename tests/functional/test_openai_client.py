@@ -26,6 +26,14 @@ def client(
 
 def test_models(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    # Asked for a null temperature, the client sends `"temperature": null`: the default.
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=None
+    )
+    assert reply.choices[0].finish_reason in {"stop", "length"}
 
 
 def test_completion(client: openai.OpenAI) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from core.admission import Admission
-from core.errors import BusyError
+from core.errors import BusyError, ClientClosedError
 
 
 def test_queue_full_is_refused_at_once() -> None:
@@ -94,4 +95,37 @@ def test_a_generation_alone_waits_for_a_batch_to_leave_and_none_overtake_it() ->
         gate.acquire(batched=True)
     for _ in range(4):
         gate.release(0.1, batched=True)
+    assert gate.active == 0 and gate.acquire() == 0.0
+
+
+def test_a_waiter_whose_client_leaves_leaves_the_queue_at_once() -> None:
+    gate = Admission(max_active=1, max_queue=4, timeout_s=60)
+    gate.acquire()
+    cancelled = threading.Event()
+    errors: list[ClientClosedError] = []
+
+    def waiter() -> None:
+        try:
+            gate.acquire(cancelled=cancelled)
+        except ClientClosedError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    while gate.waiting == 0:
+        threading.Event().wait(0.001)
+    start = time.monotonic()
+    cancelled.set()
+    thread.join(5)
+    assert time.monotonic() - start < 0.5  # not at the 60 s queue timeout
+    assert len(errors) == 1 and errors[0].status == 499
+    assert gate.waiting == 0 and gate.active == 1
+
+
+def test_a_request_whose_client_left_takes_no_free_slot() -> None:
+    gate = Admission(max_active=1, max_queue=0, timeout_s=60)
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(ClientClosedError):
+        gate.acquire(cancelled=cancelled)
     assert gate.active == 0 and gate.acquire() == 0.0

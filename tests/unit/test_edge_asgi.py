@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from typing import Any
 
 import pytest
 
 from core.http import Request, Response, json_response, sse_response
 from edge.asgi import EdgeApp, Message
+from edge.offload import ChunkPump
 
 
 class FakeApi:
@@ -242,3 +243,62 @@ def test_lifespan_is_acknowledged() -> None:
         ]  # fmt: skip
 
     run(go())
+
+
+def test_a_client_that_leaves_while_its_answer_is_computed_cancels_it() -> None:
+    """A buffered generation (or a wait for a slot) sees `cancelled` and stops; the
+    answer it then gives (the API's 499) is not sent to a client that is gone."""
+    seen: list[bool] = []
+
+    def answer(request: Request) -> Response:
+        seen.append(request.cancelled.wait(5))
+        return json_response(499, {})
+
+    api = FakeApi(answer)
+
+    async def go() -> None:
+        client = Client()
+        task = asyncio.create_task(app_for(api)(scope("POST"), client.receive, client.send))
+        while not api.requests:
+            await asyncio.sleep(0.001)
+        client.disconnect()
+        await task
+        assert client.sent == []
+
+    run(go())
+    assert seen == [True]
+
+
+def test_a_request_answered_normally_is_not_cancelled() -> None:
+    api = FakeApi(lambda r: json_response(200, {}))
+
+    async def go() -> None:
+        client = Client()
+        await app_for(api)(scope("POST"), client.receive, client.send)
+        assert client.status == 200 and client.complete
+
+    run(go())
+    assert not api.requests[0].cancelled.is_set()
+
+
+def test_a_stream_cancelled_before_its_first_chunk_still_runs_its_end() -> None:
+    """A generator closed before it started would skip its `finally` (the API's record,
+    its in-flight count): the pump pulls its first chunk even when cancelled at once."""
+    ended = threading.Event()
+
+    def chunks() -> Generator[bytes, None, None]:
+        try:
+            yield b"data: 1\n\n"
+            yield b"data: 2\n\n"
+        finally:
+            ended.set()
+
+    async def go() -> None:
+        body = chunks()
+        pump = ChunkPump(body, body.close)
+        pump.cancel()  # the client left before the pump thread began
+        pump.start()
+        assert [chunk async for chunk in pump] in ([], [b"data: 1\n\n"])
+
+    run(go())
+    assert ended.is_set()
