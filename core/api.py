@@ -168,6 +168,7 @@ class Api:
         self.settings = settings
         self.on_record = on_record
         self.draining = False
+        self._stopping = threading.Event()
         self.in_flight = 0
         self._lock = threading.Lock()
         self._keys = [k.encode() for k in settings.api_keys]
@@ -234,6 +235,12 @@ class Api:
     def start_draining(self) -> None:
         """Refuse new generations from now on; requests in flight go on."""
         self.draining = True
+
+    def stop_generations(self) -> None:
+        """End every running generation at its next text: a stream with a final
+        `shutting_down` error event, a buffered request with that 503 (the drain's end)."""
+        self.draining = True
+        self._stopping.set()
 
     def _finish(self, record: RequestRecord, ctx: _Context, start: float) -> None:
         with self._lock:
@@ -357,6 +364,11 @@ class Api:
             for delta in stream:
                 if cancelled is not None and cancelled.is_set():
                     raise ClientClosedError("the client closed the request during generation")
+                if self._stopping.is_set():
+                    raise DrainingError(
+                        "the server shut down before this generation ended; retry on "
+                        "another instance"
+                    )
                 yield delta
                 if time.monotonic() > deadline:
                     raise RequestTimeoutError(

@@ -38,6 +38,8 @@ _SPARE_WORKERS = 4
 # After the drain, how long uvicorn may take to close the connections that are left.
 _CLOSE_TIMEOUT_S = 3
 _POLL_S = 0.05
+# After the drain timeout, how long generations get to send their shutting_down answer.
+_STOP_GRACE_S = 2.0
 
 
 class _Server(uvicorn.Server):
@@ -173,6 +175,12 @@ class Daemon:
             log.warning(
                 "drain ended with %d request(s) in flight: stopping them", self.api.in_flight
             )
+            # Each ends at its next token with a shutting_down answer (an SSE error event,
+            # or a 503); only what does not end within the grace is cut off.
+            self.api.stop_generations()
+            grace = loop.time() + _STOP_GRACE_S
+            while self._busy() and loop.time() < grace and not self.server.force_exit:
+                await asyncio.sleep(_POLL_S)
             self.app.cancel_streams()
         self.notifier.status("stopping")
 

@@ -487,3 +487,45 @@ def test_idle_slow_and_surplus_connections_are_closed(start: Any) -> None:
         assert waited is not None and 0.5 < waited < 1.8, waited
     assert daemon.http.get("/healthz").status_code == 200
     assert daemon.stop() == 0
+
+
+def test_the_drain_timeout_ends_streams_and_buffered_requests_with_shutting_down(
+    start: Any,
+) -> None:
+    """Past the drain timeout, a stream ends with a final `shutting_down` SSE error event
+    (no [DONE]) and a buffered request gets the OpenAI-shaped 503 with Retry-After; the
+    exit status is 0 and no traceback reaches the log."""
+    daemon = start(MAX_NEW_TOKENS=str(LONG), MAX_CONCURRENCY="2", MAX_BATCH="1",
+                   DRAIN_TIMEOUT_S="0")  # fmt: skip
+    daemon.wait_for("READY=1")
+    buffered: dict[str, Any] = {}
+
+    def ask() -> None:
+        body = {"prompt": PROMPT, "max_new_tokens": LONG}
+        with httpx.Client(base_url=daemon.url, timeout=30) as client:
+            buffered["reply"] = client.post("/generate", json=body)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    deadline = time.monotonic() + 10
+    while daemon.http.get("/healthz").json()["active"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": LONG,
+            "temperature": 0, "stream": True}  # fmt: skip
+    with daemon.http.stream("POST", "/v1/chat/completions", json=chat) as reply:
+        chunks = reply.iter_raw()
+        first = next(chunks)
+        daemon.proc.send_signal(signal.SIGTERM)
+        rest = b"".join(chunks)
+    asking.join(30)
+    blocks = [b for b in (first + rest).decode().split("\n\n") if b.strip()]
+    assert blocks[-1] != "data: [DONE]"
+    final = json.loads(blocks[-1].removeprefix("data: "))
+    assert final["error"]["code"] == "shutting_down"
+    answer = buffered["reply"]
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "shutting_down"
+    assert answer.headers["retry-after"] == "5"
+    assert daemon.proc.wait(30) == 0
+    log = daemon.stderr()
+    assert "Traceback" not in log and "CancelledError" not in log, log
