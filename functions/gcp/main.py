@@ -54,7 +54,7 @@ def ortserve(request: FlaskRequest) -> FlaskResponse:
     body = _read_body(request, settings.max_body_bytes)
     core_request = Request(
         method=request.method,
-        path=request.path,
+        path=_raw_path(request),
         query={k: v[-1] for k, v in request.args.lists()},  # last value wins, as core says
         headers={k.lower(): v for k, v in request.headers.items()},
         body=body,
@@ -64,6 +64,14 @@ def ortserve(request: FlaskRequest) -> FlaskResponse:
         response.body, status=response.status, headers=response.headers,
         direct_passthrough=response.is_stream,
     )  # fmt: skip
+
+
+def _raw_path(request: FlaskRequest) -> str:
+    """The path as the client sent it: werkzeug's `request.path` drops repeated leading
+    slashes (`//v1/models` became `/v1/models`), which no other target does."""
+    raw = str(request.environ.get("PATH_INFO") or "/")
+    # WSGI carries the path's bytes as latin-1 text: back to bytes, then UTF-8.
+    return raw.encode("latin-1", "replace").decode("utf-8", "replace")
 
 
 def _read_body(request: FlaskRequest, limit: int) -> bytes:

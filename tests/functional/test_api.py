@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -326,6 +328,19 @@ def test_unknown_model(target: Target) -> None:
 
 def test_oversize_body(target: Target) -> None:
     _error(target.call("POST", "/generate", {"prompt": "x" * 70_000}), 413, "payload_too_large")
+
+
+def test_a_path_is_matched_as_sent(target: Target) -> None:
+    """`//v1/models` is not `/v1/models` on any target (werkzeug merged the slashes)."""
+    if isinstance(target, Http):  # httpx would read "//v1" as a host: send it raw
+        url = urllib.parse.urlsplit(target.base_url)
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=30)
+        conn.request("GET", "//v1/models", headers=AUTH)
+        status = conn.getresponse().status
+        conn.close()
+    else:
+        status = target.call("GET", "//v1/models").status
+    assert status == 404
 
 
 def test_unknown_route_and_method(target: Target) -> None:
