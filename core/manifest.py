@@ -137,6 +137,11 @@ def read_manifest(folder: Path) -> Manifest:
     if not folder.is_dir():
         raise ModelIntegrityError(f"model folder {folder} does not exist")
     if not path.is_file():
+        inner = folder / "model"
+        if (inner / MANIFEST_NAME).is_file():  # a bundle: its model is in model/
+            raise ModelIntegrityError(
+                f"{path} is missing: {folder} is a bundle; its model folder is {inner}"
+            )
         raise ModelIntegrityError(f"{path} is missing: is {folder} a baked model folder?")
     try:
         return Manifest.model_validate_json(path.read_bytes())

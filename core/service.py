@@ -58,10 +58,11 @@ class ModelState:
                 return
             self.engine, self.status, self.reason = engine, "ready", None
             probe = engine.probe
+            skipped = ", ".join(f"{name} ({why})" for name, why in probe.skipped.items())
             log.info(
-                "model %s ready on %s in %.2f s (threads %d; skipped: %s)",
+                "model %s ready on %s in %.2f s, %d threads; other providers skipped: %s",
                 engine.model_name, probe.provider, probe.load_seconds, probe.threads,
-                probe.skipped or "none",
+                skipped or "none",
             )  # fmt: skip
 
     def fail(self, reason: str) -> None:

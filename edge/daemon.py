@@ -202,5 +202,5 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def serve(settings: EdgeSettings) -> int:
     """Run the daemon in this process until it is stopped; its exit code."""
-    configure_stderr_logging()
+    configure_stderr_logging(settings.log_level)
     return asyncio.run(Daemon(settings).run())

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from dataclasses import asdict
 from typing import TextIO
 
@@ -33,11 +34,15 @@ class JsonLines:
             self._stream.flush()
 
 
-def configure_stderr_logging(level: int = logging.INFO) -> None:
-    """Everything but request records goes to stderr, without timestamps (journald adds
-    them); uvicorn's loggers propagate here too."""
+def configure_stderr_logging(level: int | str = logging.INFO) -> None:
+    """Everything but request records goes to stderr, one line each with its time (UTC,
+    ISO 8601) and level; uvicorn's loggers propagate here too."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    formatter = logging.Formatter(
+        "%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"
+    )
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

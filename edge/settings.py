@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from typing import Literal
+
+from pydantic import AliasChoices, Field, field_validator
 
 from core.settings import ServerSettings
 
@@ -26,6 +28,8 @@ class EdgeSettings(ServerSettings):
             clients, which uvicorn alone never times out.
         keep_alive_s: A connection idle this long after a response is closed (uvicorn's
             `timeout_keep_alive`).
+        log_level: The stderr log's level (ORTSERVE_LOG_LEVEL: DEBUG, INFO, WARNING,
+            ERROR); request records always go to stdout.
         max_connections: Open connections at most; one more is closed as soon as it is
             accepted, so slow clients cannot exhaust file descriptors or memory.
     """
@@ -40,6 +44,13 @@ class EdgeSettings(ServerSettings):
         default=None, validation_alias=AliasChoices("WATCHDOG_PID", "watchdog_pid")
     )
 
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     read_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
+
     keep_alive_s: int = Field(default=5, ge=1, le=3600)
     max_connections: int = Field(default=256, ge=1, le=65536)
