@@ -19,7 +19,7 @@ MODEL_SUBDIR = "model"
 # The runtime's dependencies, pinned to the versions installed (and tested) here.
 RUNTIME_DISTRIBUTIONS = (
     "onnxruntime-genai", "pydantic", "pydantic-core", "pydantic-settings", "numpy", "jinja2",
-    "tokenizers",
+    "tokenizers", "shtab",
 )  # fmt: skip
 # Versions this project was tested with, for tools the bake machine may not have.
 _TESTED = {
