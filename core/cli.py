@@ -135,6 +135,72 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store() -> Path:
+    from core.settings import StoreSettings
+
+    return StoreSettings().models
+
+
+def _list(args: argparse.Namespace) -> int:
+    from core import store
+
+    models = store.list_models(_store())
+    if not models:
+        print(f"no models in {_store()}: `ortserve run MODEL` bakes and serves one")
+        return 0
+    rows = [("NAME", "TARGET", "PRECISION", "SIZE", "QUALITY", "BAKED")]
+    for model in models:
+        manifest = model.manifest
+        quality = manifest.quality if manifest else None
+        rows.append((
+            model.name, str(model.spec.get("target", "?")),
+            manifest.precision if manifest else "unreadable",
+            f"{model.size_bytes / 1e6:.0f} MB",
+            f"ppl x{quality.ppl_ratio:.3f}" if quality and quality.ppl_ratio else "-",
+            manifest.created_at[:16].replace("T", " ") if manifest else "-",
+        ))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from core import store
+    from core.manifest import read_manifest
+
+    folder = Path(args.model)
+    if not folder.is_dir():
+        found = store.find(_store(), args.model)
+        if found is None:
+            print(f"ortserve show: error: no folder or stored model {args.model!r}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        folder = found.folder
+    manifest = read_manifest(folder)
+    quality = manifest.quality
+    print(f"folder:     {folder}")
+    for label, value in (
+        ("model", manifest.model_name), ("source", manifest.source),
+        ("target", manifest.target), ("precision", manifest.precision),
+        ("options", ", ".join(f"{k}={v}" for k, v in manifest.builder_options.items()) or "-"),
+        ("runtime", f"onnxruntime-genai {manifest.onnxruntime_genai_version}"),
+        ("baked", manifest.created_at),
+        ("quality", quality.summary() if quality else "not run"),
+        ("files", f"{len(manifest.files)}, {sum(f.size for f in manifest.files) / 1e6:.0f} MB"),
+    ):  # fmt: skip
+        print(f"{label + ':':<11} {value}")
+    return 0
+
+
+def _rm(args: argparse.Namespace) -> int:
+    from core import store
+
+    removed = store.remove(_store(), args.name)
+    print(f"removed {removed.name}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full `ortserve` parser, with every registered subcommand."""
     parser = argparse.ArgumentParser(
@@ -170,6 +236,21 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _add_engine_args(probe)
     probe.set_defaults(func=_probe)
+
+    listing = subparsers.add_parser(
+        "list", help="list the models in the local store (baked by `ortserve run`)",
+        description="List the local store's models: name, target, precision, size, the "
+        "quality gate's perplexity ratio, when baked (store: ORTSERVE_HOME/models).",
+    )  # fmt: skip
+    listing.set_defaults(func=_list)
+    show = subparsers.add_parser(
+        "show", help="show a baked model's manifest (a stored model's name, or a folder)"
+    )
+    show.add_argument("model", help="a name from `ortserve list` (or its start), or a folder")
+    show.set_defaults(func=_show)
+    rm = subparsers.add_parser("rm", help="remove a model from the local store")
+    rm.add_argument("name", help="a name from `ortserve list` (or its unique start)")
+    rm.set_defaults(func=_rm)
 
     completion = subparsers.add_parser(
         "completion", help="print a shell completion script (bash or zsh)",

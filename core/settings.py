@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -63,6 +64,30 @@ class EngineSettings(BaseSettings):
                 f"{', '.join(DEFAULT_PROVIDER_ORDER)}"
             )
         return names
+
+
+def _default_home() -> Path:
+    # The XDG base-directory rule, as pip and huggingface_hub follow it.
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ortserve"
+
+
+class StoreSettings(BaseSettings):
+    """Where `ortserve run` keeps the models it bakes (the local model store).
+
+    Attributes:
+        home: ORTSERVE_HOME (default `$XDG_CACHE_HOME/ortserve`); models live in
+            `home/models/NAME/model`.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ORTSERVE_", extra="ignore", defer_build=True)
+
+    home: Path = Field(default_factory=_default_home)
+
+    @property
+    def models(self) -> Path:
+        """The store's folder of models."""
+        return self.home / "models"
 
 
 class ServerSettings(EngineSettings):

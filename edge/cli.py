@@ -21,10 +21,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "/metrics. Other settings come from ORTSERVE_* environment variables."
         ),
     )
-    parser.add_argument("--model-dir", type=Path, help="baked model folder (ORTSERVE_MODEL_DIR)")
+    parser.add_argument(
+        "--model-dir", type=Path,
+        help="baked model folder, or a name from `ortserve list` (ORTSERVE_MODEL_DIR)",
+    )  # fmt: skip
+    add_listen_args(parser)
+    parser.set_defaults(func=run)
+
+
+def add_listen_args(parser: argparse.ArgumentParser) -> None:
+    """--host and --port (shared with `ortserve run`)."""
     parser.add_argument("--host", help="address to listen on (ORTSERVE_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (ORTSERVE_PORT, default 8000)")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,8 +45,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from pydantic import ValidationError
 
+    from core.settings import StoreSettings
+    from core.store import resolve
     from edge.settings import EdgeSettings
 
+    if getattr(args, "model_dir", None) is not None:
+        args.model_dir = resolve(StoreSettings().models, args.model_dir)
     overrides = {
         name: value
         for name in ("model_dir", "host", "port")

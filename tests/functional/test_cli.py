@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.functional.harness import SERVER_ENV, free_port
-from tests.models import ORTSERVE, run_ortserve
+from tests.models import ORTSERVE, SOURCE_CACHE, run_ortserve
 
 
 def test_version_names_ortserve_and_its_runtime() -> None:
@@ -85,3 +86,48 @@ def test_daemon_log_lines_carry_time_and_level(tiny_model_dir: Path) -> None:
     assert "{" not in ready and "other providers skipped: cuda (" in ready, ready
     quiet = _serve_log(tiny_model_dir, "WARNING")
     assert " INFO " not in quiet, quiet
+
+
+def _run_until_ready(cmd: list[str], env: dict[str, str], port: int) -> str:
+    """Start `cmd`, wait for /readyz on `port`, SIGTERM it; its stderr."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        ready = False
+        while time.monotonic() < deadline and proc.poll() is None and not ready:
+            with contextlib.suppress(httpx.HTTPError):
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+            time.sleep(0.1)
+        assert ready, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        proc.kill()
+    return err
+
+
+@pytest.mark.slow
+def test_run_bakes_once_into_the_store_then_list_show_serve_rm(tmp_path: Path) -> None:
+    env = {**os.environ, **SERVER_ENV, "ORTSERVE_HOME": str(tmp_path / "home"),
+           "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE)}  # fmt: skip
+    port = free_port()
+    run = [*ORTSERVE, "run", "builtin:tiny-llama", "--port", str(port)]
+    first = _run_until_ready(run, env, port)
+    assert "ortserve run: baking builtin:tiny-llama" in first
+    second = _run_until_ready(run, env, port)
+    assert "is in the store" in second and "baking" not in second
+    listed = run_ortserve("list", env=env).stdout.splitlines()
+    assert listed[0].split()[:4] == ["NAME", "TARGET", "PRECISION", "SIZE"]
+    (row,) = listed[1:]
+    name = row.split()[0]
+    assert name.startswith("tiny-llama-edge-") and "int4" in row and "ppl x" in row
+    shown = run_ortserve("show", "tiny-llama", env=env)
+    assert shown.returncode == 0 and "quality:" in shown.stdout, shown.stderr
+    serve = [*ORTSERVE, "serve", "--model-dir", name, "--port", str(port)]
+    _run_until_ready(serve, env, port)
+    assert run_ortserve("rm", name, env=env).stdout.strip() == f"removed {name}"
+    assert "no models in" in run_ortserve("list", env=env).stdout
+    missing = run_ortserve("rm", name, env=env)
+    assert missing.returncode == 1 and "no stored model" in missing.stderr
