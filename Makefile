@@ -33,11 +33,14 @@ demo: $(VENV)/.bake-installed
 	$(BIN)/ortserve serve --model-dir $(OUT)/model --host $(HOST) --port $(PORT)
 
 # Debian tools the tests use: systemd-analyze (the unit file), qemu-user-static (the
-# aarch64 bundle under emulation), shellcheck (install.sh).
+# aarch64 bundle under emulation), shellcheck (install.sh), chromium (the playground's
+# browser test), promtool from prometheus (the /metrics exposition).
 system-deps:
 	@command -v systemd-analyze >/dev/null && command -v qemu-aarch64-static >/dev/null \
-	  && command -v shellcheck >/dev/null \
-	  || { apt-get update -qq && apt-get install -y -qq systemd qemu-user-static shellcheck; }
+	  && command -v shellcheck >/dev/null && command -v chromium >/dev/null \
+	  && command -v promtool >/dev/null \
+	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd \
+	       qemu-user-static shellcheck chromium prometheus; }
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .

@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from core.manifest import read_manifest
 from tests.functional.harness import daemon
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,23 +171,34 @@ def _ab(base_a: str, base_b: str, count: int, max_tokens: int) -> dict[str, Any]
     }
 
 
-def _plot(levels: list[dict[str, Any]], path: Path, title: str) -> None:
+def _plot(levels: list[dict[str, Any]], path: Path, model: str, run: str) -> None:
+    """Throughput and p99 latency against the number of clients, on the clients' own
+    values (1, 2, 4, ...), with a legend; the title names the model and `run` how."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n = [lv["clients"] for lv in levels]
-    fig, left = plt.subplots(figsize=(7, 4))
-    left.plot(n, [lv["tokens_per_s"] for lv in levels], "o-", color="tab:blue")
+    fig, left = plt.subplots(figsize=(7, 4.4))
+    throughput = left.plot(n, [lv["tokens_per_s"] for lv in levels], "o-", color="tab:blue",
+                           label="throughput, all clients (tokens/s, left)")  # fmt: skip
     left.set_xlabel("concurrent streaming clients")
-    left.set_ylabel("total tokens/s", color="tab:blue")
+    left.set_ylabel("tokens/s", color="tab:blue")
     left.set_xscale("log", base=2)
+    left.set_xticks(n, [str(c) for c in n])  # 1, 2, 4, 8, 16 rather than 2⁰...2⁴
+    left.minorticks_off()
     left.set_ylim(bottom=0)
+    left.grid(True, alpha=0.3)
     right = left.twinx()
-    right.plot(n, [lv["latency_p99_ms"] for lv in levels], "s--", color="tab:red")
+    latency = right.plot(n, [lv["latency_p99_ms"] for lv in levels], "s--", color="tab:red",
+                         label="p99 request latency (ms, right)")  # fmt: skip
     right.set_ylabel("p99 latency (ms)", color="tab:red")
-    left.set_title(title)
+    right.set_ylim(bottom=0)
+    lines = throughput + latency
+    left.legend(lines, [line.get_label() for line in lines], loc="upper center",
+                bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)  # fmt: skip
+    left.set_title(f"ortserve edge daemon on {model}\n{run}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -231,7 +243,10 @@ def main() -> None:
             result["soak"] = _soak(base, proc.pid, args.soak, args.max_tokens)
             print(json.dumps(result["soak"]), flush=True)
     if args.plot and result["levels"]:
-        _plot(result["levels"], args.plot, f"ortserve edge daemon, {args.model_dir.parent.name}")
+        run = (f"N closed-loop clients, {args.max_tokens}-token greedy chats, "
+               f"{args.seconds:g} s per N")  # fmt: skip
+        _plot(result["levels"], args.plot, read_manifest(args.model_dir).model_name,
+              run + "".join(f", {kv}" for kv in args.env))  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

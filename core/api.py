@@ -6,6 +6,9 @@ Every adapter (edge daemon, Lambda, Cloud Functions) calls `Api.handle` and writ
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
 import hmac
 import json
 import logging
@@ -16,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -45,11 +49,12 @@ from core.settings import ServerSettings
 log = logging.getLogger("ortserve")
 
 ROUTES = frozenset(
-    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",
+    {"/", "/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",
      "/readyz", "/openapi.json"}
 )  # fmt: skip
 # With API keys set, every other route needs one (/metrics too, unless METRICS_PUBLIC).
-PUBLIC_ROUTES = frozenset({"/healthz", "/readyz"})
+# "/" is the chat playground: the page holds no data; its API calls carry the user's key.
+PUBLIC_ROUTES = frozenset({"/", "/healthz", "/readyz"})
 METRICS_ROUTE = "/metrics"  # the edge daemon's, when it passes a scrape
 _MODEL_PREFIX = "/v1/models/"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -173,6 +178,7 @@ class Api:
         self._lock = threading.Lock()
         self._keys = [k.encode() for k in settings.api_keys]
         self._routes: dict[str, dict[str, Callable[[Request, _Context], Response]]] = {
+            "/": {"GET": self._playground},
             "/generate": {"POST": self._generate},
             "/v1/completions": {"POST": self._completions},
             "/v1/chat/completions": {"POST": self._chat},
@@ -594,6 +600,35 @@ class Api:
         from core.openapi import openapi_document  # builds JSON schemas: not on the cold path
 
         return json_response(200, openapi_document(self.settings.max_new_tokens))
+
+    def _playground(self, request: Request, ctx: _Context) -> Response:
+        body, policy = _playground_page()
+        return Response(200, [
+            ("content-type", "text/html; charset=utf-8"),
+            ("content-security-policy", policy),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "no-referrer"),
+            ("cache-control", "no-cache"),
+        ], body)  # fmt: skip
+
+
+@functools.cache
+def _playground_page() -> tuple[bytes, str]:
+    """The chat playground (core/playground.html, read once) and its content security
+    policy: only its own inline script and style (by hash) and calls to this origin."""
+    page = (Path(__file__).parent / "playground.html").read_text(encoding="utf-8")
+
+    def digest(tag: str) -> str:
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", page, re.DOTALL)
+        hashes = (base64.b64encode(hashlib.sha256(b.encode()).digest()).decode() for b in blocks)
+        return " ".join(f"'sha256-{h}'" for h in hashes) or "'none'"
+
+    policy = (
+        f"default-src 'none'; script-src {digest('script')}; style-src {digest('style')}; "
+        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
+    return page.encode(), policy
 
 
 def _model_card(engine: Engine) -> dict[str, Any]:

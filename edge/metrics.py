@@ -1,11 +1,15 @@
-"""Prometheus metrics of the daemon: counted from request records, gauges read at scrape."""
+"""Prometheus metrics of the daemon: counted from request records, the rest read at scrape."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from core.api import ROUTES, RequestRecord
 from core.service import ModelState
@@ -19,7 +23,57 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Route labels are the API's routes; any other path counts as "other", so that probes
 # of random URLs cannot grow the label set without bound.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# The bake's quality figures that ortserve_model_info carries as labels (besides the verdict).
+_QUALITY_FIGURES = ("ppl_ratio", "top1_agreement", "kl_divergence")
+
+
+class _EngineCollector(Collector):
+    """What the engine keeps itself, read at each scrape: its running totals (counters,
+    although the engine holds them) and what model is loaded (an info gauge)."""
+
+    def __init__(self, state: ModelState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._state.engine
+        batches, batched = engine.batches if engine is not None else (0, 0)
+        yield CounterMetricFamily(
+            "ortserve_batches", "Batches decoded since the model loaded (0: batching off).",
+            value=batches,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "ortserve_batched_requests", "Requests in those batches (÷ batches: mean size).",
+            value=batched,
+        )  # fmt: skip
+        labels = ["model", "digest", "provider", "quality",
+                  *(f"quality_{name}" for name in _QUALITY_FIGURES)]  # fmt: skip
+        info = GaugeMetricFamily(
+            "ortserve_model_info",
+            "1 for the loaded model (no sample before one is loaded): its name, manifest "
+            "digest, execution provider and the bake's quality gate (verdict, figures).",
+            labels=labels,
+        )
+        if engine is not None:
+            info.add_metric(_model_labels(engine), 1.0)
+        yield info
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without reading the engine (registration calls this)."""
+        yield CounterMetricFamily("ortserve_batches", "")
+        yield CounterMetricFamily("ortserve_batched_requests", "")
+        yield GaugeMetricFamily("ortserve_model_info", "")
+
+
+def _model_labels(engine: Engine) -> list[str]:
+    quality = engine.manifest.quality
+    if quality is None:  # baked before the gate existed
+        return [engine.model_name, engine.digest, engine.probe.provider, "none",
+                *("" for _ in _QUALITY_FIGURES)]  # fmt: skip
+    figures = (getattr(quality, name) for name in _QUALITY_FIGURES)
+    return [engine.model_name, engine.digest, engine.probe.provider, quality.status,
+            *("" if f is None else f"{f:g}" for f in figures)]  # fmt: skip
 
 
 class Metrics:
@@ -30,6 +84,9 @@ class Metrics:
 
     def __init__(self, state: ModelState, in_flight: Callable[[], int] | None = None) -> None:
         """Read model gauges from `state` and, if given, in-flight requests from `in_flight`."""
+        # No `_created` series beside each counter and histogram: noise for a scraper (this
+        # is prometheus-client's process-wide setting; the daemon has no other registry).
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -47,11 +104,18 @@ class Metrics:
             "Time from the start of a generation to its first token.",
             ["route"], buckets=_TTFT_BUCKETS, registry=r,
         )  # fmt: skip
+        self.tpot = Histogram(
+            "ortserve_time_per_output_token_seconds",
+            "Time per output token after the first, per generation of 2 tokens or more: "
+            "(generation time - TTFT) / (tokens - 1).",
+            ["route"], buckets=_TPOT_BUCKETS, registry=r,
+        )  # fmt: skip
         self.latency = Histogram(
             "ortserve_request_duration_seconds",
             "Time from request to the end of the response (streams: their last chunk).",
             ["route"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        r.register(_EngineCollector(state))
 
         def from_engine(read: Callable[[Engine], float]) -> Callable[[], float]:
             def value() -> float:
@@ -66,10 +130,6 @@ class Metrics:
             ("ortserve_active_generations",
              "Requests generating now (each request of a batch counts).",
              from_engine(lambda e: e.admission.active)),
-            ("ortserve_batches", "Batches decoded since the model loaded (0: batching off).",
-             from_engine(lambda e: e.batches[0])),
-            ("ortserve_batched_requests", "Requests in those batches (÷ batches: mean size).",
-             from_engine(lambda e: e.batches[1])),
             ("ortserve_model_load_seconds", "Wall time of the model load, probe included.",
              from_engine(lambda e: e.probe.load_seconds)),
             ("ortserve_model_ready", "1 when the model is loaded and serving, else 0.",
@@ -90,6 +150,10 @@ class Metrics:
         if record.completion_tokens:
             self.generated_tokens.inc(record.completion_tokens)
             self.ttft.labels(route).observe(record.ttft_s)
+        if record.completion_tokens >= 2 and record.tokens_per_s > 0:
+            # The engine's decode rate is (tokens - 1) / (generation time - TTFT), timed
+            # inside the generation; the record's duration would add the queue wait.
+            self.tpot.labels(route).observe(1 / record.tokens_per_s)
         if record.prompt_tokens:
             self.prompt_tokens.inc(record.prompt_tokens)
 

@@ -250,8 +250,8 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_at_once(start: Any) -> N
     gone = daemon.record("gone", timeout=full_s * 2)
     assert gone["duration_s"] < full_s / 2  # stopped, not run to its end
     assert daemon.metric("ortserve_active_generations") == 0
-    assert daemon.metric("ortserve_batches") == daemon.metric(
-        "ortserve_batched_requests"
+    assert daemon.metric("ortserve_batches_total") == daemon.metric(
+        "ortserve_batched_requests_total"
     )  # one at a time: each alone
     follow = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
     assert follow.status_code == 200, follow.text
@@ -273,8 +273,8 @@ def test_fifty_clients_leaving_mid_stream_leave_the_server_healthy(start: Any) -
     while daemon.metric("ortserve_active_generations") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert daemon.metric("ortserve_active_generations") == 0
-    assert daemon.metric("ortserve_batches") == daemon.metric(
-        "ortserve_batched_requests"
+    assert daemon.metric("ortserve_batches_total") == daemon.metric(
+        "ortserve_batched_requests_total"
     )  # one at a time: each alone
     assert daemon.http.get("/readyz").status_code == 200
     follow = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
@@ -304,7 +304,11 @@ def test_metrics_and_one_json_log_line_per_request(start: Any) -> None:
     assert daemon.metric('ortserve_request_duration_seconds_count{route="/generate"}') == 1
     assert daemon.metric("ortserve_queue_depth") == 0
     assert daemon.metric("ortserve_active_generations") == 0
-    assert daemon.metric("ortserve_batches") == daemon.metric("ortserve_batched_requests") == 1
+    assert (
+        daemon.metric("ortserve_batches_total")
+        == daemon.metric("ortserve_batched_requests_total")
+        == 1
+    )
     assert daemon.metric("ortserve_model_ready") == 1
     assert daemon.metric("ortserve_model_load_seconds") > 0
 
@@ -529,3 +533,62 @@ def test_the_drain_timeout_ends_streams_and_buffered_requests_with_shutting_down
     assert daemon.proc.wait(30) == 0
     log = daemon.stderr()
     assert "Traceback" not in log and "CancelledError" not in log, log
+
+
+def test_the_metrics_exposition_passes_promtool_check_metrics(start: Any) -> None:
+    """Prometheus's own linter (Debian's prometheus package; `make system-deps`) finds
+    nothing in a scrape taken after a generation: counters end in _total, units are
+    base units, every family has HELP."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is missing: `make system-deps` installs it (Debian's prometheus)")
+    daemon = start()
+    daemon.wait_for("READY=1")
+    reply = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 16})
+    assert reply.status_code == 200, reply.text
+    scrape = daemon.http.get("/metrics")
+    assert scrape.status_code == 200
+    assert "_created" not in scrape.text
+    checked = subprocess.run([promtool, "check", "metrics"], input=scrape.content,
+                             capture_output=True, timeout=30, check=False)  # fmt: skip
+    lint = (checked.stdout + checked.stderr).decode(errors="replace")
+    assert checked.returncode == 0 and not lint.strip(), f"promtool: {lint}\n{scrape.text}"
+    assert daemon.stop() == 0
+
+
+def test_metrics_name_the_model_time_each_output_token_and_answer_head(
+    start: Any, tiny_model_dir: Path
+) -> None:
+    daemon = start()
+    daemon.wait_for("READY=1")
+    body = {"prompt": PROMPT, "max_new_tokens": 16}
+    generated = daemon.http.post("/generate", json=body, headers={"x-request-id": "t-1"}).json()
+    assert generated["tokens_generated"] >= 2
+    text = daemon.http.get("/metrics").text
+    assert "# TYPE ortserve_batches_total counter" in text
+    assert "# TYPE ortserve_batched_requests_total counter" in text
+    info = re.findall(r"^ortserve_model_info\{(.*)\} (\S+)$", text, re.MULTILINE)
+    assert len(info) == 1, text
+    labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', info[0][0]))
+    quality = read_manifest(tiny_model_dir).quality
+    assert quality is not None and quality.ppl_ratio is not None
+    assert labels == {
+        "model": "ortserve/tiny-llama-random-weights",
+        "digest": manifest_digest(tiny_model_dir),
+        "provider": "cpu",
+        "quality": quality.status,
+        "quality_ppl_ratio": f"{quality.ppl_ratio:g}",
+        "quality_top1_agreement": f"{quality.top1_agreement:g}",
+        "quality_kl_divergence": f"{quality.kl_divergence:g}",
+    }
+    assert float(info[0][1]) == 1
+    tpot = 'ortserve_time_per_output_token_seconds_{}{{route="/generate"}}'
+    assert daemon.metric(tpot.format("count")) == 1
+    record = daemon.record("t-1")
+    per_token = (record["duration_s"] - record["ttft_s"]) / (record["completion_tokens"] - 1)
+    assert 0 < daemon.metric(tpot.format("sum")) <= per_token * 1.01  # record: rounded
+    head = daemon.http.head("/metrics")
+    assert head.status_code == 200
+    assert head.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert head.content == b""
+    assert daemon.stop() == 0
