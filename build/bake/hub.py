@@ -36,6 +36,26 @@ def _patterns(
     return HF_PATTERNS, None
 
 
+# How long the hub gets to accept a connection before a bake says it is unreachable.
+_CONNECT_TIMEOUT_S = 5.0
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why `endpoint` cannot be reached, or None. huggingface_hub retries an unreachable
+    hub for ~23 s (five backoffs, not configurable in 2.4) before it fails: one TCP
+    connect answers the question in at most a few seconds."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
 def download(
     repo_id: str, revision: str | None, onnx_file: str | None = None, runtime_ep: str = "cpu"
 ) -> tuple[Path, str, Variant | None]:
@@ -52,7 +72,7 @@ def download(
         BakeError: Unknown repo or revision, gated repo, offline without a cache, network.
     """
     import httpx2  # huggingface_hub 2.x transports with httpx2, not httpx
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -64,6 +84,18 @@ def download(
     from bake.errors import BakeError
 
     rev = revision or "main"
+    if not constants.HF_HUB_OFFLINE:
+        reason = _unreachable(constants.ENDPOINT)
+        if reason is not None:
+            # Offline with a cached snapshot still works: let the hub client use its cache.
+            try:
+                folder = Path(snapshot_download(repo_id, revision=rev, local_files_only=True))
+                return folder, folder.name, None
+            except (LocalEntryNotFoundError, OSError):
+                raise BakeError(
+                    f"cannot download {repo_id}@{rev}: the hub is unreachable at "
+                    f"{constants.ENDPOINT} ({reason}); no network? (HF_ENDPOINT sets the hub)"
+                ) from None
     try:
         patterns, variant = _patterns(repo_id, rev, onnx_file, runtime_ep)
         folder = Path(snapshot_download(repo_id, revision=rev, allow_patterns=patterns))
