@@ -35,7 +35,7 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
-from bake.errors import BakeError, say
+from bake.errors import BakeError, run_step, say
 from bake.package import MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, pinned, write_lines
 from bake.targets import Target
 from core.manifest import sha256_file
@@ -133,9 +133,7 @@ def wheel_requirements() -> tuple[list[str], list[str]]:
 def _pip(args: list[str], what: str, hint: str) -> None:
     cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
     try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, check=False
-        )
+        proc = run_step(cmd, what, timeout=_PIP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise BakeError(f"{what}: pip took longer than {_PIP_TIMEOUT_S} s; {hint}") from None
     if proc.returncode == 0:

@@ -6,14 +6,14 @@ import errno
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bake.errors import BakeError, say
+from bake.errors import BakeError, run_step, say
 from bake.genai_config import infer_genai_config, set_session_options
 from bake.onnx_source import BAKED_GRAPH, copy_graph, data_files, graph_precision, load_graph
 from bake.package import MODEL_SUBDIR, package
@@ -128,7 +128,9 @@ def _run_builder(
          f"{' '.join(f'{k}={v}' for k, v in options.items()) or 'default options'}")  # fmt: skip
     cache.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1")  # the builder reads the local folder only
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    started = time.monotonic()
+    proc = run_step(cmd, "the model builder", env=env)
+    say(f"the model builder finished in {time.monotonic() - started:.0f} s")
     log = proc.stdout + proc.stderr
     # The builder removes its cache folder when done: keep the log beside it.
     (cache.parent / "builder.log").write_text(log, encoding="utf-8")
