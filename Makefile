@@ -45,7 +45,7 @@ system-deps:
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy core edge functions build/bake tests benchmarks
+	$(BIN)/mypy core edge functions build/bake ortserve tests benchmarks
 
 pytest: $(VENV)/.dev-installed system-deps
 	$(BIN)/python -m pytest

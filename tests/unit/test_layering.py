@@ -55,3 +55,9 @@ def test_environment_is_read_only_in_settings_modules() -> None:
             continue
         assert "os.environ" not in path.read_text(encoding="utf-8"), path
         assert "getenv" not in path.read_text(encoding="utf-8"), path
+
+
+def test_the_python_api_package_is_a_name_over_core() -> None:
+    for path in _py("ortserve"):
+        tops = {name.split(".")[0] for name in _imports(path)}
+        assert tops <= {"__future__", "core"}, f"{path.name} imports {tops}"

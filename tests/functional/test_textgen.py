@@ -1,0 +1,59 @@
+"""The Python API (`from ortserve import TextGenerator`) over the engine the server uses."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from core.api import Api
+from core.service import ModelState
+from core.settings import ServerSettings
+from core.store import record
+from ortserve import OrtServeError, TextGenerator
+from tests.functional.harness import InProcess
+
+
+def test_generate_stream_and_chat_match_the_http_api(tiny_model_dir: Path) -> None:
+    gen = TextGenerator(tiny_model_dir, providers="cpu")
+    assert gen.model_name == "ortserve/tiny-llama-random-weights"
+    result = gen.generate("Hello there", max_new_tokens=24)
+    assert set(result) == {"generated_text", "tokens_generated", "prompt_tokens",
+                           "finish_reason", "time_to_first_token_s", "tokens_per_s"}  # fmt: skip
+    settings = ServerSettings(model_dir=tiny_model_dir, providers="cpu")
+    state = ModelState(settings)
+    state.load()
+    http = InProcess(Api(state, settings)).call(
+        "POST", "/generate", {"prompt": "Hello there", "max_new_tokens": 24}
+    )
+    assert result["generated_text"] == http.json()["generated_text"]
+    assert result["tokens_generated"] == http.json()["tokens_generated"]
+
+    pairs = list(gen.stream_generate("Hello there", max_new_tokens=24))
+    assert all(meta == {"finished": False} for _, meta in pairs[:-1])
+    assert "".join(chunk for chunk, _ in pairs) == result["generated_text"]
+    final = pairs[-1][1]
+    assert final["finished"] is True and final["tokens_generated"] == result["tokens_generated"]
+
+    messages = [{"role": "user", "content": "Hi"}]
+    reply = gen.chat(messages, max_new_tokens=8)
+    streamed = list(gen.stream_chat(messages, max_new_tokens=8))
+    assert "".join(c for c, _ in streamed) == reply["generated_text"]
+    stopped = gen.generate("Hello there", max_new_tokens=24, stop=[result["generated_text"][5:8]])
+    assert stopped["finish_reason"] == "stop"
+
+
+def test_the_default_model_is_the_stores_newest(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORTSERVE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ORTSERVE_MODEL_DIR", str(tmp_path / "none"))
+    with pytest.raises(OrtServeError, match="the store is empty"):
+        TextGenerator()
+    entry = tmp_path / "home" / "models" / "tiny-edge-x86_64-0"
+    shutil.copytree(tiny_model_dir, entry / "model")
+    record(entry, {"source": "builtin:tiny-llama", "target": "edge-x86_64"})
+    assert TextGenerator(providers="cpu").engine.manifest.model_name == (
+        "ortserve/tiny-llama-random-weights"
+    )
