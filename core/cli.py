@@ -47,6 +47,19 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that shows each option's default where it has a real one (not None, an empty
+    list or a flag's) and its help does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        unset = default is None or default == [] or isinstance(default, bool)
+        if "default" in text or unset or default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -209,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--version", action="version", version=_version())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    defaults = argparse.ArgumentDefaultsHelpFormatter
+    defaults = DefaultsFormatter
 
     gen = subparsers.add_parser(
         "generate", help="generate text from a baked model, streamed to the terminal",

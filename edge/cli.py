@@ -13,6 +13,8 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `serve` subcommand to ortserve's CLI."""
+    from core.cli import DefaultsFormatter
+
     parser = subparsers.add_parser(
         "serve",
         help="serve a baked model over HTTP (the edge daemon; systemd Type=notify aware)",
@@ -20,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Serve the native and OpenAI-compatible HTTP API, /healthz, /readyz and "
             "/metrics. Other settings come from ORTSERVE_* environment variables."
         ),
+        formatter_class=DefaultsFormatter,
     )
     parser.add_argument(
         "--model-dir", type=Path,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bake.errors import BakeError
 from bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
+from core.cli import DefaultsFormatter
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -23,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "bake",
         help="turn a model into a verified int4 ONNX GenAI folder for a target",
         description="Convert and quantize a model for one target, verify it, write a manifest.",
+        formatter_class=DefaultsFormatter,
     )
     parser.add_argument(
         "--model",
@@ -104,11 +106,14 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         description="Bake MODEL for this machine into the local store (ORTSERVE_HOME/models; "
         "`ortserve list`) unless it is there already, then serve it on the HTTP API. The "
         "same MODEL, target, precision and options reuse the stored bake.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     parser.add_argument("model", help="as `ortserve bake --model`: builtin:NAME, org/name, "
                         "a folder, a .gguf file, pypi:PACKAGE==VERSION, s3://...")  # fmt: skip
-    parser.add_argument("--target", choices=sorted(TARGETS), default=_default_target())
+    parser.add_argument(
+        "--target", choices=sorted(TARGETS), default=_default_target(),
+        help="the target to bake for (this machine's edge target)",
+    )  # fmt: skip
     parser.add_argument("--precision", choices=PRECISIONS, help="default: the bake's")
     parser.add_argument("--revision", help="hub revision to pin")
     parser.add_argument(
