@@ -501,17 +501,23 @@ class Engine:
             self._arriving += delta
 
     def _batchable(self, request: GenerationRequest) -> bool:
-        """Greedy and unseeded sampled requests batch; seeded and guided ones run alone.
+        """Unseeded requests batch, greedy or sampled; seeded and guided ones run alone.
 
-        A batch shares one random generator and one set of search options, so a request
-        with a seed (same seed, same output) or a grammar keeps a generator of its own.
+        A seed promises the same output for the same request, whatever else the server
+        is doing, and a batch cannot keep that promise even for greedy decoding: besides
+        sharing one random generator and one set of search options, a batch's decode
+        step multiplies M > 1 rows at once, and on some CPUs onnxruntime's int4
+        MatMulNBits (accuracy level 4: int8 compute) rounds those differently from a lone
+        request's M = 1 row (x86-64 with AVX2, no AVX-512: logits off by up to ~2.5, so
+        near-ties flip; bit-identical with AVX-512 VNNI). So a request with a seed keeps
+        a generator of its own, as does one with a grammar.
         """
         options = request.options
         return (
             self._batcher is not None
             and request.guidance is None
             and options.min_new_tokens == 0
-            and (options.temperature == 0 or options.seed is None)
+            and options.seed is None
         )
 
     def _sequence_tokens(
@@ -539,9 +545,17 @@ class Engine:
             sequence.done.set()
 
     def _fits(self, batch: list[Sequence]) -> bool:
-        """Whether `batch` decodes with every sequence's whole token limit: a batch's
-        prompts are padded to the longest, and the longest prompt plus the largest limit
-        must fit the context (else a short request would be cut short by a long one)."""
+        """Whether `batch` decodes each sequence as it would decode alone.
+
+        A prompt that ends with the pad id never shares a batch: og (batch_size > 1)
+        takes a row's trailing pad ids for padding and masks them (alone, nothing is
+        masked), so its first new token still matches and the next ones decode as if
+        the prompt had lost that token. And every sequence
+        must get its whole token limit: a batch's prompts are padded to the longest, and
+        the longest prompt plus the largest limit must fit the context (else a short
+        request would be cut short by a long one)."""
+        if len(batch) > 1 and any(s.input_ids[-1] == self._pad_id for s in batch):
+            return False
         if not self.context_length:
             return True
         longest = max(len(s.input_ids) for s in batch)
@@ -550,8 +564,12 @@ class Engine:
     def _run_batch(self, batch: list[Sequence]) -> None:
         """Decode `batch` as one Generator; feed each sequence until its EOS or limit."""
         longest = max(len(s.input_ids) for s in batch)
-        # Right padding with the pad token: verified here to give each sequence exactly
-        # the tokens it gets alone (left padding does not).
+        # Right padding with the pad id: og builds the attention mask from a row's trailing
+        # pad ids (padding with any other id is attended to), and GQA writes each row's
+        # new tokens after its own length, so logits match the prompt's alone bit for bit
+        # (fp32; int4 where the MatMulNBits kernel rounds M > 1 like M = 1, see
+        # `_batchable`). Left padding does not match; a prompt ending with the pad id
+        # cannot batch (`_fits`).
         pad = self._pad_id
         tokens = np.full((len(batch), longest), pad, dtype=np.int32)
         for row, sequence in enumerate(batch):

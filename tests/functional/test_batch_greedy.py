@@ -1,0 +1,111 @@
+"""Greedy decoding and batching on the 135M shape (random weights, SmolLM2-135M's shape).
+
+The tiny model hides what this shape shows: its 30 random layers have near-ties in the
+logits, so any rounding difference flips a greedy token. A batch's decode step
+multiplies M > 1 rows at once, and on some CPUs onnxruntime's int4 MatMulNBits kernel
+rounds those differently from a lone request's M = 1 row, so an unseeded greedy request
+may decode differently in a batch than alone (machine-dependent: not asserted here). What
+is asserted holds on every CPU: a seeded request runs alone and so equals its solo output,
+and a prompt ending with the pad id, which og masks in a batch, never shares one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from core.batcher import End, Sequence
+from core.engine import Engine, _Sampling
+from core.generation import GenerationRequest, SamplingOptions
+from core.settings import EngineSettings
+from tests import models
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog", "Edge", "Cold boards"]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    """The 135M shape with batching on: 4 to a batch, room for a blocker beside one; a
+    wide window, so that requests from threads on a busy machine still meet."""
+    folder = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    settings = EngineSettings(model_dir=folder, providers="cpu", max_batch=4,
+                              max_concurrency=2, batch_window_ms=200)  # fmt: skip
+    yield Engine.load(settings)
+
+
+def _concurrently(engine: Engine, requests: list[GenerationRequest]) -> tuple[list[str], int]:
+    """Run `requests` from threads, the batched ones all waiting behind a blocker so that
+    they are offered to one batch; return their texts and the batches the batcher ran."""
+    batcher = engine._batcher
+    assert batcher is not None
+    blocker = engine.stream(GenerationRequest(prompt="hold", options=SamplingOptions(500)))
+    next(blocker)  # a lone request: it runs by itself and the next batch waits for it
+    before = batcher.batches_run
+    batched = sum(engine._batchable(r) for r in requests)
+    results: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        results[i] = engine.generate(requests[i]).text
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(batcher._pending) < batched and time.monotonic() < deadline:
+        time.sleep(0.001)
+    blocker.close()
+    for thread in threads:
+        thread.join(120)
+    assert engine.admission.active == 0
+    return [results[i] for i in range(len(requests))], batcher.batches_run - before
+
+
+def test_seeded_greedy_requests_run_alone_and_equal_their_solo_output(engine: Engine) -> None:
+    seeded = [GenerationRequest(prompt=p, options=SamplingOptions(24, seed=7)) for p in PROMPTS]
+    unseeded = [GenerationRequest(prompt=p, options=SamplingOptions(24)) for p in PROMPTS]
+    # The rule: a seed (greedy or sampled) runs alone; unseeded greedy requests batch.
+    assert not any(engine._batchable(r) for r in seeded)
+    assert all(engine._batchable(r) for r in unseeded)
+    alone = [engine.generate(r).text for r in seeded]  # one by one
+    assert len(set(alone)) == len(alone)  # four different completions, not one echoed
+    texts, batches = _concurrently(engine, seeded)
+    assert (texts, batches) == (alone, 0)  # none reached the batcher
+    _, batches = _concurrently(engine, unseeded)
+    assert batches == 1  # the same prompts without a seed share one batch
+
+
+def test_a_prompt_ending_with_the_pad_id_never_shares_a_batch(engine: Engine) -> None:
+    # "<|endoftext|>" is this model's pad id: og would mask it as padding in a batch, and
+    # the request would decode as if its prompt ended one token earlier.
+    requests = [GenerationRequest(prompt=p, options=SamplingOptions(16))
+                for p in ("Edge boards<|endoftext|>", "The quick brown fox")]  # fmt: skip
+    assert engine.encode(requests[0].prompt or "")[-1] == engine._pad_id
+    alone = [engine.generate(r).text for r in requests]
+    texts, batches = _concurrently(engine, requests)
+    assert (texts, batches) == (alone, 2)  # offered one batch, each ran by itself
+
+
+def test_without_the_pad_rule_the_padded_prompt_would_decode_differently(
+    engine: Engine,
+) -> None:
+    # Why the rule exists (og 0.18): batched anyway, the prompt ending with the pad id
+    # gets its first token right and then goes astray. If this starts to fail, og no
+    # longer masks a prompt's own trailing pad id, and `Engine._fits` may drop the rule.
+    pad_prompt = [*engine.encode("Edge boards"), engine._pad_id]
+    options = SamplingOptions(16)
+    solo = list(engine.stream_tokens(pad_prompt, options))
+    key = _Sampling.of(options, engine.vocab_size)
+    sequences = [Sequence(ids, 16, key=key)
+                 for ids in (pad_prompt, engine.encode("The quick brown fox"))]  # fmt: skip
+    assert not engine._fits(sequences)
+    engine._run_batch(sequences)  # what the batch would give, had `_fits` allowed it
+    batched: list[int] = []
+    while not isinstance(item := sequences[0].out.get(), End):
+        assert isinstance(item, int)
+        batched.append(item)
+    assert batched[0] == solo[0] and batched != solo
