@@ -20,11 +20,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from core.engine import Engine
 from core.errors import (
     AuthenticationError,
     BusyError,
@@ -45,6 +44,9 @@ from core.http import Request, Response, json_response, sse_response
 from core.schemas import ChatBody, CompletionBody, GenerateBody, ResponseFormat
 from core.service import ModelState
 from core.settings import ServerSettings
+
+if TYPE_CHECKING:  # annotations only: adapters import this module without onnxruntime-genai
+    from core.engine import Engine
 
 log = logging.getLogger("ortserve")
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from core.engine import Engine
 from core.errors import ModelUnavailableError, OrtServeError
 from core.settings import EngineSettings
+
+if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module
+    from core.engine import Engine
 
 log = logging.getLogger("ortserve")
 
@@ -47,6 +49,8 @@ class ModelState:
             if self.status == "ready":
                 return
             try:
+                from core.engine import Engine
+
                 engine = Engine.load(self.settings)
             except OrtServeError as exc:
                 self.status, self.reason = "failed", exc.message

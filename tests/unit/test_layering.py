@@ -61,3 +61,17 @@ def test_the_python_api_package_is_a_name_over_core() -> None:
     for path in _py("ortserve"):
         tops = {name.split(".")[0] for name in _imports(path)}
         assert tops <= {"__future__", "core"}, f"{path.name} imports {tops}"
+
+
+def test_adapters_records_and_the_api_import_without_onnxruntime_genai() -> None:
+    """What adapters import at start (the API, records, error payloads, the SSE encoder,
+    events) does not import onnxruntime-genai: it comes with the first model load."""
+    import subprocess
+    import sys
+
+    modules = ["core.api", "core.service", "edge.asgi", "edge.logs", "edge.metrics",
+               "functions.aws.buffer", "functions.aws.events"]  # fmt: skip
+    code = f"import sys; import {', '.join(modules)}; print('onnxruntime_genai' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)  # fmt: skip
+    assert out.stdout.strip() == "False", out.stderr
