@@ -302,7 +302,7 @@ class Api:
             request.path == METRICS_ROUTE and self.settings.metrics_public
         )
         if not public:
-            self.authenticate(request)
+            self._authenticate(request)
         if len(request.body) > self.settings.max_body_bytes:
             # An adapter may stop reading at limit + 1 bytes: say only what is certain.
             raise PayloadTooLargeError(
@@ -317,7 +317,7 @@ class Api:
             return response
         return methods[request.method](request, ctx)
 
-    def authenticate(self, request: Request) -> None:
+    def _authenticate(self, request: Request) -> None:
         """Check the request's API key (none needed when no keys are set).
 
         Raises:

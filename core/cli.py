@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -60,18 +61,16 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int of at least `minimum`, else a one-line usage error."""
 
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return parse
 
 
 def _version() -> str:
@@ -231,15 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _add_engine_args(gen)
     gen.add_argument("prompt", help="the prompt (with --chat: the user's message)")
-    gen.add_argument("--max-new-tokens", type=_positive, default=64, help="most tokens to generate")
+    gen.add_argument(
+        "--max-new-tokens", type=_at_least(1), default=64, help="most tokens to generate"
+    )
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    gen.add_argument("--top-k", type=_non_negative, default=0, help="0: no limit")
+    gen.add_argument("--top-k", type=_at_least(0), default=0, help="0: no limit")
     gen.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0: none")
     gen.add_argument("--seed", type=int, help="same seed, same output")
     gen.add_argument("--stop", action="append", default=[], help="stop string (up to 4)")
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    gen.add_argument("--threads", type=_positive, help="intra-op threads (default: baked)")
+    gen.add_argument("--threads", type=_at_least(1), help="intra-op threads (default: baked)")
     gen.set_defaults(func=_generate)
 
     probe = subparsers.add_parser(

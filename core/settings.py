@@ -66,8 +66,9 @@ class EngineSettings(BaseSettings):
         return names
 
 
-def _default_home() -> Path:
-    # The XDG base-directory rule, as pip and huggingface_hub follow it.
+def default_cache_home() -> Path:
+    """`$XDG_CACHE_HOME/ortserve` (the XDG base-directory rule, as pip and huggingface_hub
+    follow it): the model store's home and the bake's source cache."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "ortserve"
 
@@ -82,7 +83,7 @@ class StoreSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ORTSERVE_", extra="ignore", defer_build=True)
 
-    home: Path = Field(default_factory=_default_home)
+    home: Path = Field(default_factory=default_cache_home)
 
     @property
     def models(self) -> Path:

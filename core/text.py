@@ -25,6 +25,17 @@ from core import chat
 from core.errors import InvalidRequestError, ModelIntegrityError
 
 TEXT_RECORD = "ortserve-text.json"
+# The raw text whose tokens, with and without special tokens, show what a tokenizer adds.
+WRAP_PROBE = "Hello"
+
+
+def wrapping(full: Sequence[int], plain: Sequence[int]) -> tuple[list[int], list[int]] | None:
+    """The ids before and after `plain` (a text's tokens) inside `full` (the same text's
+    tokens with special tokens added), or None when `plain` is not inside `full`."""
+    for start in range(len(full) - len(plain) + 1):
+        if list(full[start : start + len(plain)]) == list(plain):
+            return list(full[:start]), list(full[start + len(plain) :])
+    return None
 
 
 @dataclass(frozen=True)
@@ -104,16 +115,15 @@ class TextCodec:
     def _record_from_files(self, folder: Path) -> TextRecord:
         """A record for a folder baked without one: tokenizer.json's post-processor decides
         BOS/EOS, and every special added token is a control token."""
-        probe = "a"
-        plain = self._tokenizer.encode(probe, add_special_tokens=False).ids
-        full = self._tokenizer.encode(probe, add_special_tokens=True).ids
-        start = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
+        plain = self._tokenizer.encode(WRAP_PROBE, add_special_tokens=False).ids
+        full = self._tokenizer.encode(WRAP_PROBE, add_special_tokens=True).ids
+        prefix, suffix = wrapping(full, plain) or ([], [])
         controls = tuple(
             t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special
         )
         return TextRecord(
-            prefix_ids=tuple(full[:start]),
-            suffix_ids=tuple(full[start + len(plain) :]),
+            prefix_ids=tuple(prefix),
+            suffix_ids=tuple(suffix),
             template_tokens=chat.special_tokens(folder),
             control_tokens=controls,
         )
@@ -160,10 +170,7 @@ class TextCodec:
         Raises:
             InvalidRequestError: The model has no chat template, or it rejects the messages.
         """
-        return chat.render(
-            self._require_template(), messages, tokens=self.record.template_tokens,
-            template_kwargs=template_kwargs,
-        )  # fmt: skip
+        return self._render(messages, template_kwargs, marked=False)
 
     def encode_chat(
         self,
@@ -184,13 +191,8 @@ class TextCodec:
             InvalidRequestError: No template, the template rejects the messages, or a
                 control token cannot be written as plain text with this tokenizer.
         """
-        if not plain_control_tokens:
-            return self._encode(self.render_chat(messages, template_kwargs))
-        rendered = chat.render(
-            self._require_template(), messages, tokens=self.record.template_tokens,
-            template_kwargs=template_kwargs, mark_controls=self._controls,
-        )  # fmt: skip
-        return self._encode_marked(rendered)
+        rendered = self._render(messages, template_kwargs, marked=plain_control_tokens)
+        return self._encode_marked(rendered) if plain_control_tokens else self._encode(rendered)
 
     def _encode_marked(self, rendered: str) -> list[int]:
         # [text, marked token, text, ...]; None where a lone marker was (a template's string
@@ -217,10 +219,17 @@ class TextCodec:
             return ids[len(self._newline) :]
         return self._encode(piece, plain=plain)
 
-    def _require_template(self) -> str:
+    def _render(
+        self, messages: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None,
+        *, marked: bool,
+    ) -> str:  # fmt: skip
+        """The chat prompt; `marked`: the caller's control tokens wrapped in markers."""
         if self.template is None:
             raise InvalidRequestError("this model has no chat template: use a plain prompt")
-        return self.template
+        return chat.render(
+            self.template, messages, tokens=self.record.template_tokens,
+            template_kwargs=template_kwargs, mark_controls=self._controls if marked else None,
+        )  # fmt: skip
 
     # -- decoding ---------------------------------------------------------------------
 

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def _default_cache() -> Path:
-    # The XDG base-directory rule, as huggingface_hub and pip follow it.
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ortserve"
+from core.settings import default_cache_home
 
 
 class BakeSettings(BaseSettings):
@@ -25,4 +20,4 @@ class BakeSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ORTSERVE_", extra="ignore")
 
-    cache_dir: Path = Field(default_factory=_default_cache)
+    cache_dir: Path = Field(default_factory=default_cache_home)

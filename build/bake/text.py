@@ -13,18 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from bake.errors import BakeError, say
-from core.text import TextRecord
-
-_PROBE = "Hello"
+from core.text import WRAP_PROBE, TextRecord, wrapping
 
 
 def _wrapping(tokenizer: Any) -> tuple[list[int], list[int]]:
     """The ids transformers puts before and after raw text."""
-    full = [int(i) for i in tokenizer(_PROBE)["input_ids"]]
-    plain = [int(i) for i in tokenizer(_PROBE, add_special_tokens=False)["input_ids"]]
-    for start in range(len(full) - len(plain) + 1):
-        if full[start : start + len(plain)] == plain:
-            return full[:start], full[start + len(plain) :]
+    full = [int(i) for i in tokenizer(WRAP_PROBE)["input_ids"]]
+    plain = [int(i) for i in tokenizer(WRAP_PROBE, add_special_tokens=False)["input_ids"]]
+    found = wrapping(full, plain)
+    if found is not None:
+        return found
     raise BakeError(f"cannot tell what the tokenizer adds around raw text: {full} vs {plain}")
 
 

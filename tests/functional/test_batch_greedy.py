@@ -11,8 +11,6 @@ and a prompt ending with the pad id, which og masks in a batch, never shares one
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -22,6 +20,7 @@ from core.engine import Engine, _Sampling
 from core.generation import GenerationRequest, SamplingOptions
 from core.settings import EngineSettings
 from tests import models
+from tests.functional.batching import concurrently
 
 pytestmark = pytest.mark.slow
 
@@ -39,30 +38,9 @@ def engine() -> Iterator[Engine]:
 
 
 def _concurrently(engine: Engine, requests: list[GenerationRequest]) -> tuple[list[str], int]:
-    """Run `requests` from threads, the batched ones all waiting behind a blocker so that
-    they are offered to one batch; return their texts and the batches the batcher ran."""
-    batcher = engine._batcher
-    assert batcher is not None
-    blocker = engine.stream(GenerationRequest(prompt="hold", options=SamplingOptions(500)))
-    next(blocker)  # a lone request: it runs by itself and the next batch waits for it
-    before = batcher.batches_run
-    batched = sum(engine._batchable(r) for r in requests)
-    results: dict[int, str] = {}
-
-    def run(i: int) -> None:
-        results[i] = engine.generate(requests[i]).text
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 30
-    while len(batcher._pending) < batched and time.monotonic() < deadline:
-        time.sleep(0.001)
-    blocker.close()
-    for thread in threads:
-        thread.join(120)
-    assert engine.admission.active == 0
-    return [results[i] for i in range(len(requests))], batcher.batches_run - before
+    """Texts of `requests` offered to one batch, and the batches run for them."""
+    texts, batches, _ = concurrently(engine, requests)
+    return texts, batches
 
 
 def test_seeded_greedy_requests_run_alone_and_equal_their_solo_output(engine: Engine) -> None:

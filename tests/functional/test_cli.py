@@ -56,38 +56,6 @@ def test_bad_invocations_get_one_clear_line(tiny_gcf_bundle: Path) -> None:
     assert str(tiny_gcf_bundle / "model") in lines[0]
 
 
-def _serve_log(model_dir: Path, level: str) -> str:
-    """stderr of `ortserve serve` from start to a SIGTERM once it is ready."""
-    port = free_port()
-    env = {**os.environ, **SERVER_ENV, "ORTSERVE_LOG_LEVEL": level, "ORTSERVE_PROVIDERS": "auto"}
-    cmd = [*ORTSERVE, "serve", "--model-dir", str(model_dir), "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-    return err
-
-
-def test_daemon_log_lines_carry_time_and_level(tiny_model_dir: Path) -> None:
-    lines = _serve_log(tiny_model_dir, "info").strip().splitlines()
-    stamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) ")
-    assert lines and all(stamp.match(line) for line in lines), lines
-    ready = next(line for line in lines if " ready on " in line)
-    # Readable: providers and reasons in words, not a Python dict.
-    assert "{" not in ready and "other providers skipped: cuda (" in ready, ready
-    quiet = _serve_log(tiny_model_dir, "WARNING")
-    assert " INFO " not in quiet, quiet
-
-
 def _run_until_ready(cmd: list[str], env: dict[str, str], port: int) -> str:
     """Start `cmd`, wait for /readyz on `port`, SIGTERM it; its stderr."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -106,6 +74,25 @@ def _run_until_ready(cmd: list[str], env: dict[str, str], port: int) -> str:
     finally:
         proc.kill()
     return err
+
+
+def _serve_log(model_dir: Path, level: str) -> str:
+    """stderr of `ortserve serve` from start to a SIGTERM once it is ready."""
+    port = free_port()
+    env = {**os.environ, **SERVER_ENV, "ORTSERVE_LOG_LEVEL": level, "ORTSERVE_PROVIDERS": "auto"}
+    cmd = [*ORTSERVE, "serve", "--model-dir", str(model_dir), "--port", str(port)]
+    return _run_until_ready(cmd, env, port)
+
+
+def test_daemon_log_lines_carry_time_and_level(tiny_model_dir: Path) -> None:
+    lines = _serve_log(tiny_model_dir, "info").strip().splitlines()
+    stamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) ")
+    assert lines and all(stamp.match(line) for line in lines), lines
+    ready = next(line for line in lines if " ready on " in line)
+    # Readable: providers and reasons in words, not a Python dict.
+    assert "{" not in ready and "other providers skipped: cuda (" in ready, ready
+    quiet = _serve_log(tiny_model_dir, "WARNING")
+    assert " INFO " not in quiet, quiet
 
 
 @pytest.mark.slow

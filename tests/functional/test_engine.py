@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import jsonschema
@@ -16,6 +15,7 @@ from core.errors import BusyError, InvalidRequestError, ProviderUnavailableError
 from core.generation import GenerationRequest, Guidance, SamplingOptions
 from core.manifest import list_files, read_manifest, write_manifest
 from core.settings import EngineSettings
+from tests.functional.batching import concurrently
 
 PROMPT = "Serverless functions start cold, load the model once"
 
@@ -262,31 +262,10 @@ def _batching_engine(model_dir: Path) -> Engine:
 
 
 def _as_one_batch(engine: Engine, requests: list[GenerationRequest]) -> list[str]:
-    """Submit `requests` from threads while a blocker runs, so that they all wait for the
-    next batch; then free the engine and return their texts."""
-    batcher = engine._batcher
-    assert batcher is not None
-    blocker = engine.stream(GenerationRequest(prompt="hold", options=SamplingOptions(500)))
-    next(blocker)  # a lone request: it runs by itself and the next batch waits for it
-    before = (batcher.batches_run, batcher.sequences_run)
-    results: dict[int, str] = {}
-
-    def run(i: int) -> None:
-        results[i] = engine.generate(requests[i]).text
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 30
-    while len(batcher._pending) < len(requests) and time.monotonic() < deadline:
-        time.sleep(0.001)
-    blocker.close()
-    for thread in threads:
-        thread.join(60)
-    after = (batcher.batches_run, batcher.sequences_run)
-    assert (after[0] - before[0], after[1] - before[1]) == (1, len(requests))
-    assert engine.admission.active == 0
-    return [results[i] for i in range(len(requests))]
+    """The texts of `requests`, which must all have decoded as one batch."""
+    texts, batches, sequences = concurrently(engine, requests)
+    assert (batches, sequences) == (1, len(requests))
+    return texts
 
 
 def test_concurrent_greedy_requests_batch_and_match_unbatched(
@@ -314,27 +293,9 @@ def test_a_short_request_keeps_its_budget_beside_a_long_one(
         GenerationRequest(prompt=long_prompt, options=SamplingOptions(20)),
     ]
     alone = [engine.generate(r).text for r in requests]
-    batching = _batching_engine(tiny_model_dir)
-    assert batching._batcher is not None
-    before = batching._batcher.batches_run
-    blocker = batching.stream(GenerationRequest(prompt="hold", options=SamplingOptions(500)))
-    next(blocker)
-    results: dict[int, str] = {}
-
-    def run(i: int) -> None:
-        results[i] = batching.generate(requests[i]).text
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 30
-    while len(batching._batcher._pending) < 2 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    blocker.close()
-    for thread in threads:
-        thread.join(60)
-    assert [results[0], results[1]] == alone
-    assert batching._batcher.batches_run - before == 3  # the blocker, then one each
+    texts, batches, _ = concurrently(_batching_engine(tiny_model_dir), requests)
+    assert texts == alone
+    assert batches == 2  # one each
 
 
 def test_a_lone_request_runs_by_itself_and_frees_the_batcher_however_it_ends(
