@@ -26,13 +26,11 @@ from pydantic import BaseModel, ValidationError
 
 from core.errors import (
     AuthenticationError,
-    BusyError,
     ClientClosedError,
     DrainingError,
     InvalidRequestError,
     MethodNotAllowedError,
     ModelNotFoundError,
-    ModelUnavailableError,
     NotFoundError,
     OrtServeError,
     PayloadTooLargeError,
@@ -40,10 +38,20 @@ from core.errors import (
 )
 from core.generation import Completion, GenerationRequest, GenerationStream, Guidance
 from core.generation import SamplingOptions as Sampling
-from core.http import Request, Response, json_response, sse_response
+from core.http import (
+    SSE_DONE,
+    Request,
+    Response,
+    error_payload,
+    error_response,
+    json_response,
+    sse_event,
+    sse_response,
+)
+from core.records import RequestRecord
 from core.schemas import ChatBody, CompletionBody, GenerateBody, ResponseFormat
-from core.service import ModelState
 from core.settings import ServerSettings
+from core.state import ModelState
 
 if TYPE_CHECKING:  # annotations only: adapters import this module without onnxruntime-genai
     from core.engine import Engine
@@ -60,30 +68,6 @@ PUBLIC_ROUTES = frozenset({"/", "/healthz", "/readyz"})
 METRICS_ROUTE = "/metrics"  # the edge daemon's, when it passes a scrape
 _MODEL_PREFIX = "/v1/models/"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    503: "server_error",
-    504: "server_error",
-}
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """What happened to one request, emitted once it is complete (streams: when they end)."""
-
-    request_id: str
-    method: str
-    route: str
-    status: int
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    ttft_s: float = 0.0
-    tokens_per_s: float = 0.0
-    duration_s: float = 0.0
 
 
 @dataclass
@@ -92,36 +76,6 @@ class _Context:
 
     request_id: str
     completion: Completion | None = None
-
-
-def error_payload(exc: OrtServeError) -> dict[str, Any]:
-    """The OpenAI-shaped error body for `exc`."""
-    kind = _ERROR_TYPES.get(exc.status, "server_error")
-    param = getattr(exc, "param", None)
-    return {"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}}
-
-
-def error_response(exc: OrtServeError) -> Response:
-    """The HTTP response for an ortserve error (the one place errors become HTTP)."""
-    headers: list[tuple[str, str]] = []
-    if isinstance(exc, BusyError):
-        headers.append(("retry-after", str(int(exc.retry_after_s))))
-    elif isinstance(exc, DrainingError) or (
-        isinstance(exc, ModelUnavailableError) and exc.retryable
-    ):
-        headers.append(("retry-after", "5"))
-    if isinstance(exc, MethodNotAllowedError):
-        headers.append(("allow", ", ".join(exc.allowed)))
-    return json_response(exc.status, error_payload(exc), headers)
-
-
-def sse_event(payload: Any) -> bytes:
-    """One server-sent event carrying `payload` as compact JSON."""
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
-
-
-_DONE = b"data: [DONE]\n\n"
 
 
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -435,7 +389,7 @@ class Api:
                 # A stream closed early (client gone, drain timeout) still counts its tokens.
                 ctx.completion = ctx.completion or stream.completion
             if done_marker:
-                yield _DONE
+                yield SSE_DONE
 
         return sse_response(chunks())
 

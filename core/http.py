@@ -1,4 +1,5 @@
-"""The framework-free HTTP boundary every adapter translates to and from."""
+"""The framework-free HTTP boundary every adapter translates to and from: requests,
+responses, the error body and the SSE encoding (no engine, no onnxruntime-genai)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from core.errors import (
+    BusyError,
+    DrainingError,
+    MethodNotAllowedError,
+    ModelUnavailableError,
+    OrtServeError,
+)
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -80,3 +89,44 @@ def sse_response(chunks: Iterator[bytes]) -> Response:
         ("x-accel-buffering", "no"),
     ]
     return Response(200, headers, chunks)
+
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "server_error",
+    504: "server_error",
+}
+
+
+def error_payload(exc: OrtServeError) -> dict[str, Any]:
+    """The OpenAI-shaped error body for `exc`."""
+    kind = _ERROR_TYPES.get(exc.status, "server_error")
+    param = getattr(exc, "param", None)
+    return {"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}}
+
+
+def error_response(exc: OrtServeError) -> Response:
+    """The HTTP response for an ortserve error (the one place errors become HTTP)."""
+    headers: list[tuple[str, str]] = []
+    if isinstance(exc, BusyError):
+        headers.append(("retry-after", str(int(exc.retry_after_s))))
+    elif isinstance(exc, DrainingError) or (
+        isinstance(exc, ModelUnavailableError) and exc.retryable
+    ):
+        headers.append(("retry-after", "5"))
+    if isinstance(exc, MethodNotAllowedError):
+        headers.append(("allow", ", ".join(exc.allowed)))
+    return json_response(exc.status, error_payload(exc), headers)
+
+
+def sse_event(payload: Any) -> bytes:
+    """One server-sent event carrying `payload` as compact JSON."""
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+SSE_DONE = b"data: [DONE]\n\n"

@@ -21,8 +21,9 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from core.api import Api, RequestRecord
-from core.service import ModelState
+from core.api import Api
+from core.records import RequestRecord
+from core.state import ModelState
 from edge.asgi import EdgeApp
 from edge.connections import guarded_h11
 from edge.logs import JsonLines, configure_stderr_logging

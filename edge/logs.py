@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict
 from typing import TextIO
 
-from core.api import RequestRecord
+from core.records import RequestRecord
 
 
 class JsonLines:

@@ -11,8 +11,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from core.api import ROUTES, RequestRecord
-from core.service import ModelState
+from core.api import ROUTES
+from core.records import RequestRecord
+from core.state import ModelState
 
 if TYPE_CHECKING:
     from core.engine import Engine

@@ -12,9 +12,8 @@ import json
 import math
 from typing import Any
 
-from core.api import error_payload, error_response, sse_event
 from core.errors import OrtServeError
-from core.http import Response
+from core.http import Response, error_payload, error_response, sse_event
 from functions.aws.errors import ResponseTooLargeError
 from functions.aws.events import Version, encoded_size, http_result
 

@@ -20,12 +20,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.api import PUBLIC_ROUTES, Api, RequestRecord
+from core.api import PUBLIC_ROUTES, Api
 from core.cpu import usable_cpus
 from core.errors import InvalidRequestError, OrtServeError
 from core.http import Request
 from core.manifest import read_manifest
-from core.service import ModelState
+from core.records import RequestRecord
+from core.state import ModelState
 from functions.aws.buffer import buffered_result, error_result
 from functions.aws.errors import SetupError
 from functions.aws.events import EventError, Version, parse_event

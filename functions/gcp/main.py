@@ -25,9 +25,10 @@ import functions_framework
 from flask import Request as FlaskRequest
 from flask import Response as FlaskResponse
 
-from core.api import Api, RequestRecord
+from core.api import Api
 from core.http import Request
-from core.service import ModelState
+from core.records import RequestRecord
+from core.state import ModelState
 from functions.gcp.settings import GcfSettings
 
 _READ_CHUNK = 64 * 1024

@@ -15,8 +15,8 @@ import jsonschema
 import pytest
 
 from core.api import Api
-from core.service import ModelState
 from core.settings import ServerSettings
+from core.state import ModelState
 from tests.functional.harness import (
     API_KEY,
     AUTH,

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from core.api import Api, RequestRecord
+from core.api import Api
 from core.engine import Engine
 from core.http import Request
-from core.service import ModelState
+from core.records import RequestRecord
 from core.settings import ServerSettings
+from core.state import ModelState
 from tests.functional.harness import InProcess
 
 

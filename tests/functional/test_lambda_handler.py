@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from core.api import Api
-from core.service import ModelState
 from core.settings import ServerSettings
+from core.state import ModelState
 from functions.aws.events import encoded_size
 from functions.aws.runtime import LambdaApp
 from tests.functional.harness import API_KEY, InProcess, normalized

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from core.api import Api
-from core.service import ModelState
 from core.settings import ServerSettings
+from core.state import ModelState
 from tests.functional.dockerfile import (
     TASK_ROOT,
     env_of,

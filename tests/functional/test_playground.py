@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from core.api import Api
-from core.service import ModelState
 from core.settings import ServerSettings
+from core.state import ModelState
 from tests.functional.harness import InProcess, Reply, edge_server
 
 BROWSER_DIR = Path(__file__).resolve().parents[1] / "browser"

@@ -25,8 +25,8 @@ from core.errors import InvalidRequestError
 from core.generation import GenerationRequest, SamplingOptions
 from core.http import Request
 from core.schemas import ChatBody
-from core.service import ModelState
 from core.settings import EngineSettings, ServerSettings
+from core.state import ModelState
 from tests import models
 from tests.realtok import FILLER, TRIGGERS, random_checkpoint
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from core.api import Api
-from core.service import ModelState
 from core.settings import ServerSettings
+from core.state import ModelState
 from core.store import record
 from ortserve import OrtServeError, TextGenerator
 from tests.functional.harness import InProcess

@@ -9,11 +9,11 @@ from typing import cast
 
 from prometheus_client.metrics_core import Metric
 
-from core.api import RequestRecord
 from core.engine import Engine
 from core.manifest import QualityCheck
-from core.service import ModelState
+from core.records import RequestRecord
 from core.settings import EngineSettings
+from core.state import ModelState
 from edge.metrics import Metrics
 
 QUALITY = QualityCheck(status="passed", reference="HF fp32", scored_tokens=200,

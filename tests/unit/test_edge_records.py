@@ -6,9 +6,9 @@ import io
 import json
 from pathlib import Path
 
-from core.api import RequestRecord
-from core.service import ModelState
+from core.records import RequestRecord
 from core.settings import EngineSettings
+from core.state import ModelState
 from edge.logs import JsonLines
 from edge.metrics import Metrics
 

@@ -69,8 +69,8 @@ def test_adapters_records_and_the_api_import_without_onnxruntime_genai() -> None
     import subprocess
     import sys
 
-    modules = ["core.api", "core.service", "edge.asgi", "edge.logs", "edge.metrics",
-               "functions.aws.buffer", "functions.aws.events"]  # fmt: skip
+    modules = ["core.api", "core.state", "core.records", "core.http", "edge.asgi", "edge.logs",
+               "edge.metrics", "functions.aws.buffer", "functions.aws.events"]  # fmt: skip
     code = f"import sys; import {', '.join(modules)}; print('onnxruntime_genai' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True)  # fmt: skip
