@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bake.onnx_source import Variant
+from bake.errors import BakeError
+from bake.onnx_source import GRAPH_DIR, Variant, choose_variant, data_patterns, graphs_in
+from bake.source_files import HF_PATTERNS, ONNX_PATTERNS, ONNX_SMALL_FILES
 
 
 def _patterns(
@@ -17,9 +19,6 @@ def _patterns(
     """Only what a bake needs: a checkpoint's files, or an ONNX export's, not both; of an
     export with several graphs (onnx-community's onnx/ variants), the chosen graph only."""
     from huggingface_hub import HfApi, constants
-
-    from bake.onnx_source import GRAPH_DIR, choose_variant, data_patterns, graphs_in
-    from bake.sources import HF_PATTERNS, ONNX_PATTERNS, ONNX_SMALL_FILES
 
     if constants.HF_HUB_OFFLINE:
         # Cannot list files offline: the cache decides, the variant is chosen locally.
@@ -80,8 +79,6 @@ def download(
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
-
-    from bake.errors import BakeError
 
     rev = revision or "main"
     if not constants.HF_HUB_OFFLINE:

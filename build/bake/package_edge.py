@@ -36,13 +36,13 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 from bake.errors import BakeError, run_step, say
-from bake.package import MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, pinned, write_lines
+from bake.packaging_common import MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, pinned, write_lines
 from bake.targets import Target
 from core.manifest import sha256_file
 
 # The edge extra's distributions (pyproject's `edge` extra); the runtime ones come from
-# bake.package. pip goes in too: install.sh runs pip from its wheel, so the board needs
-# neither python3-venv nor python3-pip.
+# bake.packaging_common. pip goes in too: install.sh runs pip from its wheel, so the board
+# needs neither python3-venv nor python3-pip.
 EDGE_DISTRIBUTIONS = ("uvicorn", "prometheus-client", "pip")
 # Raspberry Pi OS / Debian 12 ship 3.11; Ubuntu 24.04 ships 3.12. onnxruntime-genai 0.18
 # has no cp310 wheels, so older Pythons are refused by install.sh.

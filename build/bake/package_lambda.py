@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from bake.package import (
+from bake.packaging_common import (
     IGNORE,
     RUNTIME_DISTRIBUTIONS,
     copy_runtime_code,

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 from bake.errors import BakeError, run_step, say
 from bake.genai_config import infer_genai_config, set_session_options
 from bake.onnx_source import BAKED_GRAPH, copy_graph, data_files, graph_precision, load_graph
-from bake.package import MODEL_SUBDIR, package
-from bake.sources import PROCESSING_FILES, OnnxChoice, ResolvedSource, resolve
+from bake.package import package
+from bake.packaging_common import MODEL_SUBDIR
+from bake.source_files import PROCESSING_FILES
+from bake.sources import OnnxChoice, ResolvedSource, resolve
 from bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
 from bake.text import record_text
 from bake.upstream import builder_input

@@ -10,35 +10,12 @@ from typing import Literal
 
 from bake.builtin import display_name, write_builtin
 from bake.errors import BakeError
+from bake.hub import download
 from bake.onnx_source import GRAPH_DIR, Variant, choose_variant, local_graphs
 
 FolderKind = Literal["hf", "onnx"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# Files a conversion needs from a hub checkpoint; everything else (other formats,
-# READMEs, images, original/ folders) is never downloaded.
-# Tokenizer and chat-template files, whatever the model's format.
-PROCESSING_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.json",
-    "chat_template.jinja",
-)
-HF_PATTERNS = [
-    "config.json",
-    "generation_config.json",
-    "*.safetensors",
-    "*.safetensors.index.json",
-    *PROCESSING_FILES,
-]
-ONNX_PATTERNS = [*HF_PATTERNS, "*.onnx", "*.onnx.data", "*.onnx_data", "genai_config.json"]
-# An ONNX export's small files; its graph is added by name, one variant only.
-ONNX_SMALL_FILES = ["config.json", "generation_config.json", *PROCESSING_FILES]
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
@@ -215,8 +192,6 @@ def _resolve(
             source, "onnx" if kind == "onnx" else "local-hf", local, kind, local.resolve().name
         )
     if _HUB_ID.match(source):
-        from bake.hub import download
-
         folder, commit, variant = download(source, revision, onnx.requested, onnx.runtime_ep)
         kind = classify_folder(folder, onnx.requested)
         return ResolvedSource(source, "hub", folder, kind, source, commit, graph=variant)
