@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,54 @@ JSON = "application/json"
 SSE = "text/event-stream"
 
 
+def fold(name: str, values: Iterable[str]) -> str:
+    """The values of a repeated header as one (RFC 9110 §5.3): joined with `, `, and
+    Cookie with `; ` (RFC 6265 §5.4), the one rule every adapter follows."""
+    return ("; " if name.lower() == "cookie" else ", ").join(values)
+
+
+class Headers(Mapping[str, str]):
+    """A request's headers: case-insensitive names, every value of a repeated one kept.
+
+    As a mapping it has one value per name, the values folded (`fold`); `get_all` gives
+    them apart. Names iterate in lower case, in the order first seen. Immutable.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, headers: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
+        """Headers from a mapping or from (name, value) pairs, names in any case."""
+        pairs = headers.items() if isinstance(headers, Mapping) else headers
+        values: dict[str, list[str]] = {}
+        for name, value in pairs:
+            values.setdefault(name.lower(), []).append(value)
+        self._values = values
+
+    def __getitem__(self, name: str) -> str:
+        """The folded value of `name` (any case); KeyError when absent."""
+        return fold(name, self._values[name.lower()])
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Headers({list(self.pairs())!r})"
+
+    def get_all(self, name: str) -> list[str]:
+        """Every value of `name` (any case), in order; empty when absent."""
+        return list(self._values.get(name.lower(), ()))
+
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        """(lower-case name, value) for each value received."""
+        return ((name, value) for name, values in self._values.items() for value in values)
+
+
 @dataclass(frozen=True)
 class Request:
     """One HTTP request as the core sees it.
@@ -28,8 +76,7 @@ class Request:
     Attributes:
         method: Upper-case HTTP method.
         path: The path without the query string, e.g. `/v1/chat/completions`.
-        query: Query parameters (last value wins).
-        headers: Header names in lower case.
+        headers: The headers (case-insensitive; repeated ones folded by one rule).
         body: The raw body.
         cancelled: Set by the adapter when the client has gone away while the answer is
             computed: a buffered generation stops at its next token and a request waiting
@@ -38,8 +85,7 @@ class Request:
 
     method: str
     path: str
-    query: Mapping[str, str] = field(default_factory=dict)
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Headers = field(default_factory=Headers)
     body: bytes = b""
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 

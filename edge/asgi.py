@@ -14,9 +14,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from threading import Event
 from typing import Any, Protocol
-from urllib.parse import parse_qsl
 
-from core.http import Request, Response
+from core.http import Headers, Request, Response
 from edge.offload import ChunkPump, run_in_thread
 
 Message = MutableMapping[str, Any]
@@ -118,14 +117,8 @@ class EdgeApp:
 
 
 def _request(scope: Scope, method: str, body: bytes) -> Request:
-    headers: dict[str, str] = {}
-    for raw_name, raw_value in scope["headers"]:
-        name = raw_name.decode("latin-1").lower()
-        value = raw_value.decode("latin-1")
-        # Repeated headers fold into one, comma-separated (RFC 9110 §5.3).
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), True))
-    return Request(method, scope["path"], query, headers, body)
+    headers = Headers((n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"])
+    return Request(method, scope["path"], headers, body)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

@@ -22,11 +22,12 @@ from collections.abc import Iterator
 import uvicorn
 
 from core.api import Api
+from core.logs import JsonLog
 from core.records import RequestRecord
 from core.state import ModelState
 from edge.asgi import EdgeApp
 from edge.connections import guarded_h11
-from edge.logs import JsonLines, configure_stderr_logging
+from edge.logs import configure_stderr_logging
 from edge.metrics import CONTENT_TYPE, Metrics
 from edge.notify import Notifier
 from edge.offload import run_in_thread
@@ -70,7 +71,7 @@ class Daemon:
             settings.notify_socket, settings.watchdog_usec, settings.watchdog_pid
         )
         self.state = ModelState(settings)
-        self._log = JsonLines(sys.stdout)
+        self._log = JsonLog(sys.stdout)
         self.metrics = Metrics(self.state, in_flight=lambda: self.api.in_flight)
         self.api = Api(self.state, settings, on_record=self._record,
                        metrics=lambda: (CONTENT_TYPE, self.metrics.render()))  # fmt: skip
@@ -98,7 +99,7 @@ class Daemon:
 
     def _record(self, record: RequestRecord) -> None:
         self.metrics.observe(record)
-        self._log.write(record)
+        self._log.record(record)
 
     def _busy(self) -> bool:
         return self.api.in_flight > 0 or self.app.in_flight > 0

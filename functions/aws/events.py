@@ -2,8 +2,9 @@
 
 Two payload shapes reach the handler: API Gateway REST APIs send payload format 1.0
 (`httpMethod`, `path`, `multiValueHeaders`, ...); HTTP APIs and Function URLs send 2.0
-(`requestContext.http.method`, `rawPath`, `rawQueryString`, `cookies`, ...). The result
-must use the shape of the event it answers.
+(`requestContext.http.method`, `rawPath`, `cookies`, ...). The result must use the
+shape of the event it answers. The query string is not read: no route of the core has
+query parameters.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import parse_qsl
 
-from core.http import Request
+from core.http import Headers, Request, fold
 
 Version = Literal["1.0", "2.0"]
 
@@ -85,14 +85,6 @@ def _check_text(value: str, what: str, version: Version) -> None:
         raise EventError(f"the event's {what} is not valid Unicode", version) from None
 
 
-def _joined(headers: Mapping[str, list[str]]) -> dict[str, str]:
-    """Lower-case header names; repeated values joined as HTTP allows (cookies with `; `)."""
-    out: dict[str, list[str]] = {}
-    for name, values in headers.items():
-        out.setdefault(name.lower(), []).extend(values)
-    return {k: ("; " if k == "cookie" else ", ").join(v) for k, v in out.items()}
-
-
 def _v1(event: Mapping[str, Any]) -> Request:
     method, path = event.get("httpMethod"), event.get("path")
     if not isinstance(method, str) or not isinstance(path, str) or not path.startswith("/"):
@@ -106,14 +98,8 @@ def _v1(event: Mapping[str, Any]) -> Request:
     multi = _multi_map(event.get("multiValueHeaders"), "multiValueHeaders", "1.0")
     single = _str_map(event.get("headers"), "headers", "1.0")
     # API Gateway sends both maps; the multi-value one has every value of a repeated header.
-    headers = _joined(multi or {k: [v] for k, v in single.items()})
-    multi_query = _multi_map(
-        event.get("multiValueQueryStringParameters"), "multiValueQueryStringParameters", "1.0"
-    )
-    query = {k: v[-1] for k, v in multi_query.items() if v} or _str_map(
-        event.get("queryStringParameters"), "queryStringParameters", "1.0"
-    )
-    return Request(method.upper(), path, query, headers, _body(event, "1.0"))
+    pairs = [(k, v) for k, values in multi.items() for v in values] or list(single.items())
+    return Request(method.upper(), path, Headers(pairs), _body(event, "1.0"))
 
 
 def _v2(event: Mapping[str, Any]) -> Request:
@@ -129,19 +115,15 @@ def _v2(event: Mapping[str, Any]) -> Request:
     # An HTTP API stage other than $default prefixes rawPath with its name.
     if isinstance(stage, str) and stage != "$default" and f"{path}/".startswith(f"/{stage}/"):
         path = path[len(stage) + 1 :] or "/"
-    headers = _joined({k: [v] for k, v in _str_map(event.get("headers"), "headers", "2.0").items()})
+    # 2.0 events join a repeated header's values with commas already.
+    pairs = list(_str_map(event.get("headers"), "headers", "2.0").items())
     cookies = event.get("cookies")
     if cookies is not None:
         if not isinstance(cookies, list) or not all(isinstance(c, str) for c in cookies):
             raise EventError("the event's cookies must be a list of strings")
         # 2.0 events move the Cookie header into `cookies`: put it back for the core.
-        headers["cookie"] = "; ".join([*filter(None, [headers.get("cookie")]), *cookies])
-    raw_query = event.get("rawQueryString")
-    if isinstance(raw_query, str):
-        query = dict(parse_qsl(raw_query, keep_blank_values=True))
-    else:
-        query = _str_map(event.get("queryStringParameters"), "queryStringParameters", "2.0")
-    return Request(method.upper(), path, query, headers, _body(event, "2.0"))
+        pairs += [("cookie", cookie) for cookie in cookies]
+    return Request(method.upper(), path, Headers(pairs), _body(event, "2.0"))
 
 
 def parse_event(event: object) -> HttpEvent:
@@ -183,7 +165,7 @@ def http_result(
             grouped.setdefault(name, []).append(value)
     result: dict[str, Any] = {"statusCode": status}
     if version == "2.0":
-        result["headers"] = {k: ", ".join(v) for k, v in grouped.items()}
+        result["headers"] = {k: fold(k, v) for k, v in grouped.items()}
         if cookies:
             result["cookies"] = cookies
     else:

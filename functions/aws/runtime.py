@@ -10,13 +10,10 @@ reason, and a later invoke tries again.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import sys
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,14 +21,14 @@ from core.api import PUBLIC_ROUTES, Api
 from core.cpu import usable_cpus
 from core.errors import InvalidRequestError, OrtServeError
 from core.http import Request
+from core.logs import JsonLog
 from core.manifest import read_manifest
-from core.records import RequestRecord
 from core.state import ModelState
 from functions.aws.buffer import buffered_result, error_result
+from functions.aws.coldstart import cold_start, model_settings
 from functions.aws.errors import SetupError
 from functions.aws.events import EventError, Version, parse_event
-from functions.aws.model_source import fetch_model, local_folder, remote_model_bytes, s3_client
-from functions.aws.secrets import resolve_api_keys
+from functions.aws.model_source import remote_model_bytes, s3_client
 from functions.aws.settings import LambdaSettings, LoadAtInit
 
 if TYPE_CHECKING:
@@ -102,14 +99,12 @@ class LambdaApp:
     def __init__(self, settings: LambdaSettings) -> None:
         self.settings = settings
         self._created = time.perf_counter()
-        engine_settings = settings
-        if settings.model_s3_uri:
-            folder = local_folder(settings.model_s3_uri, settings.model_cache_dir)
-            engine_settings = settings.model_copy(update={"model_dir": folder})
-        self.state = ModelState(engine_settings)
-        self.api = Api(self.state, settings, on_record=self._record)
+        # One JSON object per line: CloudWatch Logs Insights parses each line's fields.
+        self._log = JsonLog(context=self._context)
+        self.state = ModelState(model_settings(settings))
+        self.api = Api(self.state, settings, on_record=self._log.record)
+        self._api_keys = settings.api_keys
         self._lock = threading.Lock()
-        self._keys_resolved = False
         self._failed_at: float | None = None
         self._figures: dict[str, Any] = {}
         self._logged_cold_start = False
@@ -173,7 +168,7 @@ class LambdaApp:
         if at_init:
             self._log_setup()
         else:
-            self._write("INFO", "model load deferred to the first invoke", **self._figures)
+            self._log.write("INFO", "model load deferred to the first invoke", **self._figures)
 
     def ensure_ready(self) -> None:
         """Finish the cold start if it has not (blocking); retry a failed one when due."""
@@ -195,32 +190,18 @@ class LambdaApp:
     def _setup(self) -> None:
         start = time.perf_counter()
         try:
-            if not self._keys_resolved:
-                keys = resolve_api_keys(self.settings)
-                if keys != self.settings.api_keys:
-                    with_keys = self.settings.model_copy(update={"api_keys": keys})
-                    self.api = Api(self.state, with_keys, on_record=self._record)
-                self._keys_resolved = True
-            if self.settings.model_s3_uri:
-                fetched = fetch_model(
-                    self.settings.model_s3_uri, self.settings.model_cache_dir,
-                    self.settings.model_sha256, self._s3(),
-                )  # fmt: skip
-                self._figures.update(
-                    download_s=round(fetched.seconds, 3),
-                    downloaded_mb=round(fetched.downloaded_bytes / _MB, 1),
-                )
-        except SetupError as exc:
-            self._fail(exc.message)
+            ready = cold_start(self.settings, self._log, self._s3)
+        except SetupError as exc:  # logged by cold_start
+            self.state.fail(exc.message)
+            self._failed_at = time.monotonic()
             return
+        if ready.settings.api_keys != self._api_keys:  # keys from Secrets Manager or SSM
+            self.api = Api(self.state, ready.settings, on_record=self._log.record)
+            self._api_keys = ready.settings.api_keys
+        self._figures.update(ready.figures)
         self.state.load()
         self._figures["setup_s"] = round(time.perf_counter() - start, 3)
         self._failed_at = None if self.state.status == "ready" else time.monotonic()
-
-    def _fail(self, reason: str) -> None:
-        self.state.fail(reason)
-        self._failed_at = time.monotonic()
-        self._write("ERROR", "cold start failed", reason=reason)
 
     def _log_setup(self) -> None:
         """The cold-start figures in one line (a retry after a failure logs its own)."""
@@ -236,7 +217,7 @@ class LambdaApp:
             **self._figures,
             **state.describe(),
         }
-        self._write("INFO" if state.engine else "ERROR", message, **figures)
+        self._log.write("INFO" if state.engine else "ERROR", message, **figures)
 
     # -- invokes ----------------------------------------------------------------------
 
@@ -249,7 +230,7 @@ class LambdaApp:
                 parsed = parse_event(event)
             except EventError as exc:
                 version = exc.version
-                self._write("WARNING", "not an HTTP event", reason=exc.message)
+                self._log.write("WARNING", "not an HTTP event", reason=exc.message)
                 return error_result(version, InvalidRequestError(exc.message))
             version = parsed.version
             if parsed.request.path not in _NO_SETUP_ROUTES:
@@ -266,15 +247,7 @@ class LambdaApp:
         response = self.api.handle(request)
         return buffered_result(response, version, self.settings.lambda_max_response_bytes)
 
-    # -- logs -------------------------------------------------------------------------
-
-    def _record(self, record: RequestRecord) -> None:
-        self._write("INFO", "request", **asdict(record))
-
-    def _write(self, level: str, message: str, **fields: Any) -> None:
-        # One JSON object per line: CloudWatch Logs Insights parses each line's fields.
-        line = {"level": level, "message": message, **fields}
-        if self._aws_request_id is not None:
-            line["aws_request_id"] = self._aws_request_id
-        sys.stdout.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
-        sys.stdout.flush()
+    def _context(self) -> dict[str, str]:
+        """What each log line says of the invoke being answered (nothing outside one)."""
+        aws_request_id = self._aws_request_id
+        return {} if aws_request_id is None else {"aws_request_id": aws_request_id}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from core.api import Api
-from core.http import Request
+from core.http import Headers, Request
 from tests.models import ORTSERVE
 
 API_KEY = "test-key-1"
@@ -94,8 +94,7 @@ class InProcess:
         raw: bytes | None = None,
     ) -> Reply:  # fmt: skip
         hdrs = request_headers(headers)
-        request = Request(method, path, {}, {k.lower(): v for k, v in hdrs.items()},
-                          encode_body(body, raw))  # fmt: skip
+        request = Request(method, path, Headers(hdrs), encode_body(body, raw))
         response = self.api.handle(request)
         chunks = [response.body] if isinstance(response.body, bytes) else list(response.body)
         headers_out = {k.lower(): v for k, v in response.headers}
@@ -104,8 +103,7 @@ class InProcess:
     @contextmanager
     def open_stream(self, path: str, body: Any) -> Iterator[Iterator[bytes]]:
         """The streamed body as the core produces it."""
-        request = Request("POST", path, {}, {k.lower(): v for k, v in AUTH.items()},
-                          encode_body(body, None))  # fmt: skip
+        request = Request("POST", path, Headers(AUTH), encode_body(body, None))
         response = self.api.handle(request)
         assert not isinstance(response.body, bytes)
         try:

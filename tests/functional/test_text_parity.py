@@ -23,7 +23,7 @@ from core.api import Api
 from core.engine import Engine
 from core.errors import InvalidRequestError
 from core.generation import GenerationRequest, SamplingOptions
-from core.http import Request
+from core.http import Headers, Request
 from core.schemas import ChatBody
 from core.settings import EngineSettings, ServerSettings
 from core.state import ModelState
@@ -210,8 +210,8 @@ def _api(model_dir: Path) -> Api:
 
 
 def _post(api: Api, path: str, body: dict[str, Any]) -> list[bytes]:
-    response = api.handle(Request("POST", path, {}, {"content-type": "application/json"},
-                                  json.dumps(body).encode()))  # fmt: skip
+    headers = Headers({"content-type": "application/json"})
+    response = api.handle(Request("POST", path, headers, json.dumps(body).encode()))
     assert response.status == 200, response.body
     return [response.body] if isinstance(response.body, bytes) else list(response.body)
 

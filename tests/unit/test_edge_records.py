@@ -6,10 +6,10 @@ import io
 import json
 from pathlib import Path
 
+from core.logs import JsonLog
 from core.records import RequestRecord
 from core.settings import EngineSettings
 from core.state import ModelState
-from edge.logs import JsonLines
 from edge.metrics import Metrics
 
 GEN = RequestRecord("r1", "POST", "/generate", 200, prompt_tokens=5, completion_tokens=20,
@@ -59,13 +59,14 @@ def test_each_metrics_object_has_its_own_registry(tmp_path: Path) -> None:
 
 def test_one_json_line_per_record() -> None:
     out = io.StringIO()
-    log = JsonLines(out)
-    log.write(GEN)
-    log.write(RequestRecord("r2", "GET", "/healthz", 200, duration_s=0.0001234567))
+    log = JsonLog(out)
+    log.record(GEN)
+    log.record(RequestRecord("r2", "GET", "/healthz", 200, duration_s=0.0001234567))
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
     first = json.loads(lines[0])
-    assert first == {"event": "request", "request_id": "r1", "method": "POST",
+    assert first == {"level": "INFO", "message": "request", "event": "request",
+                     "request_id": "r1", "method": "POST",
                      "route": "/generate", "status": 200, "prompt_tokens": 5,
                      "completion_tokens": 20, "ttft_s": 0.012, "tokens_per_s": 250.0,
                      "duration_s": 0.09}  # fmt: skip
