@@ -6,8 +6,6 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from core.errors import BusyError, ClientClosedError
 
@@ -111,16 +109,6 @@ class Admission:
             self._active -= 1
             self._mean_s = 0.8 * self._mean_s + 0.2 * held_s
             self._cond.notify_all()
-
-    @contextmanager
-    def slot(self) -> Iterator[float]:
-        """`with admission.slot() as waited_s:` hold a slot for the block."""
-        waited = self.acquire()
-        start = time.monotonic()
-        try:
-            yield waited
-        finally:
-            self.release(time.monotonic() - start)
 
 
 def _check(cancelled: threading.Event | None) -> None:

@@ -1,4 +1,6 @@
-"""The HTTP API, framework-free: routing, auth, limits, validation, OpenAI formats, SSE.
+"""The HTTP API, framework-free: a router. Route and method, auth, the body-size limit,
+errors as HTTP, the request record, SSE framing; what a body means and how it is
+answered is core.protocol's, generating is core.service's.
 
 Every adapter (edge daemon, Lambda, Cloud Functions) calls `Api.handle` and writes the
 `Response` back, so the same request gives the same bytes on every target.
@@ -10,7 +12,6 @@ import base64
 import functools
 import hashlib
 import hmac
-import json
 import logging
 import re
 import threading
@@ -20,24 +21,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING, Any
 
 from core.errors import (
     AuthenticationError,
-    ClientClosedError,
     DrainingError,
-    InvalidRequestError,
     MethodNotAllowedError,
     ModelNotFoundError,
     NotFoundError,
     OrtServeError,
     PayloadTooLargeError,
-    RequestTimeoutError,
 )
-from core.generation import Completion, GenerationRequest, GenerationStream, Guidance
-from core.generation import SamplingOptions as Sampling
+from core.generation import Completion, GenerationStream
 from core.http import (
     SSE_DONE,
     Request,
@@ -48,13 +43,15 @@ from core.http import (
     sse_event,
     sse_response,
 )
+from core.protocol import GenerationBody, Reply, Served, parse
+from core.protocol.native import GenerateBody
+from core.protocol.openai import ChatBody, CompletionBody
 from core.records import RequestRecord
-from core.schemas import ChatBody, CompletionBody, GenerateBody, ResponseFormat
 from core.settings import ServerSettings
 from core.state import ModelState
 
 if TYPE_CHECKING:  # annotations only: adapters import this module without onnxruntime-genai
-    from core.engine import Engine
+    from core.service import Service
 
 log = logging.getLogger("ortserve")
 
@@ -78,35 +75,7 @@ class _Context:
     completion: Completion | None = None
 
 
-_Body = TypeVar("_Body", bound=BaseModel)
-
-
-def _parse(model: type[_Body], body: bytes) -> _Body:
-    try:
-        data = json.loads(body)
-    except RecursionError:  # the parser recurses once per nesting level
-        raise InvalidRequestError("the request body's JSON is nested too deeply") from None
-    except ValueError as exc:  # invalid JSON or UTF-8, or an int past Python's 4,300 digits
-        detail = "" if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError) else f": {exc}"
-        raise InvalidRequestError(f"the request body is not valid JSON{detail}") from None
-    if not isinstance(data, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False)
-        first = errors[0]
-        # A union reports one error per member, each under the member's tag
-        # (`messages.0.content.str`): name the field they share instead.
-        loc = list(first["loc"])
-        shared = [e["loc"] for e in errors if e["loc"][: len(loc) - 1] == tuple(loc[:-1])]
-        if len(shared) > 1:
-            loc = loc[:-1]
-        where = ".".join(str(p) for p in loc)
-        message = first["msg"].removeprefix("Value error, ")
-        raise InvalidRequestError(
-            f"{where}: {message}" if where else message, where or None
-        ) from None
+_Route = Callable[[Request, _Context], Response]
 
 
 class Api:
@@ -129,15 +98,14 @@ class Api:
         self.settings = settings
         self.on_record = on_record
         self.draining = False
-        self._stopping = threading.Event()
         self.in_flight = 0
         self._lock = threading.Lock()
         self._keys = [k.encode() for k in settings.api_keys]
-        self._routes: dict[str, dict[str, Callable[[Request, _Context], Response]]] = {
+        self._routes: dict[str, dict[str, _Route]] = {
             "/": {"GET": self._playground},
-            "/generate": {"POST": self._generate},
-            "/v1/completions": {"POST": self._completions},
-            "/v1/chat/completions": {"POST": self._chat},
+            "/generate": {"POST": self._generation(GenerateBody)},
+            "/v1/completions": {"POST": self._generation(CompletionBody)},
+            "/v1/chat/completions": {"POST": self._generation(ChatBody)},
             "/v1/models": {"GET": self._models},
             "/healthz": {"GET": self._healthz},
             "/readyz": {"GET": self._readyz},
@@ -202,7 +170,9 @@ class Api:
         """End every running generation at its next text: a stream with a final
         `shutting_down` error event, a buffered request with that 503 (the drain's end)."""
         self.draining = True
-        self._stopping.set()
+        service = self.state.service
+        if service is not None:
+            service.stop_generations()
 
     def _finish(self, record: RequestRecord, ctx: _Context, start: float) -> None:
         with self._lock:
@@ -290,93 +260,45 @@ class Api:
                 "missing or invalid API key: send 'Authorization: Bearer KEY' or 'x-api-key'"
             )
 
-    def _engine(self) -> Engine:
+    def _service(self) -> Service:
         if self.draining:
             raise DrainingError("the server is shutting down; retry on another instance")
         return self.state.require()
 
-    # -- generation plumbing ----------------------------------------------------------
+    # -- generation routes --------------------------------------------------------------
 
-    def _start(
-        self,
-        engine: Engine,
-        request: GenerationRequest,
-        param: str = "max_tokens",
-        cancelled: threading.Event | None = None,
-    ) -> GenerationStream:
-        """Start `request`; `param` names the route's token-limit field in errors; a set
-        `cancelled` (the client left) ends its wait for a slot."""
-        limit = self.settings.max_new_tokens
-        if request.options.max_new_tokens > limit:
-            raise InvalidRequestError(
-                f"{param} {request.options.max_new_tokens} is above this server's limit of {limit}",
-                param,
-            )
-        # It checks the prompt's length once it has the tokens.
-        return engine.stream(request, cancelled)
+    def _generation(self, body_type: type[GenerationBody]) -> _Route:
+        """The route of a generation API: its body says what to generate and how to
+        answer; the service generates."""
 
-    def _timed(
-        self, stream: GenerationStream, cancelled: threading.Event | None = None
-    ) -> Iterator[str]:
-        """The stream's deltas, stopped with a timeout error past request_timeout_s, or
-        with `ClientClosedError` once `cancelled` is set (closing the stream frees the
-        slot at the next token)."""
-        deadline = time.monotonic() + self.settings.request_timeout_s
-        try:
-            for delta in stream:
-                if cancelled is not None and cancelled.is_set():
-                    raise ClientClosedError("the client closed the request during generation")
-                if self._stopping.is_set():
-                    raise DrainingError(
-                        "the server shut down before this generation ended; retry on "
-                        "another instance"
-                    )
-                yield delta
-                if time.monotonic() > deadline:
-                    raise RequestTimeoutError(
-                        f"the generation ran past the {self.settings.request_timeout_s:g} s "
-                        "request timeout"
-                    )
-        finally:
-            stream.close()
+        def route(request: Request, ctx: _Context) -> Response:
+            body = parse(body_type, request.body)
+            service = self._service()
+            served = _served(service)
+            stream = service.stream(body.to_generation(served), request.cancelled)
+            reply = body.reply(ctx.request_id, served)
+            if body.stream:
+                return self._sse(stream, reply, ctx)
+            done = stream.collect()
+            ctx.completion = done
+            return json_response(200, reply.body(done))
 
-    def _run(
-        self, stream: GenerationStream, cancelled: threading.Event | None = None
-    ) -> Completion:
-        for _ in self._timed(stream, cancelled):
-            pass
-        done = stream.completion
-        assert done is not None  # the stream ended: its completion holds the whole text
-        return done
+        return route
 
-    def _sse_stream(
-        self,
-        stream: GenerationStream,
-        ctx: _Context,
-        delta_event: Callable[[str], Any],
-        final_event: Callable[[Completion], Any],
-        first_events: list[Any] | None = None,
-        done_marker: bool = True,
-        usage_base: dict[str, Any] | None = None,
-    ) -> Response:
-        """SSE of a generation; an error after the first byte is sent as a final event.
-
-        With `usage_base` (OpenAI's `stream_options.include_usage`), a usage event on that
-        base follows the final event.
-        """
+    def _sse(self, stream: GenerationStream, reply: Reply, ctx: _Context) -> Response:
+        """SSE of a generation; an error after the first byte is sent as a final event."""
 
         def chunks() -> Iterator[bytes]:
             try:
-                for event in first_events or []:
+                for event in reply.first_events():
                     yield sse_event(event)
-                for delta in self._timed(stream):
-                    yield sse_event(delta_event(delta))
+                for delta in stream:
+                    yield sse_event(reply.delta(delta))
                 done = stream.completion
                 assert done is not None  # the stream ended
                 ctx.completion = done
-                yield sse_event(final_event(done))
-                if usage_base is not None:
-                    yield sse_event({**usage_base, "choices": [], "usage": self._usage(done)})
+                for event in reply.final_events(done):
+                    yield sse_event(event)
             except OrtServeError as exc:
                 yield sse_event(error_payload(exc))
                 return
@@ -388,152 +310,34 @@ class Api:
                 stream.close()
                 # A stream closed early (client gone, drain timeout) still counts its tokens.
                 ctx.completion = ctx.completion or stream.completion
-            if done_marker:
+            if reply.done_marker:
                 yield SSE_DONE
 
         return sse_response(chunks())
 
-    # -- routes -----------------------------------------------------------------------
-
-    def _generate(self, request: Request, ctx: _Context) -> Response:
-        body = _parse(GenerateBody, request.body)
-        engine = self._engine()
-        options = Sampling(
-            max_new_tokens=body.max_new_tokens, temperature=body.temperature, top_p=body.top_p,
-            top_k=body.top_k, seed=body.seed,
-        )  # fmt: skip
-        gen = GenerationRequest(prompt=body.prompt, options=options, stop=tuple(body.stop or ()))
-        stream = self._start(engine, gen, "max_new_tokens", request.cancelled)
-
-        def counts(done: Completion) -> dict[str, Any]:
-            return {
-                "tokens_generated": done.completion_tokens,
-                "prompt_tokens": done.prompt_tokens,
-                "finish_reason": done.finish_reason,
-            }
-
-        if body.stream:
-            return self._sse_stream(
-                stream, ctx, lambda d: {"text": d},
-                lambda done: {"done": True, **counts(done)}, done_marker=False,
-            )  # fmt: skip
-        done = self._run(stream, request.cancelled)
-        ctx.completion = done
-        return json_response(200, {"generated_text": done.text, **counts(done)})
-
-    def _openai_common(self, body: CompletionBody | ChatBody) -> Sampling:
-        served = self.state.engine.model_name if self.state.engine else None
-        if body.model is not None and served is not None and body.model != served:
-            raise ModelNotFoundError(
-                f"the model {body.model!r} does not exist; this server has {served!r}"
-            )
-        max_tokens = body.max_tokens
-        if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
-            max_tokens = body.max_completion_tokens
-        if max_tokens is None:  # OpenAI's defaults: 16 for completions, "as many as fit" for chat
-            limit = self.settings.max_new_tokens
-            max_tokens = min(16, limit) if isinstance(body, CompletionBody) else limit
-        return Sampling(
-            max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-            seed=body.seed,
-        )  # fmt: skip
-
-    def _ids(self, request_id: str, prefix: str) -> tuple[str, int]:
-        return f"{prefix}-{request_id}", int(time.time())
-
-    def _usage(self, done: Completion) -> dict[str, int]:
-        return {
-            "prompt_tokens": done.prompt_tokens,
-            "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens,
-        }
-
-    def _completions(self, request: Request, ctx: _Context) -> Response:
-        body = _parse(CompletionBody, request.body)
-        options = self._openai_common(body)
-        engine = self._engine()
-        gen = GenerationRequest(prompt=body.text(), options=options, stop=tuple(body.stop or ()))
-        stream = self._start(engine, gen, cancelled=request.cancelled)
-        cid, created = self._ids(ctx.request_id, "cmpl")
-        base = {"id": cid, "object": "text_completion", "created": created,
-                "model": engine.model_name}  # fmt: skip
-
-        def choice(text: str, finish: str | None) -> dict[str, Any]:
-            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
-
-        if body.stream:
-            return self._sse_stream(
-                stream, ctx, lambda d: {**base, "choices": [choice(d, None)]},
-                lambda done: {**base, "choices": [choice("", _finish(done))]},
-                usage_base=base if _include_usage(body) else None,
-            )  # fmt: skip
-        done = self._run(stream, request.cancelled)
-        ctx.completion = done
-        return json_response(
-            200, {**base, "choices": [choice(done.text, _finish(done))], "usage": self._usage(done)}
-        )
-
-    def _chat(self, request: Request, ctx: _Context) -> Response:
-        body = _parse(ChatBody, request.body)
-        options = self._openai_common(body)
-        engine = self._engine()
-        gen = GenerationRequest(
-            messages=[m.as_template_input() for m in body.messages],
-            template_kwargs=body.chat_template_kwargs,
-            options=options,
-            stop=tuple(body.stop or ()),
-            guidance=_guidance(body.response_format),
-        )
-        given = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        stream = self._start(engine, gen, given, request.cancelled)
-        cid, created = self._ids(ctx.request_id, "chatcmpl")
-        base = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                "model": engine.model_name, "system_fingerprint": _fingerprint(engine)}  # fmt: skip
-
-        if body.stream:
-
-            def delta(text: str) -> dict[str, Any]:
-                return {**base, "choices": [{"index": 0, "delta": {"content": text},
-                                             "logprobs": None, "finish_reason": None}]}  # fmt: skip
-
-            def final(done: Completion) -> dict[str, Any]:
-                return {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                             "finish_reason": _finish(done)}]}  # fmt: skip
-
-            first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                          "logprobs": None, "finish_reason": None}]}  # fmt: skip
-            return self._sse_stream(stream, ctx, delta, final, first_events=[first],
-                                    usage_base=base if _include_usage(body) else None)  # fmt: skip
-        done = self._run(stream, request.cancelled)
-        ctx.completion = done
-        message = {"role": "assistant", "content": done.text, "refusal": None}
-        return json_response(200, {
-            **base, "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": _finish(done)}],
-            "usage": self._usage(done),
-        })  # fmt: skip
+    # -- other routes -----------------------------------------------------------------
 
     def _models(self, request: Request, ctx: _Context) -> Response:
-        engine = self.state.require()
-        return json_response(200, {"object": "list", "data": [_model_card(engine)]})
+        served = _served(self.state.require())
+        return json_response(200, {"object": "list", "data": [_model_card(served)]})
 
     def _model(self, request: Request, ctx: _Context) -> Response:
-        engine = self.state.require()
+        served = _served(self.state.require())
         name = request.path.removeprefix(_MODEL_PREFIX)
-        if name != engine.model_name:
+        if name != served.model:
             raise ModelNotFoundError(
-                f"the model {name!r} does not exist; this server has {engine.model_name!r}"
+                f"the model {name!r} does not exist; this server has {served.model!r}"
             )
-        return json_response(200, _model_card(engine))
+        return json_response(200, _model_card(served))
 
     def _health(self) -> dict[str, Any]:
         state = self.state
         status = "draining" if self.draining else state.status
         payload: dict[str, Any] = {"status": status, **state.describe()}
-        engine = state.engine
-        if engine is not None:
-            payload.update(active=engine.admission.active, waiting=engine.admission.waiting)
+        service = state.service
+        if service is not None:
+            stats = service.stats()
+            payload.update(active=stats.active, waiting=stats.waiting)
         return payload
 
     def _healthz(self, request: Request, ctx: _Context) -> Response:
@@ -587,38 +391,12 @@ def _playground_page() -> tuple[bytes, str]:
     return page.encode(), policy
 
 
-def _model_card(engine: Engine) -> dict[str, Any]:
+def _served(service: Service) -> Served:
+    engine = service.engine
     created = int(datetime.fromisoformat(engine.manifest.created_at).timestamp())
-    return {"id": engine.model_name, "object": "model", "created": created,
+    return Served(engine.model_name, engine.digest, created, service.settings.max_new_tokens)
+
+
+def _model_card(served: Served) -> dict[str, Any]:
+    return {"id": served.model, "object": "model", "created": served.created,
             "owned_by": "ortserve"}  # fmt: skip
-
-
-def _include_usage(body: CompletionBody | ChatBody) -> bool:
-    return body.stream_options is not None and body.stream_options.include_usage
-
-
-def _finish(done: Completion) -> str:
-    return "stop" if done.finish_reason == "stop" else "length"
-
-
-def _fingerprint(engine: Engine) -> str:
-    return f"fp_{engine.digest[:12]}"
-
-
-_WHITESPACE_RULE = {"whitespace_flexible": False}
-
-
-def _guidance(response_format: ResponseFormat | None) -> Guidance | None:
-    """response_format → constrained decoding. Compact JSON keeps small models from
-    wandering into endless whitespace, which flexible-whitespace grammars allow."""
-    if response_format is None or response_format.type == "text":
-        return None
-    if response_format.type == "json_object":
-        schema: dict[str, Any] = {"type": "object"}
-    else:
-        if response_format.json_schema is None:
-            where = "response_format.json_schema"
-            raise InvalidRequestError(f"{where} is required for type json_schema", where)
-        schema = dict(response_format.json_schema.schema_)
-    schema.setdefault("x-guidance", _WHITESPACE_RULE)
-    return Guidance("json_schema", json.dumps(schema))

@@ -70,6 +70,12 @@ class Sequence:
     paused_at: float | None = field(default_factory=time.monotonic)
     queued_behind: bool = False
 
+    def leave(self) -> None:
+        """The request is done with it: a batch feeds it no more, and it will not run
+        alone (idempotent)."""
+        self.cancelled.set()
+        self.done.set()
+
 
 class Batcher:
     """Collects sequences for up to `window_s` after the first, then runs them as a batch.

@@ -95,10 +95,11 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from core.engine import Engine
     from core.generation import GenerationRequest, SamplingOptions
+    from core.service import Service
 
-    engine = Engine.load(_settings(args))
+    service = Service.load(_settings(args))
+    engine = service.engine
     options = SamplingOptions(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -114,7 +115,7 @@ def _generate(args: argparse.Namespace) -> int:
         )  # fmt: skip
     else:
         request = GenerationRequest(prompt=args.prompt, options=options, stop=tuple(args.stop))
-    stream = engine.stream(request)
+    stream = service.stream(request)
     for delta in stream:
         sys.stdout.write(delta)
         sys.stdout.flush()

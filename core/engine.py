@@ -1,14 +1,15 @@
 """The engine: the only module that imports onnxruntime_genai.
 
 It loads a baked model folder (manifest checked), probes the execution providers in
-the operator's order by really building the model with each, and generates text under
-admission control. Native errors are translated to `core.errors` here and nowhere else.
+the operator's order by really building the model with each, tokenizes (core.text), and
+decodes: one sequence as an iterator of token ids, or one batch of sequences. It holds
+no request policy (admission, batching rule, token budget, stop strings, timeouts: those
+are core.service's). Native errors are translated to `core.errors` here and nowhere else.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
@@ -18,8 +19,7 @@ from typing import Any
 import numpy as np
 import onnxruntime_genai as og
 
-from core.admission import Admission
-from core.batcher import Alone, Batcher, End, Sequence
+from core.batcher import End, Sequence
 from core.cpu import usable_cpus
 from core.errors import (
     GenerationError,
@@ -27,20 +27,12 @@ from core.errors import (
     ModelIntegrityError,
     ProviderUnavailableError,
 )
-from core.generation import (
-    Completion,
-    FinishReason,
-    GenerationRequest,
-    GenerationStream,
-    SamplingOptions,
-    Timings,
-)
+from core.generation import GenerationRequest, Guidance, SamplingOptions, Tokens
 from core.manifest import Manifest, manifest_digest, verify_folder
 from core.settings import EngineSettings
-from core.stops import StopMatcher
 from core.text import TextCodec
 
-__all__ = ["Engine", "ProbeReport", "SamplingOptions"]
+__all__ = ["Engine", "ProbeReport", "Sampling", "SamplingOptions"]
 
 # A private endpoint sends no telemetry. (This does not stop onnxruntime-genai 0.18's
 # telemetry worker thread: a process forked after a model was created hangs at exit
@@ -84,10 +76,6 @@ class ProbeReport:
 
 
 _SEED_RANGE = 2**31
-
-
-def _nothing() -> None:
-    """No cancellation needed."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -156,8 +144,8 @@ def _probe(folder: Path, settings: EngineSettings, threads: int) -> tuple[Any, s
 
 
 @dataclass(frozen=True)
-class _Sampling:
-    """How tokens are picked, as og search options; requests whose `_Sampling` is equal can
+class Sampling:
+    """How tokens are picked, as og search options; requests whose `Sampling` is equal can
     share a batch (a batch has one set of search options)."""
 
     temperature: float
@@ -166,7 +154,7 @@ class _Sampling:
     repetition_penalty: float
 
     @classmethod
-    def of(cls, options: SamplingOptions, vocab_size: int) -> _Sampling:
+    def of(cls, options: SamplingOptions, vocab_size: int) -> Sampling:
         if options.temperature == 0:  # greedy: the sampling knobs do not matter
             return cls(0.0, 1.0, 0, options.repetition_penalty)
         # og rejects a top_k above the vocabulary size; keeping every token is what such a
@@ -192,9 +180,12 @@ class Engine:
         manifest: The baked folder's manifest.
         digest: sha256 of the manifest: one id for the exact model.
         probe: The execution-provider probe's report.
-        admission: The gate every generation passes (queue depth, active count).
-        context_length: Prompt plus new tokens may not exceed it.
+        text: Tokenizer, detokenizer and chat template (exactly as transformers).
+        settings: The settings it was loaded with.
+        context_length: Prompt plus new tokens may not exceed it (0: unknown).
         vocab_size: The model's vocabulary size (a larger top_k keeps every token).
+        eos_ids: Token ids that end a sequence.
+        pad_id: The id a batch pads shorter prompts with.
     """
 
     def __init__(
@@ -210,42 +201,15 @@ class Engine:
         self.digest = manifest_digest(folder)
         self.probe = probe
         self.settings = settings
-        # MAX_CONCURRENCY generations at once, a batch being one generation.
-        self.admission = Admission(
-            settings.max_concurrency,
-            settings.max_queue,
-            settings.queue_timeout_s,
-            batch=settings.max_batch,
-        )
         self._model = model
-        self._arriving = 0  # requests in `stream` not yet submitted or refused (batch hint)
-        self._arriving_lock = threading.Lock()
         # Text goes through HF tokenizers (core.text), exactly as transformers makes it;
         # og generates, and stops at genai_config's EOS ids.
         self.text = TextCodec(folder)
         model_config = genai_config["model"]
-        self._eos_ids = set(_token_ids(model_config.get("eos_token_id")))
-        self._pad_id = (_token_ids(model_config.get("pad_token_id")) or [*self._eos_ids, 0])[0]
-        self._batcher = (
-            Batcher(
-                self._run_batch,
-                settings.max_batch,
-                settings.batch_window_ms / 1000,
-                arriving=lambda: self._arriving,
-                fits=self._fits,
-            )
-            if settings.max_batch > 1
-            else None
-        )
-        self.context_length = int(genai_config["model"].get("context_length", 0) or 0)
-        self.vocab_size = int(genai_config["model"].get("vocab_size", 0) or 0)
-
-    @property
-    def batches(self) -> tuple[int, int]:
-        """Batches run since the load and the requests in them (a lone one is a batch of 1)."""
-        if self._batcher is None:
-            return 0, 0
-        return self._batcher.batches_run, self._batcher.sequences_run
+        self.eos_ids = frozenset(_token_ids(model_config.get("eos_token_id")))
+        self.pad_id = (_token_ids(model_config.get("pad_token_id")) or [*self.eos_ids, 0])[0]
+        self.context_length = int(model_config.get("context_length", 0) or 0)
+        self.vocab_size = int(model_config.get("vocab_size", 0) or 0)
 
     @property
     def model_name(self) -> str:
@@ -337,39 +301,35 @@ class Engine:
             rows.insert(-1, np.asarray(generator.get_output("logits"), dtype=np.float32)[0, -1])
         return np.stack(rows)
 
-    # -- generation ---------------------------------------------------------------------
+    # -- decoding -----------------------------------------------------------------------
 
-    def _budget(self, prompt_len: int, options: SamplingOptions) -> int:
-        """New tokens allowed: the request's, capped by settings and the context window.
+    def sampling(self, options: SamplingOptions) -> Sampling:
+        """How `options` pick tokens, as og does it (equal ones may share a batch)."""
+        return Sampling.of(options, self.vocab_size)
+
+    def decode(
+        self,
+        input_ids: list[int],
+        max_new: int,
+        options: SamplingOptions,
+        guidance: Guidance | None = None,
+        sequence: Sequence | None = None,
+    ) -> Tokens:
+        """Start decoding one sequence: up to `max_new` new tokens after `input_ids`.
+
+        The og Generator is made now (bad guidance fails here, before any token); the
+        tokens come as they are iterated. A lone batched `sequence` is told when the
+        decoding waits for its reader (`paused_at`).
 
         Raises:
-            InvalidRequestError: The prompt is empty, longer than `max_prompt_tokens`, or
-                leaves no room in the context.
+            InvalidRequestError: The guidance is invalid.
+            GenerationError: og cannot start the generation.
         """
-        if prompt_len == 0:
-            raise InvalidRequestError("the prompt is empty")
-        limit = self.settings.max_prompt_tokens
-        if limit and prompt_len > limit:
-            raise InvalidRequestError(
-                f"the prompt has {prompt_len} tokens; this server's limit is {limit}"
-            )
-        if self.context_length and prompt_len >= self.context_length:
-            raise InvalidRequestError(
-                f"the prompt has {prompt_len} tokens; the model's context is "
-                f"{self.context_length} tokens, which leaves no room for new tokens"
-            )
-        new = min(options.max_new_tokens, self.settings.max_new_tokens)
-        if self.context_length:
-            new = min(new, self.context_length - prompt_len)
-        return new
-
-    def _params(self, prompt_len: int, request: GenerationRequest) -> Any:
-        options = request.options
-        new = self._budget(prompt_len, options)
+        prompt_len = len(input_ids)
         search: dict[str, Any] = {
-            "max_length": prompt_len + new,
-            "min_length": prompt_len + min(options.min_new_tokens, new),
-            **_Sampling.of(options, self.vocab_size).search(),
+            "max_length": prompt_len + max_new,
+            "min_length": prompt_len + min(options.min_new_tokens, max_new),
+            **self.sampling(options).search(),
         }
         if options.seed is not None:
             # onnxruntime-genai takes a non-negative int32 seed (2**31 and up fail with a
@@ -378,38 +338,30 @@ class Engine:
             search["random_seed"] = options.seed % _SEED_RANGE
         params = og.GeneratorParams(self._model)
         params.set_search_options(**search)
-        if request.guidance is not None:
-            params.set_guidance(request.guidance.kind, request.guidance.data)
-        return params
-
-    def _new_generator(self, params: Any, guided: bool) -> Any:
+        if guidance is not None:
+            params.set_guidance(guidance.kind, guidance.data)
         try:
-            return og.Generator(self._model, params)
+            generator = og.Generator(self._model, params)
         except RuntimeError as exc:
-            if guided:
+            if guidance is not None:
                 raise InvalidRequestError(f"invalid guidance: {_first_line(exc)}") from exc
             raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
+        return Tokens(lambda tokens: self._tokens(generator, input_ids, tokens, sequence))
 
-    def stream_tokens(self, input_ids: list[int], options: SamplingOptions) -> Iterator[int]:
-        """Yield new token ids until EOS or the token limit (no admission, no text).
-
-        For benchmarks and tests that work in token ids.
-        """
-        params = self._params(len(input_ids), GenerationRequest(prompt="", options=options))
-        generator = self._new_generator(params, guided=False)
-        yield from self._tokens(generator, input_ids)
+    def stream_tokens(self, input_ids: list[int], options: SamplingOptions) -> Tokens:
+        """New token ids until EOS or `options.max_new_tokens` (capped by the context),
+        with no admission and no text: for benchmarks and tests that work in token ids."""
+        max_new = options.max_new_tokens
+        if self.context_length:
+            max_new = min(max_new, self.context_length - len(input_ids))
+        if not input_ids or max_new < 1:
+            raise InvalidRequestError(f"{len(input_ids)} prompt tokens leave no room to decode")
+        return self.decode(input_ids, max_new, options)
 
     def _tokens(
-        self,
-        generator: Any,
-        input_ids: list[int],
-        ended: list[str] | None = None,
-        sequence: Sequence | None = None,
-    ) -> Iterator[int]:
-        """Yield new tokens; append "eos" to `ended` when the model (or grammar) ended.
-
-        A lone batched `sequence` says when it waits for its reader (`paused_at`).
-        """
+        self, generator: Any, input_ids: list[int], tokens: Tokens, sequence: Sequence | None
+    ) -> Generator[int, None, None]:
+        """Yield new tokens; set `tokens.eos` when the model (or grammar) ended."""
         try:
             generator.append_tokens(input_ids)
             count = generator.token_count()
@@ -418,8 +370,7 @@ class Engine:
                 # An EOS ends the sequence without being appended: the count stays.
                 new_count = generator.token_count()
                 if new_count == count:
-                    if ended is not None:
-                        ended.append("eos")
+                    tokens.eos = True
                     return
                 count = new_count
                 token = int(generator.get_next_tokens()[0])
@@ -432,153 +383,26 @@ class Engine:
         except RuntimeError as exc:
             raise GenerationError(f"generation failed: {_first_line(exc)}") from exc
 
-    def stream(
-        self, request: GenerationRequest, cancelled: threading.Event | None = None
-    ) -> GenerationStream:
-        """Start a generation under admission control; iterate it for text deltas.
+    def run_batch(self, batch: list[Sequence]) -> None:
+        """Decode `batch` as one Generator; feed each sequence until its EOS or limit.
 
-        Validation and admission happen here, before the first delta, so that callers
-        can still answer with an error status. A set `cancelled` (the client left) ends
-        the wait for a slot at once.
-
-        Raises:
-            InvalidRequestError: Bad parameters, a prompt that does not fit, bad guidance.
-            BusyError: No slot within the queue timeout, or the queue is full.
-            ClientClosedError: `cancelled` was set before a slot was taken.
+        Every sequence's `key` is the `Sampling` it was batched by (equal in a batch).
         """
-        self._arrive(1)
-        try:
-            input_ids = self.prompt_ids(request)
-            batched = self._batchable(request)
-            # Validate before taking a slot; a batched request needs no og params of its own.
-            budget = self._budget(len(input_ids), request.options)
-            params = None if batched else self._params(len(input_ids), request)
-            waited = self.admission.acquire(batched, cancelled)
-        finally:
-            self._arrive(-1)
-        held_from = time.monotonic()
-        ended: list[str] = []
-
-        def release() -> None:
-            self.admission.release(time.monotonic() - held_from, batched)
-
-        cancel: Callable[[], None] = _nothing
-        if batched:
-            assert self._batcher is not None  # _batchable says so
-            sequence = Sequence(
-                input_ids, budget, key=_Sampling.of(request.options, self.vocab_size)
-            )
-            self._batcher.submit(sequence)
-            tokens = self._sequence_tokens(sequence, request, ended)
-
-            def cancel() -> None:
-                sequence.cancelled.set()
-                sequence.done.set()  # nor will it run alone
-        else:
-            try:
-                generator = self._new_generator(params, request.guidance is not None)
-            except BaseException:
-                release()
-                raise
-            tokens = self._tokens(generator, input_ids, ended)
-            del generator  # `tokens` holds the only reference: closing it frees the KV cache
-        result: list[Completion] = []
-        deltas = self._deltas(tokens, ended, len(input_ids), request, waited, result, release)
-
-        def close_unstarted() -> None:
-            cancel()  # a batched sequence is fed no more
-            close = getattr(tokens, "close", None)
-            if close is not None:
-                close()  # an unbatched one's og Generator (and its KV cache) goes
-            release()
-
-        return GenerationStream(deltas, result, close_unstarted)
-
-    # -- batching -----------------------------------------------------------------------
-
-    def _arrive(self, delta: int) -> None:
-        with self._arriving_lock:
-            self._arriving += delta
-
-    def _batchable(self, request: GenerationRequest) -> bool:
-        """Unseeded requests batch, greedy or sampled; seeded and guided ones run alone.
-
-        A seed promises the same output for the same request, whatever else the server
-        is doing, and a batch cannot keep that promise even for greedy decoding: besides
-        sharing one random generator and one set of search options, a batch's decode
-        step multiplies M > 1 rows at once, and on some CPUs onnxruntime's int4
-        MatMulNBits (accuracy level 4: int8 compute) rounds those differently from a lone
-        request's M = 1 row (x86-64 with AVX2, no AVX-512: logits off by up to ~2.5, so
-        near-ties flip; bit-identical with AVX-512 VNNI). So a request with a seed keeps
-        a generator of its own, as does one with a grammar.
-        """
-        options = request.options
-        return (
-            self._batcher is not None
-            and request.guidance is None
-            and options.min_new_tokens == 0
-            and options.seed is None
-        )
-
-    def _sequence_tokens(
-        self, sequence: Sequence, request: GenerationRequest, ended: list[str]
-    ) -> Iterator[int]:
-        """A batched sequence's tokens, as `_tokens` gives an unbatched one's."""
-        try:
-            while True:
-                sequence.paused_at = None
-                item = sequence.out.get()
-                if isinstance(item, Alone):  # a batch of one: run it in this thread
-                    params = self._params(len(sequence.input_ids), request)
-                    generator = self._new_generator(params, guided=False)
-                    yield from self._tokens(generator, sequence.input_ids, ended, sequence)
-                    return
-                if isinstance(item, End):
-                    if item.reason == "eos":
-                        ended.append("eos")
-                    return
-                if isinstance(item, BaseException):
-                    raise GenerationError(f"generation failed: {_first_line(item)}") from item
-                yield item
-        finally:
-            sequence.cancelled.set()  # a closed stream is fed no more
-            sequence.done.set()
-
-    def _fits(self, batch: list[Sequence]) -> bool:
-        """Whether `batch` decodes each sequence as it would decode alone.
-
-        A prompt that ends with the pad id never shares a batch: og (batch_size > 1)
-        takes a row's trailing pad ids for padding and masks them (alone, nothing is
-        masked), so its first new token still matches and the next ones decode as if
-        the prompt had lost that token. And every sequence
-        must get its whole token limit: a batch's prompts are padded to the longest, and
-        the longest prompt plus the largest limit must fit the context (else a short
-        request would be cut short by a long one)."""
-        if len(batch) > 1 and any(s.input_ids[-1] == self._pad_id for s in batch):
-            return False
-        if not self.context_length:
-            return True
-        longest = max(len(s.input_ids) for s in batch)
-        return longest + max(s.max_new for s in batch) <= self.context_length
-
-    def _run_batch(self, batch: list[Sequence]) -> None:
-        """Decode `batch` as one Generator; feed each sequence until its EOS or limit."""
         longest = max(len(s.input_ids) for s in batch)
         # Right padding with the pad id: og builds the attention mask from a row's trailing
         # pad ids (padding with any other id is attended to), and GQA writes each row's
         # new tokens after its own length, so logits match the prompt's alone bit for bit
         # (fp32; int4 where the MatMulNBits kernel rounds M > 1 like M = 1, see
-        # `_batchable`). Left padding does not match; a prompt ending with the pad id
-        # cannot batch (`_fits`).
-        pad = self._pad_id
-        tokens = np.full((len(batch), longest), pad, dtype=np.int32)
+        # core.service's batching rule). Left padding does not match; a prompt ending with
+        # the pad id cannot batch (core.service).
+        tokens = np.full((len(batch), longest), self.pad_id, dtype=np.int32)
         for row, sequence in enumerate(batch):
             tokens[row, : len(sequence.input_ids)] = sequence.input_ids
         max_length = longest + max(s.max_new for s in batch)  # prompts are padded to `longest`
         if self.context_length:
             max_length = min(max_length, self.context_length)
         sampling = batch[0].key
-        assert isinstance(sampling, _Sampling)  # every key is one (see `stream`)
+        assert isinstance(sampling, Sampling)  # the service batches by it
         params = og.GeneratorParams(self._model)
         params.set_search_options(batch_size=len(batch), max_length=max_length, **sampling.search())
         generator = og.Generator(self._model, params)
@@ -593,7 +417,7 @@ class Engine:
                 token = int(step[row])
                 if sequence.cancelled.is_set():
                     active.discard(row)
-                elif token in self._eos_ids:
+                elif token in self.eos_ids:
                     sequence.out.put(End("eos"))
                     active.discard(row)
                 else:
@@ -607,71 +431,3 @@ class Engine:
             time.sleep(0)
         for row in active:  # the batch's max_length came first
             batch[row].out.put(End("length"))
-
-    def _deltas(
-        self,
-        source: Iterator[int],
-        ended: list[str],
-        prompt_tokens: int,
-        request: GenerationRequest,
-        waited: float,
-        result: list[Completion],
-        release: Callable[[], None],
-    ) -> Generator[str, None, None]:
-        start = time.perf_counter()
-        first = 0.0
-        count = 0
-        finish: FinishReason = "cancelled"
-        stops = StopMatcher(request.stop)
-        pieces: list[str] = []
-
-        def counted() -> Generator[int, None, None]:
-            nonlocal count, first
-            for token in source:
-                if count == 0:
-                    first = time.perf_counter() - start
-                count += 1
-                yield token
-
-        tokens = counted()
-        try:
-            for piece in self.detokenize(tokens):
-                text = stops.feed(piece)
-                if text:
-                    pieces.append(text)
-                    yield text
-                if stops.stopped:
-                    break
-            tail = stops.flush()
-            if tail:
-                pieces.append(tail)
-                yield tail
-            finish = "stop" if stops.stopped or ended else "length"
-        finally:
-            tokens.close()
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()  # frees the og Generator (its KV cache) before the slot
-            release()
-            total = time.perf_counter() - start
-            decode_s = total - first
-            result.append(
-                Completion(
-                    text="".join(pieces),
-                    finish_reason=finish,
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=count,
-                    timings=Timings(
-                        queue_s=waited,
-                        ttft_s=first,
-                        total_s=total,
-                        decode_tokens_per_s=(count - 1) / decode_s
-                        if count > 1 and decode_s > 0
-                        else 0.0,
-                    ),
-                )
-            )
-
-    def generate(self, request: GenerationRequest) -> Completion:
-        """Run a whole generation and return its text and figures."""
-        return self.stream(request).collect()

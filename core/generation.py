@@ -49,7 +49,9 @@ class Guidance:
 class GenerationRequest:
     """One generation: a prompt or chat messages, sampling options, stop strings, guidance.
 
-    `template_kwargs` are extra chat-template variables (`chat_template_kwargs`).
+    `template_kwargs` are extra chat-template variables (`chat_template_kwargs`);
+    `limit_field` is what the caller's API calls the token limit (`max_tokens` on
+    OpenAI's routes), so that an error about it names the field the caller sent.
     """
 
     prompt: str | None = None
@@ -58,6 +60,7 @@ class GenerationRequest:
     options: SamplingOptions = field(default_factory=SamplingOptions)
     stop: tuple[str, ...] = ()
     guidance: Guidance | None = None
+    limit_field: str = "max_new_tokens"
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -68,11 +71,10 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class Timings:
-    """Where the time went, in seconds (decode speed in tokens/s)."""
+    """Time to the first token (from the start of decoding, after any queue) and the
+    decode speed after it, in tokens/s."""
 
-    queue_s: float = 0.0
     ttft_s: float = 0.0
-    total_s: float = 0.0
     decode_tokens_per_s: float = 0.0
 
 
@@ -85,6 +87,35 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     timings: Timings
+
+
+class Tokens:
+    """New token ids of one sequence, as an iterator; `eos` turns True when the model (or
+    its grammar) ended the sequence, rather than its token limit. Closing it stops the
+    decoding and frees what it holds (an og Generator and its KV cache, a batch place)."""
+
+    def __init__(
+        self,
+        source: Callable[[Tokens], Generator[int, None, None]],
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        """`source(self)` yields the ids and sets `self.eos` when the model ends;
+        `on_close` runs at `close`, whether or not the source ever started."""
+        self.eos = False
+        self._source = source(self)
+        self._on_close = on_close
+
+    def __iter__(self) -> Tokens:
+        return self
+
+    def __next__(self) -> int:
+        return next(self._source)
+
+    def close(self) -> None:
+        """Stop decoding (idempotent)."""
+        self._source.close()
+        if self._on_close is not None:
+            self._on_close()
 
 
 class GenerationStream:
@@ -121,12 +152,6 @@ class GenerationStream:
         if inspect.getgeneratorstate(self._deltas) == inspect.GEN_CREATED:
             self._on_unstarted_close()
         self._deltas.close()
-
-    def __enter__(self) -> GenerationStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __del__(self) -> None:
         self.close()

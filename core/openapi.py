@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from core.schemas import ChatBody, CompletionBody, GenerateBody
+from core.protocol.native import GenerateBody
+from core.protocol.openai import ChatBody, CompletionBody
 
 _REF = "#/components/schemas/{model}"
 _ERROR = {

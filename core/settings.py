@@ -28,6 +28,7 @@ class EngineSettings(BaseSettings):
         max_batch: Up to this many concurrent requests decode as one batch (1: no
             batching): greedy ones and sampled ones without a seed and with the same
             sampling options. A seeded or guided request runs alone and counts as a batch.
+        request_timeout_s: A generation running longer is stopped with a timeout error.
         batch_window_ms: How long a batch waits for companions after its first request
             (a lone request starts this much later).
         chat_plain_control_tokens: Control-token strings in chat messages (such as
@@ -50,6 +51,7 @@ class EngineSettings(BaseSettings):
     verify_sha256: bool = False
     max_batch: int = Field(default=4, ge=1, le=64)
     batch_window_ms: float = Field(default=5.0, ge=0, le=1000)
+    request_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     chat_plain_control_tokens: bool = False
 
     def provider_order(self) -> list[str]:
@@ -99,7 +101,6 @@ class ServerSettings(EngineSettings):
         port: Port the edge daemon listens on.
         api_keys: Accepted API keys (comma-separated in ORTSERVE_API_KEYS); none: no auth.
         max_body_bytes: Larger request bodies get 413.
-        request_timeout_s: A generation running longer is stopped with a timeout error.
         drain_timeout_s: On shutdown, how long in-flight requests may take to finish.
         metrics_public: /metrics answers without an API key (for a scraper) even when
             keys are set.
@@ -111,7 +112,6 @@ class ServerSettings(EngineSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
-    request_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     metrics_public: bool = False
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)

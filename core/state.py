@@ -11,6 +11,7 @@ from core.settings import EngineSettings
 
 if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module
     from core.engine import Engine
+    from core.service import Service
 
 log = logging.getLogger("ortserve")
 
@@ -18,19 +19,20 @@ ModelStatus = Literal["loading", "ready", "failed"]
 
 
 class ModelState:
-    """Holds the engine once loaded; health endpoints read it, requests wait on nothing.
+    """Holds the service once the model is loaded; health endpoints read it, requests
+    wait on nothing.
 
     Attributes:
         status: loading, ready or failed.
         reason: Why it failed (or what it is doing), for /readyz and logs.
-        engine: The loaded engine, when ready.
+        service: The model's service, when ready.
     """
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self.status: ModelStatus = "loading"
         self.reason: str | None = f"loading {settings.model_dir}"
-        self.engine: Engine | None = None
+        self.service: Service | None = None
         self._lock = threading.Lock()  # held through a load
         self._loader_lock = threading.Lock()  # never held long: requests call start_loading
         self._loader: threading.Thread | None = None
@@ -49,9 +51,9 @@ class ModelState:
             if self.status == "ready":
                 return
             try:
-                from core.engine import Engine
+                from core.service import Service
 
-                engine = Engine.load(self.settings)
+                service = Service.load(self.settings)
             except OrtServeError as exc:
                 self.status, self.reason = "failed", exc.message
                 log.error("model load failed: %s", exc.message)
@@ -60,7 +62,8 @@ class ModelState:
                 self.status, self.reason = "failed", f"unexpected error: {type(exc).__name__}"
                 log.exception("model load failed")
                 return
-            self.engine, self.status, self.reason = engine, "ready", None
+            self.service, self.status, self.reason = service, "ready", None
+            engine = service.engine
             probe = engine.probe
             skipped = ", ".join(f"{name} ({why})" for name, why in probe.skipped.items())
             log.info(
@@ -72,7 +75,7 @@ class ModelState:
     def fail(self, reason: str) -> None:
         """Mark the model failed without trying to load it (an adapter could not fetch it)."""
         with self._lock:
-            self.engine, self.status, self.reason = None, "failed", reason
+            self.service, self.status, self.reason = None, "failed", reason
         log.error("model unavailable: %s", reason)
 
     def describe(self) -> dict[str, Any]:
@@ -92,13 +95,18 @@ class ModelState:
             "quality": quality.model_dump() if (quality := engine.manifest.quality) else None,
         }
 
-    def require(self) -> Engine:
-        """The engine, or a 503 error that says why there is none."""
-        engine = self.engine
-        if engine is None:
+    @property
+    def engine(self) -> Engine | None:
+        """The loaded model, when ready."""
+        return self.service.engine if self.service is not None else None
+
+    def require(self) -> Service:
+        """The service, or a 503 error that says why there is none."""
+        service = self.service
+        if service is None:
             error = ModelUnavailableError(
                 f"the model is not ready ({self.status}: {self.reason or 'no reason given'})"
             )
             error.retryable = self.status != "failed"  # a failed load will not come back
             raise error
-        return engine
+        return service

@@ -1,7 +1,7 @@
 """The Python API: load a baked model once and generate from it, without HTTP.
 
-`from ortserve import TextGenerator` is this class. It goes through the same engine
-path as the HTTP API (tokenization as transformers, admission, batching, stop strings),
+`from ortserve import TextGenerator` is this class. It goes through the same service
+(core.service) as the HTTP API (tokenization as transformers, admission, batching, stop strings),
 so a script and the server give the same text for the same request.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 from core.engine import Engine
 from core.errors import InvalidRequestError
 from core.generation import Completion, GenerationRequest, SamplingOptions
+from core.service import Service
 from core.settings import EngineSettings, StoreSettings
 
 
@@ -47,7 +48,7 @@ class TextGenerator:
     """A baked model, loaded once (execution providers probed as everywhere).
 
     Attributes:
-        engine: The loaded engine (model name, probe report, manifest).
+        service: The model's service (admission, batching, limits) over its engine.
     """
 
     def __init__(self, model_dir: str | Path | None = None, **settings: Any) -> None:
@@ -61,7 +62,12 @@ class TextGenerator:
         engine_settings = EngineSettings(**settings)
         folder = Path(model_dir) if model_dir is not None else None
         folder = folder or _default_model_dir(engine_settings)
-        self.engine = Engine.load(engine_settings.model_copy(update={"model_dir": folder}))
+        self.service = Service.load(engine_settings.model_copy(update={"model_dir": folder}))
+
+    @property
+    def engine(self) -> Engine:
+        """The loaded model (name, probe report, manifest)."""
+        return self.service.engine
 
     @property
     def model_name(self) -> str:
@@ -105,7 +111,7 @@ class TextGenerator:
             "time_to_first_token_s", "tokens_per_s"}.
         """
         request = self._request(prompt, None, max_new_tokens, temperature, top_p, top_k, seed, stop)
-        done = self.engine.generate(request)
+        done = self.service.generate(request)
         return {"generated_text": done.text, **_figures(done)}
 
     def stream_generate(
@@ -141,7 +147,7 @@ class TextGenerator:
         request = self._request(
             None, messages, max_new_tokens, temperature, top_p, top_k, seed, stop
         )
-        done = self.engine.generate(request)
+        done = self.service.generate(request)
         return {"generated_text": done.text, **_figures(done)}
 
     def stream_chat(
@@ -161,7 +167,7 @@ class TextGenerator:
         yield from self._stream(request)
 
     def _stream(self, request: GenerationRequest) -> Iterator[tuple[str, dict[str, Any]]]:
-        stream = self.engine.stream(request)
+        stream = self.service.stream(request)
         try:
             for delta in stream:
                 yield delta, {"finished": False}

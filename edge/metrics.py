@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from core.api import ROUTES
 from core.records import RequestRecord
+from core.service import Stats
 from core.state import ModelState
 
 if TYPE_CHECKING:
@@ -30,23 +31,36 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 _QUALITY_FIGURES = ("ppl_ratio", "top1_agreement", "kl_divergence")
 
 
-class _EngineCollector(Collector):
-    """What the engine keeps itself, read at each scrape: its running totals (counters,
-    although the engine holds them) and what model is loaded (an info gauge)."""
+class _ServiceCollector(Collector):
+    """What the model's service keeps itself, from one snapshot per scrape
+    (`Service.stats`): its running totals (counters, although the service holds them),
+    what it is doing now, and what model is loaded (an info gauge)."""
 
     def __init__(self, state: ModelState) -> None:
         self._state = state
 
     def collect(self) -> Iterator[Metric]:
-        engine = self._state.engine
-        batches, batched = engine.batches if engine is not None else (0, 0)
+        service = self._state.service
+        stats = service.stats() if service is not None else Stats(0, 0, 0, 0)
         yield CounterMetricFamily(
             "ortserve_batches", "Batches decoded since the model loaded (0: batching off).",
-            value=batches,
+            value=stats.batches,
         )  # fmt: skip
         yield CounterMetricFamily(
             "ortserve_batched_requests", "Requests in those batches (÷ batches: mean size).",
-            value=batched,
+            value=stats.batched_requests,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "ortserve_queue_depth", "Requests waiting for a generation slot.", value=stats.waiting
+        )
+        yield GaugeMetricFamily(
+            "ortserve_active_generations",
+            "Requests generating now (each request of a batch counts).", value=stats.active,
+        )  # fmt: skip
+        load_s = service.engine.probe.load_seconds if service is not None else 0.0
+        yield GaugeMetricFamily(
+            "ortserve_model_load_seconds", "Wall time of the model load, probe included.",
+            value=load_s,
         )  # fmt: skip
         labels = ["model", "digest", "provider", "quality",
                   *(f"quality_{name}" for name in _QUALITY_FIGURES)]  # fmt: skip
@@ -56,15 +70,16 @@ class _EngineCollector(Collector):
             "digest, execution provider and the bake's quality gate (verdict, figures).",
             labels=labels,
         )
-        if engine is not None:
-            info.add_metric(_model_labels(engine), 1.0)
+        if service is not None:
+            info.add_metric(_model_labels(service.engine), 1.0)
         yield info
 
     def describe(self) -> Iterator[Metric]:
-        """The families without reading the engine (registration calls this)."""
+        """The families without reading the service (registration calls this)."""
         yield CounterMetricFamily("ortserve_batches", "")
         yield CounterMetricFamily("ortserve_batched_requests", "")
-        yield GaugeMetricFamily("ortserve_model_info", "")
+        for name in ("queue_depth", "active_generations", "model_load_seconds", "model_info"):
+            yield GaugeMetricFamily(f"ortserve_{name}", "")
 
 
 def _model_labels(engine: Engine) -> list[str]:
@@ -116,23 +131,8 @@ class Metrics:
             "Time from request to the end of the response (streams: their last chunk).",
             ["route"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        r.register(_EngineCollector(state))
-
-        def from_engine(read: Callable[[Engine], float]) -> Callable[[], float]:
-            def value() -> float:
-                engine = state.engine
-                return float(read(engine)) if engine is not None else 0.0
-
-            return value
-
+        r.register(_ServiceCollector(state))
         gauges: list[tuple[str, str, Callable[[], float]]] = [
-            ("ortserve_queue_depth", "Requests waiting for a generation slot.",
-             from_engine(lambda e: e.admission.waiting)),
-            ("ortserve_active_generations",
-             "Requests generating now (each request of a batch counts).",
-             from_engine(lambda e: e.admission.active)),
-            ("ortserve_model_load_seconds", "Wall time of the model load, probe included.",
-             from_engine(lambda e: e.probe.load_seconds)),
             ("ortserve_model_ready", "1 when the model is loaded and serving, else 0.",
              lambda: 1.0 if state.status == "ready" else 0.0),
         ]  # fmt: skip

@@ -259,13 +259,15 @@ def _load(folder: Path, target: Target) -> Engine:
 
 
 def _smoke(engine: Engine) -> str:
-    """Generate a few tokens from the loaded baked folder; a bake that cannot generate fails."""
+    """Generate a few tokens from the loaded baked folder, through the service requests
+    take; a bake that cannot generate fails."""
     from core.errors import OrtServeError
     from core.generation import GenerationRequest, SamplingOptions
+    from core.service import Service
 
     try:
         request = GenerationRequest(prompt="Hello", options=SamplingOptions(max_new_tokens=8))
-        return engine.generate(request).text
+        return Service(engine, engine.settings).generate(request).text
     except OrtServeError as exc:
         raise BakeError(f"smoke generation on the baked model failed: {exc.message}") from exc
 

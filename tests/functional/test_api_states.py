@@ -63,7 +63,7 @@ def test_busy_is_503_with_retry_after(tiny_model_dir: Path, max_batch: int) -> N
         assert seeded.status == 503
     for reply in held:
         reply.close_body()
-    assert api.state.engine is not None and api.state.engine.admission.active == 0
+    assert api.state.service is not None and api.state.service.stats().active == 0
     assert api.in_flight == 0
     assert client.call("POST", "/v1/completions", {"prompt": "y", "max_tokens": 2}).status == 200
 
@@ -77,7 +77,7 @@ def test_an_error_after_the_first_byte_is_a_final_sse_event(tiny_model_dir: Path
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert events[-1]["error"]["code"] == "timeout"
     assert "[DONE]" not in events
-    assert api.state.engine is not None and api.state.engine.admission.active == 0
+    assert api.state.service is not None and api.state.service.stats().active == 0
     buffered = InProcess(api).call("POST", "/generate", {"prompt": "x", "max_new_tokens": 40})
     assert buffered.status == 504
 

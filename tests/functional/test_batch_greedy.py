@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from core.batcher import End, Sequence
-from core.engine import Engine, _Sampling
 from core.generation import GenerationRequest, SamplingOptions
+from core.service import Service
 from core.settings import EngineSettings
 from tests import models
 from tests.functional.batching import concurrently
@@ -28,60 +28,62 @@ PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog", "Edge",
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
+def service() -> Iterator[Service]:
     """The 135M shape with batching on: 4 to a batch, room for a blocker beside one; a
     wide window, so that requests from threads on a busy machine still meet."""
     folder = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
     settings = EngineSettings(model_dir=folder, providers="cpu", max_batch=4,
                               max_concurrency=2, batch_window_ms=200)  # fmt: skip
-    yield Engine.load(settings)
+    yield Service.load(settings)
 
 
-def _concurrently(engine: Engine, requests: list[GenerationRequest]) -> tuple[list[str], int]:
+def _concurrently(service: Service, requests: list[GenerationRequest]) -> tuple[list[str], int]:
     """Texts of `requests` offered to one batch, and the batches run for them."""
-    texts, batches, _ = concurrently(engine, requests)
+    texts, batches, _ = concurrently(service, requests)
     return texts, batches
 
 
-def test_seeded_greedy_requests_run_alone_and_equal_their_solo_output(engine: Engine) -> None:
+def test_seeded_greedy_requests_run_alone_and_equal_their_solo_output(service: Service) -> None:
     seeded = [GenerationRequest(prompt=p, options=SamplingOptions(24, seed=7)) for p in PROMPTS]
     unseeded = [GenerationRequest(prompt=p, options=SamplingOptions(24)) for p in PROMPTS]
     # The rule: a seed (greedy or sampled) runs alone; unseeded greedy requests batch.
-    assert not any(engine._batchable(r) for r in seeded)
-    assert all(engine._batchable(r) for r in unseeded)
-    alone = [engine.generate(r).text for r in seeded]  # one by one
+    assert not any(service._batchable(r) for r in seeded)
+    assert all(service._batchable(r) for r in unseeded)
+    alone = [service.generate(r).text for r in seeded]  # one by one
     assert len(set(alone)) == len(alone)  # four different completions, not one echoed
-    texts, batches = _concurrently(engine, seeded)
+    texts, batches = _concurrently(service, seeded)
     assert (texts, batches) == (alone, 0)  # none reached the batcher
-    _, batches = _concurrently(engine, unseeded)
+    _, batches = _concurrently(service, unseeded)
     assert batches == 1  # the same prompts without a seed share one batch
 
 
-def test_a_prompt_ending_with_the_pad_id_never_shares_a_batch(engine: Engine) -> None:
+def test_a_prompt_ending_with_the_pad_id_never_shares_a_batch(service: Service) -> None:
     # "<|endoftext|>" is this model's pad id: og would mask it as padding in a batch, and
     # the request would decode as if its prompt ended one token earlier.
     requests = [GenerationRequest(prompt=p, options=SamplingOptions(16))
                 for p in ("Edge boards<|endoftext|>", "The quick brown fox")]  # fmt: skip
-    assert engine.encode(requests[0].prompt or "")[-1] == engine._pad_id
-    alone = [engine.generate(r).text for r in requests]
-    texts, batches = _concurrently(engine, requests)
+    engine = service.engine
+    assert engine.encode(requests[0].prompt or "")[-1] == engine.pad_id
+    alone = [service.generate(r).text for r in requests]
+    texts, batches = _concurrently(service, requests)
     assert (texts, batches) == (alone, 2)  # offered one batch, each ran by itself
 
 
 def test_without_the_pad_rule_the_padded_prompt_would_decode_differently(
-    engine: Engine,
+    service: Service,
 ) -> None:
     # Why the rule exists (og 0.18): batched anyway, the prompt ending with the pad id
     # gets its first token right and then goes astray. If this starts to fail, og no
-    # longer masks a prompt's own trailing pad id, and `Engine._fits` may drop the rule.
-    pad_prompt = [*engine.encode("Edge boards"), engine._pad_id]
+    # longer masks a prompt's own trailing pad id, and `Service._fits` may drop the rule.
+    engine = service.engine
+    pad_prompt = [*engine.encode("Edge boards"), engine.pad_id]
     options = SamplingOptions(16)
     solo = list(engine.stream_tokens(pad_prompt, options))
-    key = _Sampling.of(options, engine.vocab_size)
+    key = engine.sampling(options)
     sequences = [Sequence(ids, 16, key=key)
                  for ids in (pad_prompt, engine.encode("The quick brown fox"))]  # fmt: skip
-    assert not engine._fits(sequences)
-    engine._run_batch(sequences)  # what the batch would give, had `_fits` allowed it
+    assert not service._fits(sequences)
+    engine.run_batch(sequences)  # what the batch would give, had `_fits` allowed it
     batched: list[int] = []
     while not isinstance(item := sequences[0].out.get(), End):
         assert isinstance(item, int)

@@ -1,4 +1,5 @@
-"""The core engine on the tiny baked model: streaming, stops, limits, chat, guidance, admission."""
+"""The engine and its service on the tiny baked model: streaming, stops, limits, chat,
+guidance, admission, batching."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from core.engine import Engine
 from core.errors import BusyError, InvalidRequestError, ProviderUnavailableError
 from core.generation import GenerationRequest, Guidance, SamplingOptions
 from core.manifest import list_files, read_manifest, write_manifest
+from core.service import Service
 from core.settings import EngineSettings
 from tests.functional.batching import concurrently
 
@@ -21,8 +23,13 @@ PROMPT = "Serverless functions start cold, load the model once"
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path) -> Engine:
-    return Engine.load(EngineSettings(model_dir=tiny_model_dir, providers="cpu"))
+def service(tiny_model_dir: Path) -> Service:
+    return Service.load(EngineSettings(model_dir=tiny_model_dir, providers="cpu"))
+
+
+@pytest.fixture(scope="module")
+def engine(service: Service) -> Engine:
+    return service.engine
 
 
 def _req(n: int = 48, **kw: object) -> GenerationRequest:
@@ -30,9 +37,9 @@ def _req(n: int = 48, **kw: object) -> GenerationRequest:
     return GenerationRequest(prompt=PROMPT, options=options, **kw)  # type: ignore[arg-type]
 
 
-def test_stream_equals_generate_and_the_tokens_decoded(engine: Engine) -> None:
-    deltas = list(engine.stream(_req()))
-    done = engine.generate(_req())
+def test_stream_equals_generate_and_the_tokens_decoded(service: Service, engine: Engine) -> None:
+    deltas = list(service.stream(_req()))
+    done = service.generate(_req())
     assert "".join(deltas) == done.text
     assert done.completion_tokens == 48
     assert done.finish_reason == "length"
@@ -41,10 +48,10 @@ def test_stream_equals_generate_and_the_tokens_decoded(engine: Engine) -> None:
     assert done.timings.decode_tokens_per_s > 0
 
 
-def test_same_seed_same_text(engine: Engine) -> None:
+def test_same_seed_same_text(service: Service, engine: Engine) -> None:
     def sample(seed: int) -> str:
         options = SamplingOptions(max_new_tokens=32, min_new_tokens=32, temperature=1.0, seed=seed)
-        return engine.generate(GenerationRequest(prompt=PROMPT, options=options)).text
+        return service.generate(GenerationRequest(prompt=PROMPT, options=options)).text
 
     assert sample(11) == sample(11)
     assert sample(11) != sample(12)
@@ -66,19 +73,19 @@ def test_multibyte_utf8_is_never_split(engine: Engine) -> None:
     assert len(ids) > len(text.encode()) / 4
 
 
-def test_streamed_text_has_no_broken_characters(engine: Engine) -> None:
+def test_streamed_text_has_no_broken_characters(service: Service, engine: Engine) -> None:
     """Random tokens split characters anywhere: the deltas still join to the text of the
     whole token sequence (where the bytes are not valid UTF-8 at all, U+FFFD, as in
     transformers' decode), so no delta ever ends inside a character."""
     for seed in range(10):
         options = SamplingOptions(max_new_tokens=40, min_new_tokens=40, temperature=1.2, seed=seed)
-        deltas = list(engine.stream(GenerationRequest(prompt=PROMPT, options=options)))
+        deltas = list(service.stream(GenerationRequest(prompt=PROMPT, options=options)))
         tokens = list(engine.stream_tokens(engine.encode(PROMPT), options))
         assert "".join(deltas) == engine.text.decode(tokens)
 
 
-def test_stop_string_split_across_tokens_is_cut_exactly(engine: Engine) -> None:
-    deltas = list(engine.stream(_req()))
+def test_stop_string_split_across_tokens_is_cut_exactly(service: Service) -> None:
+    deltas = list(service.stream(_req()))
     full = "".join(deltas)
     # A stop string that spans the border between two tokens' text.
     border = 0
@@ -94,23 +101,23 @@ def test_stop_string_split_across_tokens_is_cut_exactly(engine: Engine) -> None:
             break
     else:
         pytest.fail("no token border with 2+2 clean characters")
-    stream = engine.stream(_req(stop=(stop, "never-there")))
+    stream = service.stream(_req(stop=(stop, "never-there")))
     cut = list(stream)
     text = "".join(cut)
     assert text == full[: border - 2]
     assert all(stop not in d for d in cut)
     assert stream.completion is not None
     assert stream.completion.finish_reason == "stop"
-    assert engine.generate(_req(stop=(stop,))).text == text
+    assert service.generate(_req(stop=(stop,))).text == text
 
 
-def test_length_limit_and_context_overflow(engine: Engine) -> None:
-    done = engine.generate(GenerationRequest(prompt=PROMPT, options=SamplingOptions(5, 5)))
+def test_length_limit_and_context_overflow(service: Service, engine: Engine) -> None:
+    done = service.generate(GenerationRequest(prompt=PROMPT, options=SamplingOptions(5, 5)))
     assert done.completion_tokens == 5
     assert done.finish_reason == "length"
     long_ids_text = " ".join(["fox"] * 3000)
     with pytest.raises(InvalidRequestError, match="model's context is 2048 tokens"):
-        engine.generate(GenerationRequest(prompt=long_ids_text))
+        service.generate(GenerationRequest(prompt=long_ids_text))
     # Room for only a few new tokens: max_new_tokens is capped by the context.
     prompt_ids = engine.encode(long_ids_text)[:2040]
     tokens = list(engine.stream_tokens(prompt_ids, SamplingOptions(100, 100)))
@@ -122,10 +129,10 @@ def test_too_many_stop_strings() -> None:
         GenerationRequest(prompt="x", stop=("a", "b", "c", "d", "e"))
 
 
-def test_chat_template_applies(engine: Engine) -> None:
+def test_chat_template_applies(service: Service, engine: Engine) -> None:
     prompt = engine.apply_chat_template([{"role": "user", "content": "Hi"}])
     assert prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    done = engine.generate(
+    done = service.generate(
         GenerationRequest(messages=[{"role": "user", "content": "Hi"}], options=SamplingOptions(4))
     )
     assert done.prompt_tokens == len(engine.encode(prompt))
@@ -155,13 +162,13 @@ def test_chat_template_fallback_for_replace(tiny_model_dir: Path, tmp_path: Path
 
 def test_model_without_chat_template_refuses_chat(tiny_model_dir: Path, tmp_path: Path) -> None:
     folder = _with_template(tiny_model_dir, tmp_path / "m", None)
-    engine = Engine.load(EngineSettings(model_dir=folder, providers="cpu"))
+    service = Service.load(EngineSettings(model_dir=folder, providers="cpu"))
     with pytest.raises(InvalidRequestError, match="has no chat template"):
-        engine.generate(GenerationRequest(messages=[{"role": "user", "content": "hi"}]))
-    assert engine.admission.active == 0
+        service.generate(GenerationRequest(messages=[{"role": "user", "content": "hi"}]))
+    assert service.admission.active == 0
 
 
-def test_json_schema_guidance_output_validates(engine: Engine) -> None:
+def test_json_schema_guidance_output_validates(service: Service) -> None:
     schema = {
         "type": "object",
         "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
@@ -171,7 +178,7 @@ def test_json_schema_guidance_output_validates(engine: Engine) -> None:
     }
     for seed in range(3):
         options = SamplingOptions(max_new_tokens=120, temperature=1.0, seed=seed)
-        done = engine.generate(
+        done = service.generate(
             GenerationRequest(
                 prompt=PROMPT, options=options, guidance=Guidance("json_schema", json.dumps(schema))
             )
@@ -180,8 +187,8 @@ def test_json_schema_guidance_output_validates(engine: Engine) -> None:
         jsonschema.validate(json.loads(done.text), schema)
 
 
-def test_regex_guidance_and_invalid_guidance(engine: Engine) -> None:
-    done = engine.generate(
+def test_regex_guidance_and_invalid_guidance(service: Service) -> None:
+    done = service.generate(
         GenerationRequest(prompt=PROMPT, options=SamplingOptions(30),
                           guidance=Guidance("regex", "[0-9]{3}-[a-z]{2}"))
     )  # fmt: skip
@@ -189,25 +196,25 @@ def test_regex_guidance_and_invalid_guidance(engine: Engine) -> None:
     assert len(done.text) == 6
     assert done.text[3] == "-"
     with pytest.raises(InvalidRequestError, match="invalid guidance"):
-        engine.generate(GenerationRequest(prompt=PROMPT, guidance=Guidance("json_schema", "{x")))
-    assert engine.admission.active == 0
+        service.generate(GenerationRequest(prompt=PROMPT, guidance=Guidance("json_schema", "{x")))
+    assert service.admission.active == 0
 
 
-def test_closing_a_stream_cancels_and_frees_the_slot(engine: Engine) -> None:
-    stream = engine.stream(_req(200))
+def test_closing_a_stream_cancels_and_frees_the_slot(service: Service) -> None:
+    stream = service.stream(_req(200))
     next(stream)
     next(stream)
-    assert engine.admission.active == 1
+    assert service.admission.active == 1
     stream.close()
-    assert engine.admission.active == 0
+    assert service.admission.active == 0
     assert stream.completion is not None
     assert stream.completion.finish_reason == "cancelled"
     assert stream.completion.completion_tokens < 200
-    unstarted = engine.stream(_req())
-    assert engine.admission.active == 1
+    unstarted = service.stream(_req())
+    assert service.admission.active == 1
     unstarted.close()
-    assert engine.admission.active == 0
-    assert engine.generate(_req(4)).completion_tokens == 4
+    assert service.admission.active == 0
+    assert service.generate(_req(4)).completion_tokens == 4
 
 
 def test_busy_after_the_queue_timeout(tiny_model_dir: Path) -> None:
@@ -215,14 +222,14 @@ def test_busy_after_the_queue_timeout(tiny_model_dir: Path) -> None:
         model_dir=tiny_model_dir, providers="cpu", max_concurrency=1, max_queue=1,
         queue_timeout_s=0.2,
     )  # fmt: skip
-    engine = Engine.load(settings)
-    holder = engine.stream(_req(100))
+    service = Service.load(settings)
+    holder = service.stream(_req(100))
     next(holder)
     errors: list[BaseException] = []
 
     def caller() -> None:
         try:
-            engine.generate(_req(4))
+            service.generate(_req(4))
         except BusyError as exc:
             errors.append(exc)
 
@@ -235,7 +242,7 @@ def test_busy_after_the_queue_timeout(tiny_model_dir: Path) -> None:
     assert {str(e).split(":")[1].strip() for e in errors} == {"queue full", "no slot within 0.2 s"}
     assert all(isinstance(e, BusyError) and e.retry_after_s >= 1 for e in errors)
     holder.close()
-    assert engine.generate(_req(4)).completion_tokens == 4
+    assert service.generate(_req(4)).completion_tokens == 4
 
 
 def test_probe_falls_back_to_cpu_and_records_why(tiny_model_dir: Path) -> None:
@@ -254,33 +261,33 @@ def test_cuda_only_fails_clearly(tiny_model_dir: Path) -> None:
     assert "cuda:" in info.value.message
 
 
-def _batching_engine(model_dir: Path) -> Engine:
+def _batching_service(model_dir: Path) -> Service:
     # Two generations at once: room for a blocker beside a full batch (see `_as_one_batch`).
     settings = EngineSettings(model_dir=model_dir, providers="cpu", max_batch=4,
                               max_concurrency=2, batch_window_ms=50)  # fmt: skip
-    return Engine.load(settings)
+    return Service.load(settings)
 
 
-def _as_one_batch(engine: Engine, requests: list[GenerationRequest]) -> list[str]:
+def _as_one_batch(service: Service, requests: list[GenerationRequest]) -> list[str]:
     """The texts of `requests`, which must all have decoded as one batch."""
-    texts, batches, sequences = concurrently(engine, requests)
+    texts, batches, sequences = concurrently(service, requests)
     assert (batches, sequences) == (1, len(requests))
     return texts
 
 
 def test_concurrent_greedy_requests_batch_and_match_unbatched(
-    engine: Engine, tiny_model_dir: Path
+    service: Service, tiny_model_dir: Path
 ) -> None:
     prompts = ["Hello there", "The quick brown fox jumps over the lazy dog", "Edge", "Cold"]
     lengths = [24, 7, 40, 16]
     requests = [GenerationRequest(prompt=p, options=SamplingOptions(n))
                 for p, n in zip(prompts, lengths, strict=True)]  # fmt: skip
-    alone = [engine.generate(r).text for r in requests]  # one by one: each runs alone
-    assert _as_one_batch(_batching_engine(tiny_model_dir), requests) == alone
+    alone = [service.generate(r).text for r in requests]  # one by one: each runs alone
+    assert _as_one_batch(_batching_service(tiny_model_dir), requests) == alone
 
 
 def test_a_short_request_keeps_its_budget_beside_a_long_one(
-    engine: Engine, tiny_model_dir: Path
+    service: Service, engine: Engine, tiny_model_dir: Path
 ) -> None:
     """Sequences that would not fit the context together (the batch pads every prompt to
     the longest) go to separate batches: the short one gets what it gets alone."""
@@ -292,8 +299,8 @@ def test_a_short_request_keeps_its_budget_beside_a_long_one(
         GenerationRequest(prompt="hi", options=SamplingOptions(200)),
         GenerationRequest(prompt=long_prompt, options=SamplingOptions(20)),
     ]
-    alone = [engine.generate(r).text for r in requests]
-    texts, batches, _ = concurrently(_batching_engine(tiny_model_dir), requests)
+    alone = [service.generate(r).text for r in requests]
+    texts, batches, _ = concurrently(_batching_service(tiny_model_dir), requests)
     assert texts == alone
     assert batches == 2  # one each
 
@@ -301,7 +308,7 @@ def test_a_short_request_keeps_its_budget_beside_a_long_one(
 def test_a_lone_request_runs_by_itself_and_frees_the_batcher_however_it_ends(
     tiny_model_dir: Path,
 ) -> None:
-    batched = _batching_engine(tiny_model_dir)
+    batched = _batching_service(tiny_model_dir)
     batcher = batched._batcher
     assert batcher is not None
 
@@ -327,11 +334,11 @@ def test_a_lone_request_runs_by_itself_and_frees_the_batcher_however_it_ends(
     assert batched.admission.active == 0
 
 
-def test_a_batched_stream_can_stop_and_cancel(tiny_model_dir: Path, engine: Engine) -> None:
-    batched = Engine.load(
+def test_a_batched_stream_can_stop_and_cancel(service: Service, tiny_model_dir: Path) -> None:
+    batched = Service.load(
         EngineSettings(model_dir=tiny_model_dir, providers="cpu", max_batch=2, batch_window_ms=0)
     )
-    full = engine.generate(_req()).text
+    full = service.generate(_req()).text
     stop = full[10:13]
     assert batched.generate(_req(stop=(stop,))).text == full[: full.find(stop)]
     stream = batched.stream(_req(200))
@@ -346,7 +353,7 @@ def test_a_batched_stream_can_stop_and_cancel(tiny_model_dir: Path, engine: Engi
 
 
 def test_unseeded_sampled_requests_batch_and_seeded_ones_run_alone(tiny_model_dir: Path) -> None:
-    batched = _batching_engine(tiny_model_dir)
+    batched = _batching_service(tiny_model_dir)
     sampled = SamplingOptions(max_new_tokens=12, temperature=0.9, top_p=0.95, top_k=40)
     texts = _as_one_batch(batched, [GenerationRequest(prompt=p, options=sampled)
                                     for p in ("Hello", "Edge", "Cold", "Lambda")])  # fmt: skip

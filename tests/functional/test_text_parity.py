@@ -24,7 +24,8 @@ from core.engine import Engine
 from core.errors import InvalidRequestError
 from core.generation import GenerationRequest, SamplingOptions
 from core.http import Headers, Request
-from core.schemas import ChatBody
+from core.protocol.openai import ChatBody
+from core.service import Service
 from core.settings import EngineSettings, ServerSettings
 from core.state import ModelState
 from tests import models
@@ -62,8 +63,12 @@ def _family(name: str) -> Family:
 
 
 @functools.cache
+def _service(name: str) -> Service:
+    return Service.load(EngineSettings(model_dir=_family(name).model_dir, providers="cpu"))
+
+
 def _engine(name: str) -> Engine:
-    return Engine.load(EngineSettings(model_dir=_family(name).model_dir, providers="cpu"))
+    return _service(name).engine
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -236,20 +241,20 @@ def test_the_api_counts_prompts_as_transformers_does(family: Family) -> None:
 # The lookup-table weights that emit each EOS on demand exist for the random families.
 @pytest.mark.parametrize("name", [f for f in FAMILIES if f != "smollm2"])
 def test_every_eos_id_ends_generation_with_stop(name: str) -> None:
-    family, engine = _family(name), _engine(name)
+    family, service = _family(name), _service(name)
     config = json.loads((family.source / "generation_config.json").read_text(encoding="utf-8"))
     eos_ids = config["eos_token_id"]
     assert len(eos_ids) == 2
     options = SamplingOptions(max_new_tokens=8)
     # Alone (onnxruntime-genai stops) and batched together (the engine's batch stops).
     for i in range(len(eos_ids)):
-        done = engine.generate(GenerationRequest(prompt=f"count:{TRIGGERS[i]}", options=options))
+        done = service.generate(GenerationRequest(prompt=f"count:{TRIGGERS[i]}", options=options))
         assert (done.completion_tokens, done.finish_reason) == (0, "stop"), eos_ids[i]
     results: dict[int, Any] = {}
 
     def run(i: int) -> None:
         prompt = f"count:{TRIGGERS[i]}" if i < len(eos_ids) else "hello"
-        results[i] = engine.generate(GenerationRequest(prompt=prompt, options=options))
+        results[i] = service.generate(GenerationRequest(prompt=prompt, options=options))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(eos_ids) + 1)]
     for thread in threads:

@@ -50,14 +50,6 @@ def test_a_waiter_gets_the_slot_when_it_is_released() -> None:
     assert gate.waiting == 0
 
 
-def test_slot_context_releases_on_error() -> None:
-    gate = Admission(max_active=2, max_queue=0, timeout_s=0)
-    with pytest.raises(RuntimeError), gate.slot():
-        assert gate.active == 1
-        raise RuntimeError("boom")
-    assert gate.active == 0
-
-
 def _waiting_thread(gate: Admission, batched: bool, got: threading.Event) -> threading.Thread:
     before = gate.waiting
 

@@ -9,9 +9,9 @@ from typing import cast
 
 from prometheus_client.metrics_core import Metric
 
-from core.engine import Engine
 from core.manifest import QualityCheck
 from core.records import RequestRecord
+from core.service import Service, Stats
 from core.settings import EngineSettings
 from core.state import ModelState
 from edge.metrics import Metrics
@@ -24,12 +24,11 @@ QUALITY = QualityCheck(status="passed", reference="HF fp32", scored_tokens=200,
 def _loaded(tmp_path: Path, quality: QualityCheck | None = QUALITY) -> ModelState:
     state = ModelState(EngineSettings(model_dir=tmp_path))
     engine = SimpleNamespace(
-        batches=(3, 7), model_name="org/model", digest="ab" * 32,
-        manifest=SimpleNamespace(quality=quality),
+        model_name="org/model", digest="ab" * 32, manifest=SimpleNamespace(quality=quality),
         probe=SimpleNamespace(provider="cpu", load_seconds=0.25),
-        admission=SimpleNamespace(waiting=0, active=0),
     )  # fmt: skip
-    state.engine, state.status = cast(Engine, engine), "ready"
+    service = SimpleNamespace(engine=engine, stats=lambda: Stats(0, 0, 3, 7))
+    state.service, state.status = cast(Service, service), "ready"
     return state
 
 

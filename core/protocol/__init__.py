@@ -1,0 +1,164 @@
+"""Request and response formats of the HTTP API, one module per API family.
+
+Each request body (pydantic) has `to_generation()`, the one place it becomes a
+`GenerationRequest`, and `reply()`, which builds its answer: the whole JSON body, or the
+events of a stream. `core.api` routes to them; `core.service` runs what they ask for.
+
+- `native`: POST /generate.
+- `openai`: POST /v1/completions and /v1/chat/completions.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from core.errors import InvalidRequestError
+from core.generation import Completion, GenerationRequest
+from core.stops import MAX_STOP_STRINGS
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a request's format needs to know of the server.
+
+    Attributes:
+        model: The served model's name.
+        digest: Its manifest's sha256 (the system fingerprint).
+        created: When it was baked (Unix seconds).
+        max_new_tokens: The server's token limit per request (MAX_NEW_TOKENS).
+    """
+
+    model: str
+    digest: str
+    created: int
+    max_new_tokens: int
+
+
+class Reply(ABC):
+    """How a route answers one generation: a JSON body, or the events of a stream."""
+
+    #: A stream ends with `data: [DONE]` (OpenAI's routes).
+    done_marker = True
+
+    def first_events(self) -> list[dict[str, Any]]:
+        """Events sent before the first text."""
+        return []
+
+    @abstractmethod
+    def delta(self, text: str) -> dict[str, Any]:
+        """The event of one text delta."""
+
+    @abstractmethod
+    def final_events(self, done: Completion) -> list[dict[str, Any]]:
+        """The events after the last text (finish reason, usage)."""
+
+    @abstractmethod
+    def body(self, done: Completion) -> dict[str, Any]:
+        """The whole answer of a request that is not streamed."""
+
+
+class Body(BaseModel):
+    """A request body: OpenAI's conventions for every API.
+
+    Unknown fields are ignored, `null` for an optional field means its default (the
+    openai client sends `temperature=None` when asked), and values are not coerced
+    (`"max_tokens": "5"`, `"stream": "yes"` are errors: strict validation). The bounds are
+    the ones the server keeps, so the OpenAPI document advertises only what it accepts.
+    """
+
+    # defer_build: a model's validator is built on first use, not at import: a Lambda cold
+    # start that answers /generate builds one, not all of them.
+    model_config = ConfigDict(extra="ignore", defer_build=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class GenerationBody(Body):
+    """A body that asks for a generation."""
+
+    stream: bool = False
+
+    def to_generation(self, served: Served) -> GenerationRequest:
+        """The generation this body asks for.
+
+        Raises:
+            InvalidRequestError: It asks for what the server cannot give (another model,
+                an incomplete response format).
+        """
+        raise NotImplementedError
+
+    def reply(self, request_id: str, served: Served) -> Reply:
+        """How its answer is built."""
+        raise NotImplementedError
+
+
+def _stops(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+    if any(not s for s in stops):
+        raise ValueError("stop strings must not be empty")
+    return stops
+
+
+# Fields both APIs share.
+#: Up to MAX_STOP_STRINGS non-empty strings; validated into a list.
+Stop = Annotated[str | list[str] | None, AfterValidator(_stops)]
+SEED = Field(default=None, ge=-(2**63), le=2**63 - 1, description="same seed, same output")
+TEMPERATURE_DOC = "0 is greedy; higher samples more freely"
+TOP_K_DOC = "keep the k most likely tokens; 0, or k at or above the vocabulary size: keep all"
+MAX_TOKENS_BOUND = 131072  # MAX_NEW_TOKENS' bound; the OpenAPI document states the server's
+
+_B = TypeVar("_B", bound=Body)
+
+
+def parse(model: type[_B], body: bytes) -> _B:
+    """Validate a raw request body as `model`.
+
+    Raises:
+        InvalidRequestError: Not JSON, not an object, or invalid; `param` names the field.
+    """
+    try:
+        data = json.loads(body)
+    except RecursionError:  # the parser recurses once per nesting level
+        raise InvalidRequestError("the request body's JSON is nested too deeply") from None
+    except ValueError as exc:  # invalid JSON or UTF-8, or an int past Python's 4,300 digits
+        detail = "" if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError) else f": {exc}"
+        raise InvalidRequestError(f"the request body is not valid JSON{detail}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        first = errors[0]
+        # A union reports one error per member, each under the member's tag
+        # (`messages.0.content.str`): name the field they share instead.
+        loc = list(first["loc"])
+        shared = [e["loc"] for e in errors if e["loc"][: len(loc) - 1] == tuple(loc[:-1])]
+        if len(shared) > 1:
+            loc = loc[:-1]
+        where = ".".join(str(p) for p in loc)
+        message = first["msg"].removeprefix("Value error, ")
+        raise InvalidRequestError(
+            f"{where}: {message}" if where else message, where or None
+        ) from None

@@ -1,0 +1,101 @@
+"""The native API: POST /generate, its body and its answers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from core.generation import Completion, GenerationRequest, Guidance, SamplingOptions
+from core.protocol import (
+    MAX_TOKENS_BOUND,
+    SEED,
+    TEMPERATURE_DOC,
+    TOP_K_DOC,
+    GenerationBody,
+    Reply,
+    Served,
+    Stop,
+)
+
+_GUIDED = ("guided_json", "guided_regex", "guided_grammar")
+
+
+class GenerateBody(GenerationBody):
+    """POST /generate: the simple native API.
+
+    Constrained decoding takes vLLM's field names: `guided_json` (a JSON schema),
+    `guided_regex` or `guided_grammar` (a Lark grammar, as onnxruntime-genai's
+    llguidance reads it); at most one.
+    """
+
+    prompt: str = Field(min_length=1)
+    max_new_tokens: int = Field(default=128, ge=1, le=MAX_TOKENS_BOUND)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, le=100000, description=TOP_K_DOC)
+    seed: int | None = SEED
+    stop: Stop = None
+    guided_json: dict[str, Any] | None = Field(
+        default=None, description="the output is JSON valid against this schema"
+    )
+    guided_regex: str | None = Field(
+        default=None, min_length=1, description="the output matches this regular expression"
+    )
+    guided_grammar: str | None = Field(
+        default=None, min_length=1, description="the output follows this Lark grammar"
+    )
+
+    @model_validator(mode="after")
+    def _one_guide(self) -> GenerateBody:
+        given = [name for name in _GUIDED if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of {', '.join(_GUIDED)}, not {' and '.join(given)}")
+        return self
+
+    def _guidance(self) -> Guidance | None:
+        if self.guided_json is not None:
+            return Guidance("json_schema", json.dumps(self.guided_json))
+        if self.guided_regex is not None:
+            return Guidance("regex", self.guided_regex)
+        if self.guided_grammar is not None:
+            return Guidance("lark", self.guided_grammar)
+        return None
+
+    def to_generation(self, served: Served) -> GenerationRequest:
+        options = SamplingOptions(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+            top_k=self.top_k, seed=self.seed,
+        )  # fmt: skip
+        return GenerationRequest(
+            prompt=self.prompt, options=options, stop=tuple(self.stop or ()),
+            guidance=self._guidance(), limit_field="max_new_tokens",
+        )  # fmt: skip
+
+    def reply(self, request_id: str, served: Served) -> Reply:
+        return GenerateReply()
+
+
+class GenerateReply(Reply):
+    """/generate's answer: `{"generated_text", counts}`, or events of `{"text"}` and a
+    final `{"done": true, counts}` (no `[DONE]`)."""
+
+    done_marker = False
+
+    @staticmethod
+    def _counts(done: Completion) -> dict[str, Any]:
+        return {
+            "tokens_generated": done.completion_tokens,
+            "prompt_tokens": done.prompt_tokens,
+            "finish_reason": done.finish_reason,
+        }
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return {"text": text}
+
+    def final_events(self, done: Completion) -> list[dict[str, Any]]:
+        return [{"done": True, **self._counts(done)}]
+
+    def body(self, done: Completion) -> dict[str, Any]:
+        return {"generated_text": done.text, **self._counts(done)}

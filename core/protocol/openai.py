@@ -1,0 +1,271 @@
+"""The OpenAI-compatible API: POST /v1/completions and /v1/chat/completions, their
+bodies and their answers (objects and stream chunks as OpenAI's API returns them)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from core.errors import InvalidRequestError, ModelNotFoundError
+from core.generation import Completion, GenerationRequest, Guidance, SamplingOptions
+from core.protocol import (
+    MAX_TOKENS_BOUND,
+    SEED,
+    TEMPERATURE_DOC,
+    Body,
+    GenerationBody,
+    Reply,
+    Served,
+    Stop,
+)
+
+
+class StreamOptions(Body):
+    """OpenAI stream_options."""
+
+    include_usage: bool = False
+
+
+class _OpenAIBody(GenerationBody):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = SEED
+    stop: Stop = None
+    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
+    stream_options: StreamOptions | None = None
+
+    def _limit(self) -> tuple[int | None, str]:
+        """The token limit the body gives, and the field that gives it."""
+        return self.max_tokens, "max_tokens"
+
+    def _options(self, served: Served, default_limit: int) -> tuple[SamplingOptions, str]:
+        """Sampling options (OpenAI's default limit when none is given) and the limit's
+        field name; refuses a model other than the served one."""
+        if self.model is not None and self.model != served.model:
+            raise ModelNotFoundError(
+                f"the model {self.model!r} does not exist; this server has {served.model!r}"
+            )
+        max_tokens, field = self._limit()
+        options = SamplingOptions(
+            max_new_tokens=default_limit if max_tokens is None else max_tokens,
+            temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+        )  # fmt: skip
+        return options, field
+
+    def _usage_base(self, base: dict[str, Any]) -> dict[str, Any] | None:
+        include = self.stream_options is not None and self.stream_options.include_usage
+        return base if include else None
+
+
+def _usage(done: Completion) -> dict[str, int]:
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+    }
+
+
+def _finish(done: Completion) -> str:
+    return "stop" if done.finish_reason == "stop" else "length"
+
+
+class _OpenAIReply(Reply):
+    """Shared by both routes: `base` is in every object; with `usage_base`
+    (`stream_options.include_usage`), a usage chunk on it ends a stream."""
+
+    def __init__(self, base: dict[str, Any], usage_base: dict[str, Any] | None) -> None:
+        self.base = base
+        self.usage_base = usage_base
+
+    def _choice(self, **fields: Any) -> dict[str, Any]:
+        return {**self.base, "choices": [{"index": 0, **fields}]}
+
+    def _usage_events(self, done: Completion) -> list[dict[str, Any]]:
+        if self.usage_base is None:
+            return []
+        return [{**self.usage_base, "choices": [], "usage": _usage(done)}]
+
+
+# -- /v1/completions ---------------------------------------------------------------------
+
+
+class CompletionBody(_OpenAIBody):
+    """POST /v1/completions."""
+
+    prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=0, description="not supported")
+    echo: Literal[False] = Field(default=False, description="not supported")
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("exactly one prompt is supported")
+        return value
+
+    def text(self) -> str:
+        """The single prompt."""
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def to_generation(self, served: Served) -> GenerationRequest:
+        # OpenAI's default for completions: 16 tokens.
+        options, field = self._options(served, min(16, served.max_new_tokens))
+        return GenerationRequest(
+            prompt=self.text(), options=options, stop=tuple(self.stop or ()), limit_field=field
+        )
+
+    def reply(self, request_id: str, served: Served) -> Reply:
+        base = {"id": f"cmpl-{request_id}", "object": "text_completion",
+                "created": int(time.time()), "model": served.model}  # fmt: skip
+        return CompletionReply(base, self._usage_base(base))
+
+
+class CompletionReply(_OpenAIReply):
+    """A `text_completion` object, or its chunks."""
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return self._choice(text=text, logprobs=None, finish_reason=None)
+
+    def final_events(self, done: Completion) -> list[dict[str, Any]]:
+        final = self._choice(text="", logprobs=None, finish_reason=_finish(done))
+        return [final, *self._usage_events(done)]
+
+    def body(self, done: Completion) -> dict[str, Any]:
+        answer = self._choice(text=done.text, logprobs=None, finish_reason=_finish(done))
+        return {**answer, "usage": _usage(done)}
+
+
+# -- /v1/chat/completions ----------------------------------------------------------------
+
+
+class ContentPart(Body):
+    """One part of a message's content; only text parts are supported."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Body):
+    """One chat message."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    reasoning_content: str | None = Field(
+        default=None, description="an assistant turn's reasoning (templates such as Qwen3's "
+        "drop it from earlier turns)",
+    )  # fmt: skip
+    tool_call_id: str | None = None
+
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as chat templates expect it: role, plain-text content (text parts
+        joined), and the optional keys that were given."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        role = "system" if self.role == "developer" else self.role
+        message: dict[str, Any] = {"role": role, "content": content or ""}
+        for key in ("name", "reasoning_content", "tool_call_id"):
+            value = getattr(self, key)
+            if value is not None:
+                message[key] = value
+        return message
+
+
+class JsonSchemaFormat(Body):
+    """response_format.json_schema."""
+
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Body):
+    """response_format: text, json_object or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def guidance(self) -> Guidance | None:
+        """The constrained decoding this format asks for. Compact JSON keeps small models
+        from wandering into endless whitespace, which flexible-whitespace grammars allow.
+
+        Raises:
+            InvalidRequestError: json_schema without its schema.
+        """
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            schema: dict[str, Any] = {"type": "object"}
+        else:
+            if self.json_schema is None:
+                where = "response_format.json_schema"
+                raise InvalidRequestError(f"{where} is required for type json_schema", where)
+            schema = dict(self.json_schema.schema_)
+        schema.setdefault("x-guidance", {"whitespace_flexible": False})
+        return Guidance("json_schema", json.dumps(schema))
+
+
+class ChatBody(_OpenAIBody):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
+    response_format: ResponseFormat | None = None
+    logprobs: Literal[False] = Field(default=False, description="not supported")
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, max_length=0, description="not supported"
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="extra variables for the model's chat template, e.g. "
+        '{"enable_thinking": false} for Qwen3 (as vLLM and llama-server accept)',
+    )
+
+    def _limit(self) -> tuple[int | None, str]:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def to_generation(self, served: Served) -> GenerationRequest:
+        # OpenAI's default for chat: as many as fit (the server's limit, capped by the context).
+        options, field = self._options(served, served.max_new_tokens)
+        return GenerationRequest(
+            messages=[m.as_template_input() for m in self.messages],
+            template_kwargs=self.chat_template_kwargs,
+            options=options,
+            stop=tuple(self.stop or ()),
+            guidance=self.response_format.guidance() if self.response_format else None,
+            limit_field=field,
+        )
+
+    def reply(self, request_id: str, served: Served) -> Reply:
+        base = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": served.model,
+                "system_fingerprint": f"fp_{served.digest[:12]}"}  # fmt: skip
+        return ChatReply(base, self._usage_base(base))
+
+
+class ChatReply(_OpenAIReply):
+    """A `chat.completion` object, or its `chat.completion.chunk`s."""
+
+    def first_events(self) -> list[dict[str, Any]]:
+        delta = {"role": "assistant", "content": ""}
+        return [self._choice(delta=delta, logprobs=None, finish_reason=None)]
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return self._choice(delta={"content": text}, logprobs=None, finish_reason=None)
+
+    def final_events(self, done: Completion) -> list[dict[str, Any]]:
+        final = self._choice(delta={}, logprobs=None, finish_reason=_finish(done))
+        return [final, *self._usage_events(done)]
+
+    def body(self, done: Completion) -> dict[str, Any]:
+        message = {"role": "assistant", "content": done.text, "refusal": None}
+        answer = self._choice(message=message, logprobs=None, finish_reason=_finish(done))
+        return {**answer, "object": "chat.completion", "usage": _usage(done)}

@@ -1,0 +1,344 @@
+"""The request policy, in one place: admission and the queue, the batching rule, the
+token budget, stop strings, the request timeout, cancellation and shutdown, usage and
+timings. It takes a plain `GenerationRequest` and returns a `GenerationStream`; it knows
+no HTTP (core.api and core.protocol do) and no onnxruntime-genai (core.engine does).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from core.admission import Admission
+from core.batcher import Alone, Batcher, End, Sequence
+from core.errors import (
+    ClientClosedError,
+    DrainingError,
+    GenerationError,
+    InvalidRequestError,
+    RequestTimeoutError,
+)
+from core.generation import (
+    Completion,
+    FinishReason,
+    GenerationRequest,
+    GenerationStream,
+    Timings,
+    Tokens,
+)
+from core.settings import EngineSettings
+from core.stops import StopMatcher
+
+if TYPE_CHECKING:  # onnxruntime-genai comes with the first load, not with this module
+    from core.engine import Engine
+
+
+@dataclass(frozen=True)
+class Stats:
+    """One snapshot of the service, for /healthz and metrics.
+
+    Attributes:
+        active: Generations running now (a batch's requests count one each).
+        waiting: Requests waiting for a slot.
+        batches: Batches decoded since the load (a lone request is a batch of 1; 0 with
+            batching off).
+        batched_requests: Requests in those batches (÷ batches: the mean batch size).
+    """
+
+    active: int
+    waiting: int
+    batches: int
+    batched_requests: int
+
+
+class Service:
+    """The model's generations: every request passes here, whatever its route.
+
+    Attributes:
+        engine: The loaded model.
+        settings: Limits and batching settings.
+        admission: The gate every generation passes (slots and the queue).
+    """
+
+    def __init__(self, engine: Engine, settings: EngineSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        # MAX_CONCURRENCY generations at once, a batch being one generation.
+        self.admission = Admission(
+            settings.max_concurrency,
+            settings.max_queue,
+            settings.queue_timeout_s,
+            batch=settings.max_batch,
+        )
+        self._stopping = threading.Event()
+        self._arriving = 0  # requests in `stream` not yet submitted or refused (batch hint)
+        self._arriving_lock = threading.Lock()
+        self._batcher = (
+            Batcher(
+                engine.run_batch,
+                settings.max_batch,
+                settings.batch_window_ms / 1000,
+                arriving=lambda: self._arriving,
+                fits=self._fits,
+            )
+            if settings.max_batch > 1
+            else None
+        )
+
+    @classmethod
+    def load(cls, settings: EngineSettings) -> Service:
+        """Load the model `settings.model_dir` names (see `Engine.load`) and serve it."""
+        from core.engine import Engine
+
+        return cls(Engine.load(settings), settings)
+
+    def stats(self) -> Stats:
+        """What the service is doing now and has done since the load."""
+        batches, sequences = (
+            (self._batcher.batches_run, self._batcher.sequences_run) if self._batcher else (0, 0)
+        )
+        return Stats(self.admission.active, self.admission.waiting, batches, sequences)
+
+    def stop_generations(self) -> None:
+        """End every running generation at its next text with `DrainingError` (the end of
+        a shutdown's drain); new ones end at their first."""
+        self._stopping.set()
+
+    # -- the token budget ----------------------------------------------------------------
+
+    def budget(self, prompt_len: int, request: GenerationRequest) -> int:
+        """New tokens `request` may have after a prompt of `prompt_len` tokens: its limit,
+        capped by the context window. The one place the budget is checked.
+
+        Raises:
+            InvalidRequestError: The limit is above MAX_NEW_TOKENS, or the prompt is empty,
+                longer than MAX_PROMPT_TOKENS, or leaves no room in the context.
+        """
+        wanted = request.options.max_new_tokens
+        limit = self.settings.max_new_tokens
+        if wanted > limit:
+            field = request.limit_field
+            raise InvalidRequestError(
+                f"{field} {wanted} is above this server's limit of {limit}", field
+            )
+        if prompt_len == 0:
+            raise InvalidRequestError("the prompt is empty")
+        prompt_limit = self.settings.max_prompt_tokens
+        if prompt_limit and prompt_len > prompt_limit:
+            raise InvalidRequestError(
+                f"the prompt has {prompt_len} tokens; this server's limit is {prompt_limit}"
+            )
+        context = self.engine.context_length
+        if context and prompt_len >= context:
+            raise InvalidRequestError(
+                f"the prompt has {prompt_len} tokens; the model's context is {context} "
+                "tokens, which leaves no room for new tokens"
+            )
+        return min(wanted, context - prompt_len) if context else wanted
+
+    # -- the batching rule ---------------------------------------------------------------
+
+    def _batchable(self, request: GenerationRequest) -> bool:
+        """Unseeded requests batch, greedy or sampled; seeded and guided ones run alone.
+
+        A seed promises the same output for the same request, whatever else the server
+        is doing, and a batch cannot keep that promise even for greedy decoding: besides
+        sharing one random generator and one set of search options, a batch's decode
+        step multiplies M > 1 rows at once, and on some CPUs onnxruntime's int4
+        MatMulNBits (accuracy level 4: int8 compute) rounds those differently from a lone
+        request's M = 1 row (x86-64 with AVX2, no AVX-512: logits off by up to ~2.5, so
+        near-ties flip; bit-identical with AVX-512 VNNI). So a request with a seed keeps
+        a generator of its own, as does one with a grammar or a minimum length.
+        """
+        options = request.options
+        return (
+            self._batcher is not None
+            and request.guidance is None
+            and options.min_new_tokens == 0
+            and options.seed is None
+        )
+
+    def _fits(self, batch: list[Sequence]) -> bool:
+        """Whether `batch` decodes each sequence as it would decode alone.
+
+        Only requests with equal sampling options are offered together (the batcher
+        matches `Sequence.key`). A prompt that ends with the pad id never shares a batch:
+        og (batch_size > 1) takes a row's trailing pad ids for padding and masks them
+        (alone, nothing is masked), so its first new token still matches and the next
+        ones decode as if the prompt had lost that token. And every sequence must get its
+        whole token limit: a batch's prompts are padded to the longest, and the longest
+        prompt plus the largest limit must fit the context (else a short request would be
+        cut short by a long one)."""
+        engine = self.engine
+        if len(batch) > 1 and any(s.input_ids[-1] == engine.pad_id for s in batch):
+            return False
+        if not engine.context_length:
+            return True
+        longest = max(len(s.input_ids) for s in batch)
+        return longest + max(s.max_new for s in batch) <= engine.context_length
+
+    # -- generation ----------------------------------------------------------------------
+
+    def stream(
+        self, request: GenerationRequest, cancelled: threading.Event | None = None
+    ) -> GenerationStream:
+        """Start a generation under admission control; iterate it for text deltas.
+
+        Validation and admission happen here, before the first delta, so that callers
+        can still answer with an error status. A set `cancelled` (the client left) ends
+        the wait for a slot at once, and the generation at its next text.
+
+        Raises:
+            InvalidRequestError: Bad parameters, a prompt that does not fit, bad guidance.
+            BusyError: No slot within the queue timeout, or the queue is full.
+            ClientClosedError: `cancelled` was set before a slot was taken.
+        """
+        engine = self.engine
+        self._arrive(1)
+        try:
+            input_ids = engine.prompt_ids(request)
+            budget = self.budget(len(input_ids), request)
+            batched = self._batchable(request)
+            self.admission.acquire(batched, cancelled)
+        finally:
+            self._arrive(-1)
+        held_from = time.monotonic()
+
+        def release() -> None:
+            self.admission.release(time.monotonic() - held_from, batched)
+
+        try:
+            if batched:
+                assert self._batcher is not None  # _batchable says so
+                sequence = Sequence(input_ids, budget, key=engine.sampling(request.options))
+                self._batcher.submit(sequence)
+                tokens = Tokens(
+                    lambda t: self._batched(sequence, request, t), on_close=sequence.leave
+                )
+            else:
+                options, guidance = request.options, request.guidance
+                tokens = engine.decode(input_ids, budget, options, guidance)
+        except BaseException:
+            release()
+            raise
+        result: list[Completion] = []
+        deltas = self._deltas(tokens, len(input_ids), request, cancelled, result, release)
+
+        def close_unstarted() -> None:
+            tokens.close()  # the og Generator, or the batch place, goes
+            release()
+
+        return GenerationStream(deltas, result, close_unstarted)
+
+    def generate(self, request: GenerationRequest) -> Completion:
+        """Run a whole generation and return its text and figures."""
+        return self.stream(request).collect()
+
+    def _arrive(self, delta: int) -> None:
+        with self._arriving_lock:
+            self._arriving += delta
+
+    def _batched(
+        self, sequence: Sequence, request: GenerationRequest, tokens: Tokens
+    ) -> Generator[int, None, None]:
+        """A batched sequence's tokens, as `Engine.decode` gives an unbatched one's."""
+        try:
+            while True:
+                sequence.paused_at = None
+                item = sequence.out.get()
+                if isinstance(item, Alone):  # a batch of one: run it in this thread
+                    alone = self.engine.decode(
+                        sequence.input_ids, sequence.max_new, request.options, sequence=sequence
+                    )
+                    try:
+                        yield from alone
+                    finally:
+                        alone.close()
+                    tokens.eos = alone.eos
+                    return
+                if isinstance(item, End):
+                    tokens.eos = item.reason == "eos"
+                    return
+                if isinstance(item, BaseException):
+                    reason = str(item).strip().splitlines()[0] if str(item).strip() else ""
+                    raise GenerationError(
+                        f"generation failed: {reason or type(item).__name__}"
+                    ) from item
+                yield item
+        finally:
+            sequence.leave()
+
+    def _check(self, cancelled: threading.Event | None, deadline: float) -> None:
+        """End a generation whose client left, whose time is up, or whose server stops."""
+        if cancelled is not None and cancelled.is_set():
+            raise ClientClosedError("the client closed the request during generation")
+        if self._stopping.is_set():
+            raise DrainingError(
+                "the server shut down before this generation ended; retry on another instance"
+            )
+        if time.monotonic() > deadline:
+            raise RequestTimeoutError(
+                f"the generation ran past the {self.settings.request_timeout_s:g} s request timeout"
+            )
+
+    def _deltas(
+        self,
+        tokens: Tokens,
+        prompt_tokens: int,
+        request: GenerationRequest,
+        cancelled: threading.Event | None,
+        result: list[Completion],
+        release: Callable[[], None],
+    ) -> Generator[str, None, None]:
+        """Text deltas of `tokens`, cut at the stop strings; the completion (text, finish
+        reason, usage and timings) goes to `result` however the generation ends."""
+        start = time.perf_counter()
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        first = 0.0
+        count = 0
+        finish: FinishReason = "cancelled"
+        stops = StopMatcher(request.stop)
+        pieces: list[str] = []
+
+        def counted() -> Generator[int, None, None]:
+            nonlocal count, first
+            for token in tokens:
+                if count == 0:
+                    first = time.perf_counter() - start
+                count += 1
+                yield token
+
+        ids = counted()
+        try:
+            self._check(cancelled, deadline)
+            for piece in self.engine.detokenize(ids):
+                text = stops.feed(piece)
+                if text:
+                    pieces.append(text)
+                    yield text
+                if stops.stopped:
+                    break
+                self._check(cancelled, deadline)
+            tail = stops.flush()
+            if tail:
+                pieces.append(tail)
+                yield tail
+            finish = "stop" if stops.stopped or tokens.eos else "length"
+        finally:
+            ids.close()
+            tokens.close()  # frees the og Generator (its KV cache) before the slot
+            release()
+            decode_s = time.perf_counter() - start - first
+            speed = (count - 1) / decode_s if count > 1 and decode_s > 0 else 0.0
+            result.append(
+                Completion(
+                    text="".join(pieces),
+                    finish_reason=finish,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=count,
+                    timings=Timings(ttft_s=first, decode_tokens_per_s=speed),
+                )
+            )
