@@ -11,7 +11,7 @@ from core.errors import InvalidRequestError
 from core.stops import MAX_STOP_STRINGS
 
 FinishReason = Literal["stop", "length", "cancelled"]
-GuidanceKind = Literal["json_schema", "regex", "lark"]
+GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from core.errors import InvalidRequestError
-from core.generation import Completion, GenerationRequest
+from core.generation import Completion, GenerationRequest, Guidance
 from core.stops import MAX_STOP_STRINGS
 
 
@@ -127,6 +127,16 @@ SEED = Field(default=None, ge=-(2**63), le=2**63 - 1, description="same seed, sa
 TEMPERATURE_DOC = "0 is greedy; higher samples more freely"
 TOP_K_DOC = "keep the k most likely tokens; 0, or k at or above the vocabulary size: keep all"
 MAX_TOKENS_BOUND = 131072  # MAX_NEW_TOKENS' bound; the OpenAPI document states the server's
+
+
+def json_guidance(schema: dict[str, Any]) -> Guidance:
+    """Constrained decoding to JSON valid against `schema`, compact unless the schema's
+    `x-guidance` says otherwise: flexible whitespace lets small models wander into
+    endless newlines."""
+    return Guidance(
+        "json_schema", json.dumps({"x-guidance": {"whitespace_flexible": False}, **schema})
+    )
+
 
 _B = TypeVar("_B", bound=Body)
 

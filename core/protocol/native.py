@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -17,6 +16,7 @@ from core.protocol import (
     Reply,
     Served,
     Stop,
+    json_guidance,
 )
 
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar")
@@ -56,11 +56,11 @@ class GenerateBody(GenerationBody):
 
     def _guidance(self) -> Guidance | None:
         if self.guided_json is not None:
-            return Guidance("json_schema", json.dumps(self.guided_json))
+            return json_guidance(self.guided_json)
         if self.guided_regex is not None:
             return Guidance("regex", self.guided_regex)
         if self.guided_grammar is not None:
-            return Guidance("lark", self.guided_grammar)
+            return Guidance("lark_grammar", self.guided_grammar)
         return None
 
     def to_generation(self, served: Served) -> GenerationRequest:

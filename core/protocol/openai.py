@@ -3,7 +3,6 @@ bodies and their answers (objects and stream chunks as OpenAI's API returns them
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Literal
 
@@ -20,6 +19,7 @@ from core.protocol import (
     Reply,
     Served,
     Stop,
+    json_guidance,
 )
 
 
@@ -192,8 +192,7 @@ class ResponseFormat(Body):
     json_schema: JsonSchemaFormat | None = None
 
     def guidance(self) -> Guidance | None:
-        """The constrained decoding this format asks for. Compact JSON keeps small models
-        from wandering into endless whitespace, which flexible-whitespace grammars allow.
+        """The constrained decoding this format asks for (compact JSON, `json_guidance`).
 
         Raises:
             InvalidRequestError: json_schema without its schema.
@@ -207,8 +206,7 @@ class ResponseFormat(Body):
                 where = "response_format.json_schema"
                 raise InvalidRequestError(f"{where} is required for type json_schema", where)
             schema = dict(self.json_schema.schema_)
-        schema.setdefault("x-guidance", {"whitespace_flexible": False})
-        return Guidance("json_schema", json.dumps(schema))
+        return json_guidance(schema)
 
 
 class ChatBody(_OpenAIBody):
