@@ -5,27 +5,23 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from bake.errors import BakeError
-
-
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """Split `s3://bucket/prefix` into bucket and prefix (no trailing slash)."""
-    rest = uri.removeprefix("s3://")
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise BakeError(f"{uri} has no bucket name (use s3://bucket/prefix)")
-    return bucket, prefix.strip("/")
+from core.s3uri import parse_s3_uri
 
 
 def download_prefix(uri: str, dest: Path) -> Path:
     """Download every object under the URI's prefix into `dest`, keeping relative paths.
 
     Raises:
-        BakeError: No credentials, no such bucket, no objects, or a transfer failure.
+        BakeError: No bucket in the URI, no credentials, no such bucket, no objects, or a
+            transfer failure.
     """
+    try:
+        bucket, prefix = parse_s3_uri(uri)
+    except ValueError as exc:
+        raise BakeError(str(exc)) from None
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, prefix = parse_s3_uri(uri)
     base = f"{prefix}/" if prefix else ""
     client = boto3.client("s3")
     count = 0

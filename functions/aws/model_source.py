@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import ModelIntegrityError
 from core.manifest import MANIFEST_NAME, Manifest, manifest_digest, read_manifest, verify_folder
+from core.s3uri import parse_s3_uri
 from functions.aws.errors import SetupError
 
 if TYPE_CHECKING:
@@ -44,10 +45,11 @@ class FetchedModel:
     seconds: float
 
 
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """Split `s3://bucket/prefix` into bucket and prefix (no slashes around the prefix)."""
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    return bucket, prefix.strip("/")
+def _bucket_and_prefix(uri: str) -> tuple[str, str]:
+    try:
+        return parse_s3_uri(uri)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
 
 
 def local_folder(uri: str, cache_dir: Path) -> Path:
@@ -161,11 +163,12 @@ def fetch_model(
     """Make the baked model at `uri` available under `cache_dir`, downloading it at most once.
 
     Raises:
-        SetupError: A missing or unreadable object, a file that fails the manifest check,
-            a manifest that is not the pinned one, or too little space in /tmp.
+        SetupError: A URI without a bucket, a missing or unreadable object, a file that
+            fails the manifest check, a manifest that is not the pinned one, or too little
+            space in /tmp.
     """
     start = time.perf_counter()
-    bucket, prefix = parse_s3_uri(uri)
+    bucket, prefix = _bucket_and_prefix(uri)
     final = local_folder(uri, cache_dir)
     try:
         with _locked(cache_dir):
@@ -190,8 +193,8 @@ def remote_model_bytes(uri: str, client: S3Client | None = None) -> int | None:
     from botocore.exceptions import BotoCoreError, ClientError
     from pydantic import ValidationError
 
-    bucket, prefix = parse_s3_uri(uri)
     try:
+        bucket, prefix = _bucket_and_prefix(uri)
         s3 = client or s3_client()
         data = s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST_NAME))["Body"].read()
         return sum(f.size for f in Manifest.model_validate_json(data).files)
