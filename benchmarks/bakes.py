@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.models import ORTSERVE
+from benchmarks.support.servers import ORTSERVE
 
 
 def baked(work: Path, model: str, target: str, package: bool = True) -> Path:

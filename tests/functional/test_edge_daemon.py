@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
+from benchmarks.support.servers import ORTSERVE
 from core.manifest import list_files, manifest_digest, read_manifest, write_manifest
 from tests import models
-from tests.models import ORTSERVE
 
 pytestmark = pytest.mark.slow
 

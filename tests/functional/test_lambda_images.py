@@ -17,10 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.api import Api
-from core.settings import ServerSettings
-from core.state import ModelState
-from tests.functional.dockerfile import (
+from benchmarks.support.dockerfile import (
     TASK_ROOT,
     env_of,
     final_stage,
@@ -28,15 +25,11 @@ from tests.functional.dockerfile import (
     parse,
     run_compile_steps,
 )
-from tests.functional.harness import (
-    API_KEY,
-    SERVER_ENV,
-    Http,
-    InProcess,
-    free_port,
-    normalized,
-    wait_ready,
-)
+from benchmarks.support.servers import free_port, wait_ready
+from core.api import Api
+from core.settings import ServerSettings
+from core.state import ModelState
+from tests.functional.harness import API_KEY, SERVER_ENV, Http, InProcess, normalized
 from tests.functional.lambda_target import make_lambda_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,9 +18,10 @@ from typing import IO, Any
 
 import pytest
 
+from benchmarks.support.lambda_events import v2_event
+from benchmarks.support.lambda_runtime_api import FakeRuntimeApi, running
 from tests.functional.harness import API_KEY
-from tests.functional.lambda_runtime_api import FakeRuntimeApi, running
-from tests.functional.lambda_target import decode_result, make_lambda_bundle, v2_event
+from tests.functional.lambda_target import decode_result, make_lambda_bundle
 
 HANDLER = "functions.aws.handler.handler"
 pytestmark = pytest.mark.slow
