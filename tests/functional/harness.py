@@ -10,18 +10,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from benchmarks.support.servers import daemon, free_port, serve_process
 from core.api import Api
 from core.http import Headers, Request
-from tests.models import ORTSERVE
 
 API_KEY = "test-key-1"
 AUTH = {"authorization": f"Bearer {API_KEY}"}
@@ -163,69 +161,12 @@ class Http:
             yield response.iter_raw()
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def wait_ready(base_url: str, proc: Any, log: Any, timeout_s: float = 120) -> None:
-    """Poll /readyz until 200; fail with the server's output if it dies or times out."""
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            out = log.read()
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{out[-3000:]}")
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"server at {base_url} not ready within {timeout_s} s")
-
-
 SERVER_ENV = {
     "ORTSERVE_API_KEYS": f"{API_KEY},other-key",
     "ORTSERVE_MAX_BODY_BYTES": str(64 * 1024),
     "ORTSERVE_MAX_NEW_TOKENS": "2000",
     "ORTSERVE_PROVIDERS": "cpu",
 }
-
-
-@contextmanager
-def serve_process(
-    cmd: list[str], env: dict[str, str], base_url: str, cwd: Path | None = None,
-    ready_timeout_s: float = 120,
-) -> Iterator[subprocess.Popen[str]]:  # fmt: skip
-    """Run a server process (its whole environment given) until /readyz answers 200; stop
-    it with SIGTERM afterwards, failing loudly if it ignores that."""
-    # A file, not a pipe: a server whose output nobody reads would block on a full pipe.
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        try:
-            wait_ready(base_url, proc, log, ready_timeout_s)
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                log.seek(0)
-                message = f"server ignored SIGTERM for 30 s:\n{log.read()[-3000:]}"
-                raise RuntimeError(message) from None
 
 
 @contextmanager
@@ -243,18 +184,6 @@ def gcf_server(bundle: Path) -> Iterator[str]:
            "--target", "ortserve", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     with _server(cmd, {"PYTHONPATH": str(bundle)}, bundle, port) as base:
         yield base
-
-
-@contextmanager
-def daemon(model_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`ortserve serve` on a free loopback port with `env` as its whole environment, until
-    ready; yields its URL and process (tests and benchmarks)."""
-    port = free_port()
-    cmd = [*ORTSERVE, "serve", "--model-dir", str(model_dir),
-           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    with serve_process(cmd, env, base) as proc:
-        yield base, proc
 
 
 @contextmanager
