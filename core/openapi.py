@@ -97,6 +97,27 @@ def _bound(schema: dict[str, Any], maximum: int) -> None:
             member["maximum"] = maximum
 
 
+_NULL = {"type": "null"}
+_ANNOTATIONS = ("title", "description", "default")
+
+
+def _nullable_optionals(schema: dict[str, Any]) -> None:
+    """Say in the schema what the bodies do: `null` for an optional field means its
+    default (OpenAI's convention), so every optional property also accepts null."""
+    required = set(schema.get("required", []))
+    for name, prop in schema.get("properties", {}).items():
+        if name in required or prop.get("type") == "null":
+            continue
+        members = prop.get("anyOf")
+        if members is None:
+            kept = {k: v for k, v in prop.items() if k in _ANNOTATIONS}
+            inner = {k: v for k, v in prop.items() if k not in _ANNOTATIONS}
+            prop.clear()
+            prop.update(kept, anyOf=[inner, _NULL])
+        elif _NULL not in members:
+            members.append(_NULL)
+
+
 def _model_path() -> dict[str, Any]:
     operation = _get("one model, by its id (the served one)", auth=True)
     operation["get"]["parameters"] = [
@@ -118,6 +139,8 @@ def openapi_document(max_new_tokens: int) -> dict[str, Any]:
     for model, fields in _TOKEN_LIMITS.items():
         for name in fields:
             _bound(components[model]["properties"][name], max_new_tokens)
+    for component in components.values():
+        _nullable_optionals(component)
     components["Error"] = _ERROR
     return {
         "openapi": "3.1.0",

@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -112,21 +113,36 @@ class GenerationBody(Body):
 def _stops(value: str | list[str] | None) -> list[str]:
     if value is None:
         return []
-    stops = [value] if isinstance(value, str) else value
-    if len(stops) > MAX_STOP_STRINGS:
-        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
-    if any(not s for s in stops):
-        raise ValueError("stop strings must not be empty")
-    return stops
+    return [value] if isinstance(value, str) else value
 
 
+def integral(value: Any) -> Any:
+    """A JSON number with no fractional part (`5.0`) is the integer JSON Schema says it
+    is; anything else goes to strict validation as it came (`"5"`, `true`, `5.5` fail)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: An integer field: `5` or `5.0`, never `"5"` or `true`.
+Int = Annotated[int, BeforeValidator(integral)]
+
+_StopString = Annotated[str, Field(min_length=1)]
 # Fields both APIs share.
-#: Up to MAX_STOP_STRINGS non-empty strings; validated into a list.
-Stop = Annotated[str | list[str] | None, AfterValidator(_stops)]
-SEED = Field(default=None, ge=-(2**63), le=2**63 - 1, description="same seed, same output")
+#: Up to MAX_STOP_STRINGS non-empty strings (the bounds are in the schema, so that the
+#: OpenAPI document says them); validated into a list.
+Stop = Annotated[
+    _StopString | Annotated[list[_StopString], Field(max_length=MAX_STOP_STRINGS)] | None,
+    AfterValidator(_stops),
+]
+# The bounds come before the validator, so that the JSON schema says them.
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), BeforeValidator(integral)]
+SEED = Field(default=None, description="same seed, same output")
 TEMPERATURE_DOC = "0 is greedy; higher samples more freely"
 TOP_K_DOC = "keep the k most likely tokens; 0, or k at or above the vocabulary size: keep all"
 MAX_TOKENS_BOUND = 131072  # MAX_NEW_TOKENS' bound; the OpenAPI document states the server's
+#: A token limit (the OpenAPI document's maximum is the server's own).
+TokenLimit = Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND), BeforeValidator(integral)]
 
 
 def json_guidance(schema: dict[str, Any]) -> Guidance:

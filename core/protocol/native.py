@@ -8,18 +8,21 @@ from pydantic import Field, model_validator
 
 from core.generation import Completion, GenerationRequest, Guidance, SamplingOptions
 from core.protocol import (
-    MAX_TOKENS_BOUND,
     SEED,
     TEMPERATURE_DOC,
     TOP_K_DOC,
     GenerationBody,
+    Int,
     Reply,
+    Seed,
     Served,
     Stop,
+    TokenLimit,
     json_guidance,
 )
 
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar")
+DEFAULT_MAX_NEW_TOKENS = 128
 
 
 class GenerateBody(GenerationBody):
@@ -31,11 +34,14 @@ class GenerateBody(GenerationBody):
     """
 
     prompt: str = Field(min_length=1)
-    max_new_tokens: int = Field(default=128, ge=1, le=MAX_TOKENS_BOUND)
+    max_new_tokens: TokenLimit | None = Field(
+        default=None,
+        description=f"default {DEFAULT_MAX_NEW_TOKENS}, or the server's limit if lower",
+    )
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=100000, description=TOP_K_DOC)
-    seed: int | None = SEED
+    top_k: Int = Field(default=0, ge=0, le=100000, description=TOP_K_DOC)
+    seed: Seed | None = SEED
     stop: Stop = None
     guided_json: dict[str, Any] | None = Field(
         default=None, description="the output is JSON valid against this schema"
@@ -64,8 +70,11 @@ class GenerateBody(GenerationBody):
         return None
 
     def to_generation(self, served: Served) -> GenerationRequest:
+        limit = self.max_new_tokens
+        if limit is None:
+            limit = min(DEFAULT_MAX_NEW_TOKENS, served.max_new_tokens)
         options = SamplingOptions(
-            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+            max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p,
             top_k=self.top_k, seed=self.seed,
         )  # fmt: skip
         return GenerationRequest(

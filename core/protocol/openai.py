@@ -4,21 +4,24 @@ bodies and their answers (objects and stream chunks as OpenAI's API returns them
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field
 
-from core.errors import InvalidRequestError, ModelNotFoundError
+from core.errors import ModelNotFoundError
 from core.generation import Completion, GenerationRequest, Guidance, SamplingOptions
 from core.protocol import (
-    MAX_TOKENS_BOUND,
     SEED,
     TEMPERATURE_DOC,
     Body,
     GenerationBody,
+    Int,
     Reply,
+    Seed,
     Served,
     Stop,
+    TokenLimit,
+    integral,
     json_guidance,
 )
 
@@ -31,12 +34,12 @@ class StreamOptions(Body):
 
 class _OpenAIBody(GenerationBody):
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
+    max_tokens: TokenLimit | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = SEED
+    seed: Seed | None = SEED
     stop: Stop = None
-    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
+    n: Int = Field(default=1, ge=1, le=1, description="one choice per request")
     stream_options: StreamOptions | None = None
 
     def _limit(self) -> tuple[int | None, str]:
@@ -94,19 +97,19 @@ class _OpenAIReply(Reply):
 # -- /v1/completions ---------------------------------------------------------------------
 
 
+_Prompt = Annotated[str, Field(min_length=1)]
+
+
 class CompletionBody(_OpenAIBody):
     """POST /v1/completions."""
 
-    prompt: str | list[str]
-    logprobs: int | None = Field(default=None, ge=0, le=0, description="not supported")
+    prompt: _Prompt | Annotated[list[_Prompt], Field(min_length=1, max_length=1)] = Field(
+        description="one prompt (a list holds exactly one)"
+    )
+    logprobs: Annotated[int, Field(ge=0, le=0), BeforeValidator(integral)] | None = Field(
+        default=None, description="not supported"
+    )
     echo: Literal[False] = Field(default=False, description="not supported")
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and len(value) != 1:
-            raise ValueError("exactly one prompt is supported")
-        return value
 
     def text(self) -> str:
         """The single prompt."""
@@ -185,35 +188,48 @@ class JsonSchemaFormat(Body):
     strict: bool | None = None
 
 
-class ResponseFormat(Body):
-    """response_format: text, json_object or json_schema."""
+class TextFormat(Body):
+    """response_format `text`: no constraint."""
 
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
+    type: Literal["text"]
 
     def guidance(self) -> Guidance | None:
-        """The constrained decoding this format asks for (compact JSON, `json_guidance`).
+        """No constrained decoding."""
+        return None
 
-        Raises:
-            InvalidRequestError: json_schema without its schema.
-        """
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            schema: dict[str, Any] = {"type": "object"}
-        else:
-            if self.json_schema is None:
-                where = "response_format.json_schema"
-                raise InvalidRequestError(f"{where} is required for type json_schema", where)
-            schema = dict(self.json_schema.schema_)
-        return json_guidance(schema)
+
+class JsonObjectFormat(Body):
+    """response_format `json_object`: any JSON object."""
+
+    type: Literal["json_object"]
+
+    def guidance(self) -> Guidance | None:
+        """A JSON object (compact, `json_guidance`)."""
+        return json_guidance({"type": "object"})
+
+
+class JsonSchemaResponseFormat(Body):
+    """response_format `json_schema`: JSON valid against the given schema."""
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+    def guidance(self) -> Guidance | None:
+        """JSON valid against the schema (compact, `json_guidance`)."""
+        return json_guidance(dict(self.json_schema.schema_))
+
+
+#: response_format: text, json_object or json_schema (which needs its `json_schema`).
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")
+]
 
 
 class ChatBody(_OpenAIBody):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
+    max_completion_tokens: TokenLimit | None = None
     response_format: ResponseFormat | None = None
     logprobs: Literal[False] = Field(default=False, description="not supported")
     tools: list[dict[str, Any]] | None = Field(

@@ -405,12 +405,16 @@ def test_openapi_document(target: Target) -> None:
     assert doc["openapi"].startswith("3.")
     assert {"/generate", "/v1/completions", "/v1/chat/completions"} <= set(doc["paths"])
     schemas = doc["components"]["schemas"]
-    # It advertises only what the server accepts: its own token limit, n = 1, no echo.
-    assert schemas["GenerateBody"]["properties"]["max_new_tokens"]["maximum"] == 2000
-    chat_max = schemas["ChatBody"]["properties"]["max_completion_tokens"]["anyOf"]
-    assert {"type": "integer", "minimum": 1, "maximum": 2000} in chat_max
-    assert schemas["ChatBody"]["properties"]["n"]["maximum"] == 1
-    assert schemas["CompletionBody"]["properties"]["echo"]["const"] is False
+    # It advertises only what the server accepts: its own token limit, n = 1, no echo, at
+    # most 4 stop strings; and null for an optional field (its default).
+    limit = {"type": "integer", "minimum": 1, "maximum": 2000}
+    assert limit in schemas["GenerateBody"]["properties"]["max_new_tokens"]["anyOf"]
+    assert limit in schemas["ChatBody"]["properties"]["max_completion_tokens"]["anyOf"]
+    n = schemas["ChatBody"]["properties"]["n"]["anyOf"]
+    assert n == [{"type": "integer", "minimum": 1, "maximum": 1}, {"type": "null"}]
+    assert schemas["CompletionBody"]["properties"]["echo"]["anyOf"][0]["const"] is False
+    stop = schemas["CompletionBody"]["properties"]["stop"]["anyOf"]
+    assert {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4} in stop
     assert "/v1/models/{model}" in doc["paths"]
 
 

@@ -1,4 +1,11 @@
-"""Schemathesis against the edge daemon's own /openapi.json: no 5xx, documented error shape.
+"""Schemathesis against the edge daemon's own /openapi.json: no 5xx, documented error
+shape, and the document says what the server accepts: schema-valid bodies are accepted
+(ST202, `positive_data_acceptance`) and schema-invalid ones refused (ST201,
+`negative_data_rejection`).
+
+One exception, by nature: a `guided_regex` or `guided_grammar` string can be schema-valid
+and still not a valid regular expression or Lark grammar (a 400 `invalid guidance`; no
+JSON Schema says what a grammar is).
 
 schemathesis 4.32's pytest plugin fails on pytest 9 (`Function` has no `_nodeid`), so
 the operations' hypothesis strategies are driven directly here.
@@ -12,14 +19,23 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.checks import negative_data_rejection, positive_data_acceptance
 
 from tests.functional.harness import AUTH, edge_server
 
 pytestmark = pytest.mark.slow
 
 
+_GUIDES = ("guided_regex", "guided_grammar")
+
+
 def _check(case: Any) -> None:
     response = case.call(headers=AUTH)
+    body = case.body if isinstance(case.body, dict) else {}
+    if not any(body.get(name) is not None for name in _GUIDES):
+        checks = [positive_data_acceptance, negative_data_rejection]
+        case.validate_response(response, checks=checks, headers=AUTH)
     # 503 is documented (busy, loading, draining); anything else from 500 up is a bug.
     assert response.status_code < 500 or response.status_code == 503, (case, response.text)
     if response.status_code >= 400:
@@ -35,8 +51,15 @@ def test_no_server_errors_and_errors_keep_their_shape(tiny_model_dir: Path) -> N
         operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]  # an Err would raise here: the schema is ours
         assert len(operations) == 7
         for operation in operations:
-            check = settings(
-                max_examples=25, deadline=None, suppress_health_check=list(HealthCheck),
-                database=None,
-            )(given(case=operation.as_strategy())(_check))  # fmt: skip
-            check()
+            for mode in (
+                schemathesis.GenerationMode.POSITIVE,
+                schemathesis.GenerationMode.NEGATIVE,
+            ):
+                check = settings(
+                    max_examples=25, deadline=None, suppress_health_check=list(HealthCheck),
+                    database=None,
+                )(given(case=operation.as_strategy(generation_mode=mode))(_check))  # fmt: skip
+                try:
+                    check()
+                except Unsatisfiable:  # no invalid request exists (a GET without parameters)
+                    assert mode is schemathesis.GenerationMode.NEGATIVE, operation.label
