@@ -260,10 +260,16 @@ class Api:
                 "missing or invalid API key: send 'Authorization: Bearer KEY' or 'x-api-key'"
             )
 
-    def _service(self) -> Service:
+    def _service(self, request: Request) -> Service:
+        """The model's service for a new generation (none while draining)."""
         if self.draining:
             raise DrainingError("the server is shutting down; retry on another instance")
-        return self.state.require()
+        return self._loaded(request)
+
+    def _loaded(self, request: Request) -> Service:
+        """The model's service; a request that comes while it loads waits for the load
+        (up to QUEUE_TIMEOUT_S, as for a slot), as Ollama's requests do."""
+        return self.state.require(self.settings.queue_timeout_s, request.cancelled)
 
     # -- generation routes --------------------------------------------------------------
 
@@ -273,7 +279,7 @@ class Api:
 
         def route(request: Request, ctx: _Context) -> Response:
             body = parse(body_type, request.body)
-            service = self._service()
+            service = self._service(request)
             served = _served(service)
             stream = service.stream(body.to_generation(served), request.cancelled)
             reply = body.reply(ctx.request_id, served)
@@ -318,11 +324,11 @@ class Api:
     # -- other routes -----------------------------------------------------------------
 
     def _models(self, request: Request, ctx: _Context) -> Response:
-        served = _served(self.state.require())
+        served = _served(self._loaded(request))
         return json_response(200, {"object": "list", "data": [_model_card(served)]})
 
     def _model(self, request: Request, ctx: _Context) -> Response:
-        served = _served(self.state.require())
+        served = _served(self._loaded(request))
         name = request.path.removeprefix(_MODEL_PREFIX)
         if name != served.model:
             raise ModelNotFoundError(

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from core.errors import ModelUnavailableError, OrtServeError
+from core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
 from core.settings import EngineSettings
 
 if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module
@@ -16,11 +17,12 @@ if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with 
 log = logging.getLogger("ortserve")
 
 ModelStatus = Literal["loading", "ready", "failed"]
+_CANCEL_POLL_S = 0.05  # how often a waiting request whose client may leave looks
 
 
 class ModelState:
-    """Holds the service once the model is loaded; health endpoints read it, requests
-    wait on nothing.
+    """Holds the service once the model is loaded. Health endpoints read it at once;
+    requests that come while it loads wait for the load (bounded), as Ollama's do.
 
     Attributes:
         status: loading, ready or failed.
@@ -36,17 +38,29 @@ class ModelState:
         self._lock = threading.Lock()  # held through a load
         self._loader_lock = threading.Lock()  # never held long: requests call start_loading
         self._loader: threading.Thread | None = None
+        self._settled = threading.Condition()  # notified when a load ends, either way
+        self._loading = False  # a load is under way (or its thread about to start)
 
     def start_loading(self) -> threading.Thread:
         """Load in a background thread (once); health answers "loading" meanwhile."""
         with self._loader_lock:
             if self._loader is None:
+                self._loading = True
                 self._loader = threading.Thread(target=self.load, name="model-load", daemon=True)
                 self._loader.start()
             return self._loader
 
     def load(self) -> None:
         """Load the model (blocking). Sets ready or failed; never raises."""
+        self._loading = True
+        try:
+            self._load()
+        finally:
+            with self._settled:
+                self._loading = False
+                self._settled.notify_all()
+
+    def _load(self) -> None:
         with self._lock:
             if self.status == "ready":
                 return
@@ -76,6 +90,8 @@ class ModelState:
         """Mark the model failed without trying to load it (an adapter could not fetch it)."""
         with self._lock:
             self.service, self.status, self.reason = None, "failed", reason
+        with self._settled:
+            self._settled.notify_all()
         log.error("model unavailable: %s", reason)
 
     def describe(self) -> dict[str, Any]:
@@ -100,8 +116,26 @@ class ModelState:
         """The loaded model, when ready."""
         return self.service.engine if self.service is not None else None
 
-    def require(self) -> Service:
-        """The service, or a 503 error that says why there is none."""
+    def require(self, wait_s: float = 0.0, cancelled: threading.Event | None = None) -> Service:
+        """The service, or a 503 error that says why there is none.
+
+        While a load is under way, wait up to `wait_s` for it to end (a request that
+        reaches a cold instance is answered once the model is in, not refused); a set
+        `cancelled` (the client left) ends the wait.
+
+        Raises:
+            ModelUnavailableError: Not loaded (still loading after `wait_s`, or failed).
+            ClientClosedError: `cancelled` was set while waiting.
+        """
+        deadline = time.monotonic() + wait_s
+        with self._settled:
+            while self.service is None and self.status == "loading" and self._loading:
+                if cancelled is not None and cancelled.is_set():
+                    raise ClientClosedError("the client closed the request while the model loaded")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._settled.wait(left if cancelled is None else min(left, _CANCEL_POLL_S))
         service = self.service
         if service is None:
             error = ModelUnavailableError(

@@ -135,6 +135,45 @@ def test_start_loading_answers_at_once_while_a_load_runs(
     assert state.engine is not None and state.reason is None
 
 
+def test_requests_during_a_cold_load_wait_for_it(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that reaches a cold instance is answered once the model is in (as
+    Ollama's are), within QUEUE_TIMEOUT_S; past it, 503 with Retry-After; health answers
+    at once, and a client that leaves stops waiting."""
+    release = threading.Event()
+    real = Engine.load.__func__  # type: ignore[attr-defined]
+
+    def slow(cls: type[Engine], settings: ServerSettings) -> Engine:
+        release.wait(30)
+        return real(cls, settings)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Engine, "load", classmethod(slow))
+    settings = ServerSettings(model_dir=tiny_model_dir, providers="cpu", queue_timeout_s=0.3)
+    state = ModelState(settings)
+    client = InProcess(Api(state, settings))
+    loader = state.start_loading()
+    body = {"prompt": "x", "max_new_tokens": 2}
+    late = client.call("POST", "/generate", body)  # the load outlasts QUEUE_TIMEOUT_S
+    assert late.status == 503 and late.json()["error"]["code"] == "model_unavailable"
+    assert late.headers["retry-after"]
+    assert client.call("GET", "/readyz").json()["status"] == "loading"
+    gone = Request("POST", "/generate", body=json.dumps(body).encode())
+    gone.cancelled.set()
+    assert client.api.handle(gone).status == 499
+    settings.queue_timeout_s = 30.0
+    replies: list[int] = []
+    waiting = [threading.Thread(target=lambda: replies.append(
+        client.call("POST", "/generate", body).status)) for _ in range(3)]  # fmt: skip
+    for thread in waiting:
+        thread.start()
+    release.set()
+    for thread in waiting:
+        thread.join(60)
+    loader.join(60)
+    assert replies == [200, 200, 200]
+
+
 def test_a_prompt_over_the_servers_token_limit_is_a_400(tiny_model_dir: Path) -> None:
     client = InProcess(_api(tiny_model_dir, max_prompt_tokens=4))
     assert client.call("POST", "/generate", {"prompt": "Hi", "max_new_tokens": 2}).status == 200
