@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,14 +36,16 @@ from core.http import (
     SSE_DONE,
     Request,
     Response,
-    error_payload,
     error_response,
     json_response,
+    ndjson_line,
+    ndjson_response,
     sse_event,
     sse_response,
 )
-from core.protocol import GenerationBody, Reply, Served, parse
+from core.protocol import GenerationBody, Reply, Served, ollama, parse
 from core.protocol.native import GenerateBody
+from core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
 from core.protocol.openai import ChatBody, CompletionBody
 from core.records import RequestRecord
 from core.settings import ServerSettings
@@ -57,12 +58,14 @@ log = logging.getLogger("ortserve")
 
 ROUTES = frozenset(
     {"/", "/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",
-     "/readyz", "/openapi.json"}
+     "/readyz", "/openapi.json", "/api/generate", "/api/chat", "/api/tags", "/api/show",
+     "/api/version"}
 )  # fmt: skip
 # With API keys set, every other route needs one (/metrics too, unless METRICS_PUBLIC).
 # "/" is the chat playground: the page holds no data; its API calls carry the user's key.
 PUBLIC_ROUTES = frozenset({"/", "/healthz", "/readyz"})
 METRICS_ROUTE = "/metrics"  # the edge daemon's, when it passes a scrape
+_OLLAMA_PREFIX = "/api/"  # Ollama's routes answer errors in Ollama's shape
 _MODEL_PREFIX = "/v1/models/"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -110,6 +113,11 @@ class Api:
             "/healthz": {"GET": self._healthz},
             "/readyz": {"GET": self._readyz},
             "/openapi.json": {"GET": self._openapi},
+            "/api/generate": {"POST": self._generation(OllamaGenerateBody)},
+            "/api/chat": {"POST": self._generation(OllamaChatBody)},
+            "/api/tags": {"GET": self._ollama_tags},
+            "/api/show": {"POST": self._ollama_show},
+            "/api/version": {"GET": self._ollama_version},
         }
         assert set(self._routes) == ROUTES  # one list of routes, for adapters' metrics too
         self._scrape = metrics
@@ -126,13 +134,14 @@ class Api:
         with self._lock:
             self.in_flight += 1
         ctx = _Context(request_id)
+        ollama = request.path.startswith(_OLLAMA_PREFIX)
         try:
             response = self._dispatch(request, ctx)
         except OrtServeError as exc:
-            response = error_response(exc)
+            response = error_response(exc, ollama)
         except Exception:  # never a traceback in a body; the log has it
             log.exception("unhandled error in %s %s", request.method, request.path)
-            response = error_response(OrtServeError("internal error"))
+            response = error_response(OrtServeError("internal error"), ollama)
         response.headers.append(("x-request-id", request_id))
         response.headers.extend(self._cors(request))
         record = RequestRecord(request_id, request.method, request.path, response.status)
@@ -284,33 +293,35 @@ class Api:
             stream = service.stream(body.to_generation(served), request.cancelled)
             reply = body.reply(ctx.request_id, served)
             if body.stream:
-                return self._sse(stream, reply, ctx)
+                return self._stream(stream, reply, ctx)
             done = stream.collect()
             ctx.completion = done
             return json_response(200, reply.body(done))
 
         return route
 
-    def _sse(self, stream: GenerationStream, reply: Reply, ctx: _Context) -> Response:
-        """SSE of a generation; an error after the first byte is sent as a final event."""
+    def _stream(self, stream: GenerationStream, reply: Reply, ctx: _Context) -> Response:
+        """A generation's events, as SSE or NDJSON (the reply's framing); an error after
+        the first byte is sent as a final event."""
+        encode = sse_event if reply.framing == "sse" else ndjson_line
 
         def chunks() -> Iterator[bytes]:
             try:
                 for event in reply.first_events():
-                    yield sse_event(event)
+                    yield encode(event)
                 for delta in stream:
-                    yield sse_event(reply.delta(delta))
+                    yield encode(reply.delta(delta))
                 done = stream.completion
                 assert done is not None  # the stream ended
                 ctx.completion = done
                 for event in reply.final_events(done):
-                    yield sse_event(event)
+                    yield encode(event)
             except OrtServeError as exc:
-                yield sse_event(error_payload(exc))
+                yield encode(reply.error_event(exc))
                 return
             except Exception:
                 log.exception("error while streaming %s", ctx.request_id)
-                yield sse_event(error_payload(OrtServeError("internal error")))
+                yield encode(reply.error_event(OrtServeError("internal error")))
                 return
             finally:
                 stream.close()
@@ -319,7 +330,7 @@ class Api:
             if reply.done_marker:
                 yield SSE_DONE
 
-        return sse_response(chunks())
+        return sse_response(chunks()) if reply.framing == "sse" else ndjson_response(chunks())
 
     # -- other routes -----------------------------------------------------------------
 
@@ -335,6 +346,16 @@ class Api:
                 f"the model {name!r} does not exist; this server has {served.model!r}"
             )
         return json_response(200, _model_card(served))
+
+    def _ollama_tags(self, request: Request, ctx: _Context) -> Response:
+        return json_response(200, ollama.tags(_served(self._loaded(request))))
+
+    def _ollama_show(self, request: Request, ctx: _Context) -> Response:
+        body = parse(ollama.OllamaShowBody, request.body)
+        return json_response(200, ollama.show(body, _served(self._loaded(request))))
+
+    def _ollama_version(self, request: Request, ctx: _Context) -> Response:
+        return json_response(200, {"version": _version()})
 
     def _health(self) -> dict[str, Any]:
         state = self.state
@@ -399,8 +420,24 @@ def _playground_page() -> tuple[bytes, str]:
 
 def _served(service: Service) -> Served:
     engine = service.engine
-    created = int(datetime.fromisoformat(engine.manifest.created_at).timestamp())
-    return Served(engine.model_name, engine.digest, created, service.settings.max_new_tokens)
+    manifest = engine.manifest
+    return Served(
+        engine.model_name, engine.digest, manifest.created_at, service.settings.max_new_tokens,
+        chat_template=engine.text.template, precision=manifest.precision,
+        size=sum(f.size for f in manifest.files),
+    )  # fmt: skip
+
+
+@functools.cache
+def _version() -> str:
+    """ortserve's version (`0.0.0` when it runs from a source tree that is not installed,
+    as in the Lambda and GCF bundles)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ortserve")
+    except PackageNotFoundError:
+        return "0.0.0"
 
 
 def _model_card(served: Served) -> dict[str, Any]:

@@ -346,7 +346,8 @@ class Engine:
             if guidance is not None:
                 raise InvalidRequestError(f"invalid guidance: {_first_line(exc)}") from exc
             raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
-        return Tokens(lambda tokens: self._tokens(generator, input_ids, tokens, sequence))
+        guided = guidance is not None
+        return Tokens(lambda tokens: self._tokens(generator, input_ids, tokens, sequence, guided))
 
     def stream_tokens(self, input_ids: list[int], options: SamplingOptions) -> Tokens:
         """New token ids until EOS or `options.max_new_tokens` (capped by the context),
@@ -359,9 +360,19 @@ class Engine:
         return self.decode(input_ids, max_new, options)
 
     def _tokens(
-        self, generator: Any, input_ids: list[int], tokens: Tokens, sequence: Sequence | None
+        self,
+        generator: Any,
+        input_ids: list[int],
+        tokens: Tokens,
+        sequence: Sequence | None,
+        guided: bool = False,
     ) -> Generator[int, None, None]:
-        """Yield new tokens; set `tokens.eos` when the model (or grammar) ended."""
+        """Yield new tokens; set `tokens.eos` when the model (or grammar) ended.
+
+        A guided generation that og cannot continue failed on its guidance (a grammar
+        that needs bytes this model's tokens cannot give, e.g. a regex of some non-ASCII
+        characters on a byte-level vocabulary): that is the request's error, not ours.
+        """
         try:
             generator.append_tokens(input_ids)
             count = generator.token_count()
@@ -381,6 +392,10 @@ class Engine:
                     yield token
                     sequence.paused_at = None
         except RuntimeError as exc:
+            if guided:
+                raise InvalidRequestError(
+                    f"the guidance cannot be followed with this model's tokens: {_first_line(exc)}"
+                ) from exc
             raise GenerationError(f"generation failed: {_first_line(exc)}") from exc
 
     def run_batch(self, batch: list[Sequence]) -> None:

@@ -71,10 +71,11 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class Timings:
-    """Time to the first token (from the start of decoding, after any queue) and the
-    decode speed after it, in tokens/s."""
+    """Time to the first token (from the start of decoding, after any queue), the time
+    after it until the end, and the decode speed after it, in tokens/s."""
 
     ttft_s: float = 0.0
+    decode_s: float = 0.0
     decode_tokens_per_s: float = 0.0
 
 

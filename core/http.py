@@ -155,8 +155,9 @@ def error_payload(exc: OrtServeError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}}
 
 
-def error_response(exc: OrtServeError) -> Response:
-    """The HTTP response for an ortserve error (the one place errors become HTTP)."""
+def error_response(exc: OrtServeError, ollama: bool = False) -> Response:
+    """The HTTP response for an ortserve error (the one place errors become HTTP); the
+    body is OpenAI's shape, or Ollama's `{"error": message}` on Ollama's routes."""
     headers: list[tuple[str, str]] = []
     if isinstance(exc, BusyError):
         headers.append(("retry-after", str(int(exc.retry_after_s))))
@@ -166,7 +167,22 @@ def error_response(exc: OrtServeError) -> Response:
         headers.append(("retry-after", "5"))
     if isinstance(exc, MethodNotAllowedError):
         headers.append(("allow", ", ".join(exc.allowed)))
-    return json_response(exc.status, error_payload(exc), headers)
+    payload = {"error": exc.message} if ollama else error_payload(exc)
+    return json_response(exc.status, payload, headers)
+
+
+NDJSON = "application/x-ndjson"
+
+
+def ndjson_line(payload: Any) -> bytes:
+    """One line of newline-delimited JSON (Ollama's streams)."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def ndjson_response(chunks: Iterator[bytes]) -> Response:
+    """A streamed newline-delimited JSON response."""
+    return Response(200, [("content-type", NDJSON), ("cache-control", "no-cache"),
+                          ("x-accel-buffering", "no")], chunks)  # fmt: skip
 
 
 def sse_event(payload: Any) -> bytes:

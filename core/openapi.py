@@ -8,6 +8,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from core.protocol.native import GenerateBody
+from core.protocol.ollama import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
 from core.protocol.openai import ChatBody, CompletionBody
 
 _REF = "#/components/schemas/{model}"
@@ -27,15 +28,24 @@ _ERROR = {
         }
     },
 }
+_OLLAMA_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "string"}},
+}
 _JSON_OBJECT = {"type": "object"}
 
 
-def _responses(ok: str) -> dict[str, Any]:
-    error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+def _responses(ok: str, ollama: bool = False) -> dict[str, Any]:
+    """Responses of a POST route: OpenAI's error shape and SSE streams, or Ollama's."""
+    name, stream = (
+        ("OllamaError", "application/x-ndjson") if ollama else ("Error", "text/event-stream")
+    )
+    error = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
     return {
         "200": {
             "description": ok,
-            "content": {"application/json": {"schema": _JSON_OBJECT}, "text/event-stream": {}},
+            "content": {"application/json": {"schema": _JSON_OBJECT}, stream: {}},
         },
         **{
             code: {"description": text, **error}
@@ -52,7 +62,7 @@ def _responses(ok: str) -> dict[str, Any]:
     }
 
 
-def _post(body: str, summary: str) -> dict[str, Any]:
+def _post(body: str, summary: str, ollama: bool = False) -> dict[str, Any]:
     return {
         "post": {
             "summary": summary,
@@ -62,7 +72,7 @@ def _post(body: str, summary: str) -> dict[str, Any]:
                     "application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}
                 },
             },
-            "responses": _responses(summary),
+            "responses": _responses(summary, ollama),
             "security": [{"bearer": []}, {"apiKey": []}, {}],
         }
     }
@@ -87,6 +97,7 @@ _TOKEN_LIMITS = {
     "GenerateBody": ("max_new_tokens",),
     "CompletionBody": ("max_tokens",),
     "ChatBody": ("max_tokens", "max_completion_tokens"),
+    "OllamaOptions": ("num_predict",),
 }
 
 
@@ -132,7 +143,17 @@ def openapi_document(max_new_tokens: int) -> dict[str, Any]:
     """The OpenAPI 3.1 document for every route, with this server's token limit (built
     once per limit)."""
     _, schemas = models_json_schema(
-        [(m, "validation") for m in (GenerateBody, CompletionBody, ChatBody)],
+        [
+            (m, "validation")
+            for m in (
+                GenerateBody,
+                CompletionBody,
+                ChatBody,
+                OllamaGenerateBody,
+                OllamaChatBody,
+                OllamaShowBody,
+            )
+        ],
         ref_template=_REF,
     )
     components = dict(schemas.get("$defs", {}))
@@ -142,6 +163,7 @@ def openapi_document(max_new_tokens: int) -> dict[str, Any]:
     for component in components.values():
         _nullable_optionals(component)
     components["Error"] = _ERROR
+    components["OllamaError"] = _OLLAMA_ERROR
     return {
         "openapi": "3.1.0",
         "info": {"title": "ortserve", "version": "1"},
@@ -153,6 +175,13 @@ def openapi_document(max_new_tokens: int) -> dict[str, Any]:
             "/v1/models/{model}": _model_path(),
             "/healthz": _get("process alive", auth=False),
             "/readyz": _get("model loaded and ready", auth=False),
+            "/api/generate": _post(
+                "OllamaGenerateBody", "Ollama-compatible generate (NDJSON)", True
+            ),
+            "/api/chat": _post("OllamaChatBody", "Ollama-compatible chat (NDJSON)", True),
+            "/api/tags": _get("the served model, as Ollama lists models", auth=True),
+            "/api/show": _post("OllamaShowBody", "the served model's details (Ollama)", True),
+            "/api/version": _get("the server's version (Ollama)", auth=True),
         },
         "components": {
             "schemas": components,

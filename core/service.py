@@ -339,6 +339,6 @@ class Service:
                     finish_reason=finish,
                     prompt_tokens=prompt_tokens,
                     completion_tokens=count,
-                    timings=Timings(ttft_s=first, decode_tokens_per_s=speed),
+                    timings=Timings(ttft_s=first, decode_s=decode_s, decode_tokens_per_s=speed),
                 )
             )

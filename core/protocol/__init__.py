@@ -6,6 +6,7 @@ events of a stream. `core.api` routes to them; `core.service` runs what they ask
 
 - `native`: POST /generate.
 - `openai`: POST /v1/completions and /v1/chat/completions.
+- `ollama`: POST /api/generate and /api/chat, and the model routes of Ollama's API.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from datetime import datetime
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -25,8 +27,9 @@ from pydantic import (
     model_validator,
 )
 
-from core.errors import InvalidRequestError
+from core.errors import InvalidRequestError, OrtServeError
 from core.generation import Completion, GenerationRequest, Guidance
+from core.http import error_payload
 from core.stops import MAX_STOP_STRINGS
 
 
@@ -37,21 +40,38 @@ class Served:
     Attributes:
         model: The served model's name.
         digest: Its manifest's sha256 (the system fingerprint).
-        created: When it was baked (Unix seconds).
+        created_at: When it was baked (ISO 8601).
         max_new_tokens: The server's token limit per request (MAX_NEW_TOKENS).
+        chat_template: The model's chat template (None: it has none).
+        precision: Its weights' precision (int4, ...).
+        size: The baked folder's size in bytes.
     """
 
     model: str
     digest: str
-    created: int
+    created_at: str
     max_new_tokens: int
+    chat_template: str | None = None
+    precision: str = ""
+    size: int = 0
+
+    @property
+    def created(self) -> int:
+        """When it was baked, in Unix seconds."""
+        return int(datetime.fromisoformat(self.created_at).timestamp())
 
 
 class Reply(ABC):
     """How a route answers one generation: a JSON body, or the events of a stream."""
 
+    #: How a stream is framed: server-sent events, or one JSON object per line.
+    framing: Literal["sse", "ndjson"] = "sse"
     #: A stream ends with `data: [DONE]` (OpenAI's routes).
     done_marker = True
+
+    def error_event(self, exc: OrtServeError) -> dict[str, Any]:
+        """The event that ends a stream an error cut (after its first byte)."""
+        return error_payload(exc)
 
     def first_events(self) -> list[dict[str, Any]]:
         """Events sent before the first text."""

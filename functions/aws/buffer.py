@@ -1,6 +1,6 @@
 """A core response as one buffered Lambda result, within Lambda's 6 MB response limit.
 
-A streamed (SSE) response is collected whole. When the next event would push the result
+A streamed (SSE or NDJSON) response is collected whole. When the next event would push the result
 past the limit, the generation is stopped and the body ends with an SSE error event, as
 any error after the first byte does on every target; the client keeps what was
 generated. A whole (non-streamed) body that is too large becomes a 413 error instead.
@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from core.errors import OrtServeError
-from core.http import Response, error_payload, error_response, sse_event
+from core.http import NDJSON, Response, error_payload, error_response, ndjson_line, sse_event
 from functions.aws.errors import ResponseTooLargeError
 from functions.aws.events import Version, encoded_size, http_result
 
@@ -49,14 +49,14 @@ def _too_large(version: Version, response: Response, size: int, limit: int) -> d
 
 def _collect(response: Response, version: Version, limit: int) -> dict[str, Any]:
     assert not isinstance(response.body, bytes)
-    tail = sse_event(
-        error_payload(
-            ResponseTooLargeError(
-                f"the stream was cut at the {limit} bytes a buffered Lambda response may carry: "
-                f"{_ADVICE}"
-            )
-        )
+    cut_error = ResponseTooLargeError(
+        f"the stream was cut at the {limit} bytes a buffered Lambda response may carry: {_ADVICE}"
     )
+    # The stream's own framing: SSE (OpenAI, /generate), or Ollama's NDJSON lines.
+    if (response.header("content-type") or "").startswith(NDJSON):
+        tail = ndjson_line({"error": cut_error.message})
+    else:
+        tail = sse_event(error_payload(cut_error))
     empty = http_result(version, response.status, response.headers, b"")
     budget = limit - encoded_size(empty) - _escaped_len(tail)
     chunks: list[bytes] = []
