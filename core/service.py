@@ -26,6 +26,7 @@ from core.generation import (
     FinishReason,
     GenerationRequest,
     GenerationStream,
+    SamplingOptions,
     Timings,
     Tokens,
 )
@@ -94,6 +95,21 @@ class Service:
         from core.engine import Engine
 
         return cls(Engine.load(settings), settings)
+
+    def warm_up(self) -> float:
+        """Run one short greedy generation (a few prompt tokens, 4 new) straight through
+        the engine, so that a user's first request does not pay the first inference's
+        one-time costs; return its seconds. Call it before serving (it takes no slot)."""
+        start = time.perf_counter()
+        engine = self.engine
+        ids = engine.encode("Hello, world") or [engine.pad_id]
+        tokens = engine.decode(ids, 4, SamplingOptions(max_new_tokens=4))
+        try:
+            for _ in tokens:
+                pass
+        finally:
+            tokens.close()
+        return time.perf_counter() - start
 
     def stats(self) -> Stats:
         """What the service is doing now and has done since the load."""

@@ -29,6 +29,8 @@ class EngineSettings(BaseSettings):
             batching): greedy ones and sampled ones without a seed and with the same
             sampling options. A seeded or guided request runs alone and counts as a batch.
         request_timeout_s: A generation running longer is stopped with a timeout error.
+        warmup: Run one short generation after the load, before the model is ready (the
+            first inference pays one-time costs; a user's first request should not).
         batch_window_ms: How long a batch waits for companions after its first request
             (a lone request starts this much later).
         chat_plain_control_tokens: Control-token strings in chat messages (such as
@@ -52,6 +54,7 @@ class EngineSettings(BaseSettings):
     max_batch: int = Field(default=4, ge=1, le=64)
     batch_window_ms: float = Field(default=5.0, ge=0, le=1000)
     request_timeout_s: float = Field(default=300.0, gt=0, le=86400)
+    warmup: bool = True
     chat_plain_control_tokens: bool = False
 
     def provider_order(self) -> list[str]:

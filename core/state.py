@@ -40,6 +40,7 @@ class ModelState:
         self._loader: threading.Thread | None = None
         self._settled = threading.Condition()  # notified when a load ends, either way
         self._loading = False  # a load is under way (or its thread about to start)
+        self.warmup_s: float | None = None  # the warm-up generation's time, once run
 
     def start_loading(self) -> threading.Thread:
         """Load in a background thread (once); health answers "loading" meanwhile."""
@@ -68,6 +69,8 @@ class ModelState:
                 from core.service import Service
 
                 service = Service.load(self.settings)
+                if self.settings.warmup:
+                    self.warmup_s = service.warm_up()
             except OrtServeError as exc:
                 self.status, self.reason = "failed", exc.message
                 log.error("model load failed: %s", exc.message)
@@ -80,9 +83,10 @@ class ModelState:
             engine = service.engine
             probe = engine.probe
             skipped = ", ".join(f"{name} ({why})" for name, why in probe.skipped.items())
+            warm = f", warm-up {self.warmup_s:.2f} s" if self.warmup_s is not None else ""
             log.info(
-                "model %s ready on %s in %.2f s, %d threads; other providers skipped: %s",
-                engine.model_name, probe.provider, probe.load_seconds, probe.threads,
+                "model %s ready on %s in %.2f s%s, %d threads; other providers skipped: %s",
+                engine.model_name, probe.provider, probe.load_seconds, warm, probe.threads,
                 skipped or "none",
             )  # fmt: skip
 
@@ -108,6 +112,7 @@ class ModelState:
             "skipped_providers": probe.skipped,
             "threads": probe.threads,
             "load_seconds": round(probe.load_seconds, 3),
+            "warmup_seconds": None if self.warmup_s is None else round(self.warmup_s, 3),
             "quality": quality.model_dump() if (quality := engine.manifest.quality) else None,
         }
 

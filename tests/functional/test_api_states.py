@@ -174,6 +174,16 @@ def test_requests_during_a_cold_load_wait_for_it(
     assert replies == [200, 200, 200]
 
 
+def test_the_model_warms_up_before_it_is_ready(tiny_model_dir: Path) -> None:
+    """One short generation runs between the load and "ready" (ORTSERVE_WARMUP, on by
+    default); /readyz says how long it took; it takes no slot and counts no batch."""
+    warm = InProcess(_api(tiny_model_dir)).call("GET", "/readyz").json()
+    assert warm["status"] == "ready" and warm["warmup_seconds"] > 0
+    assert (warm["active"], warm["waiting"]) == (0, 0)
+    cold = InProcess(_api(tiny_model_dir, warmup=False)).call("GET", "/readyz").json()
+    assert cold["status"] == "ready" and cold["warmup_seconds"] is None
+
+
 def test_a_prompt_over_the_servers_token_limit_is_a_400(tiny_model_dir: Path) -> None:
     client = InProcess(_api(tiny_model_dir, max_prompt_tokens=4))
     assert client.call("POST", "/generate", {"prompt": "Hi", "max_new_tokens": 2}).status == 200
