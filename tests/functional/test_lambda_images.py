@@ -139,6 +139,7 @@ def test_the_streaming_image_wires_the_web_adapter() -> None:
     assert env["AWS_LWA_INVOKE_MODE"] == "response_stream"
     assert env["AWS_LWA_READINESS_CHECK_PATH"] == "/readyz"
     assert env["AWS_LWA_PORT"] == env["ORTSERVE_PORT"]
+    assert env["AWS_LWA_ASYNC_INIT"] == "true"  # a load past the 10 s init is not redone
     (entry,) = [ins.words() for ins in final if ins.keyword == "ENTRYPOINT"]
     assert entry == ["python3", "-m", "functions.aws.serve"]
 

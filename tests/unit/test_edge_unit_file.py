@@ -76,3 +76,12 @@ def test_the_example_env_file_names_only_real_settings() -> None:
     # Every example value is valid as written.
     values = {k.removeprefix("ORTSERVE_").lower(): v for k, v in pairs}
     ServerSettings.model_validate(values)
+
+
+def test_it_orders_after_the_network_stack_not_an_online_network() -> None:
+    """A 127.0.0.1 listener must not delay boot on an offline board."""
+    text = UNIT.read_text(encoding="utf-8")
+    assert "After=network.target" in text.splitlines()
+    assert "network-online.target" not in "\n".join(
+        line for line in text.splitlines() if not line.startswith("#")
+    )
