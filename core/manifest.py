@@ -75,6 +75,8 @@ class Manifest(BaseModel):
         random_weights: True when the weights are random (test and benchmark models).
         inferred: What the bake had to infer (e.g. genai_config fields), one line each.
         quality: The bake's quality gate (None: baked before the gate existed).
+        arch: The CPU architecture the target runs on (`x86_64`, `aarch64`; None: baked
+            before the manifest said).
     """
 
     schema_version: Literal[1] = 1
@@ -85,6 +87,7 @@ class Manifest(BaseModel):
     revision: str | None = None
     precision: str
     target: str
+    arch: str | None = None
     execution_provider: str
     builder_options: dict[str, str] = Field(default_factory=dict)
     onnxruntime_genai_version: str
@@ -93,6 +96,22 @@ class Manifest(BaseModel):
     inferred: list[str] = Field(default_factory=list)
     quality: QualityCheck | None = None
     files: list[ManifestFile]
+
+
+_MACHINES = {"arm64": "aarch64", "amd64": "x86_64"}  # platform.machine()'s other names
+
+
+def arch_mismatch(manifest: Manifest, machine: str) -> str | None:
+    """Why a model baked for another CPU architecture than `machine` (platform.machine())
+    will not run well here, or None when it matches (or the manifest does not say)."""
+    here = _MACHINES.get(machine.lower(), machine.lower())
+    if manifest.arch is None or manifest.arch == here:
+        return None
+    return (
+        f"the model was baked for target {manifest.target} ({manifest.arch}) but this "
+        f"machine is {here}: bake for the right target (onnxruntime-genai's wheels and the "
+        "image's architecture must match)"
+    )
 
 
 def sha256_file(path: Path) -> str:

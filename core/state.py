@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
+from core.manifest import arch_mismatch
 from core.settings import EngineSettings
 
 if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module
@@ -83,6 +85,9 @@ class ModelState:
             engine = service.engine
             probe = engine.probe
             skipped = ", ".join(f"{name} ({why})" for name, why in probe.skipped.items())
+            mismatch = arch_mismatch(engine.manifest, platform.machine())
+            if mismatch is not None:
+                log.warning("%s", mismatch)
             warm = f", warm-up {self.warmup_s:.2f} s" if self.warmup_s is not None else ""
             log.info(
                 "model %s ready on %s in %.2f s%s, %d threads; other providers skipped: %s",
@@ -114,6 +119,7 @@ class ModelState:
             "load_seconds": round(probe.load_seconds, 3),
             "warmup_seconds": None if self.warmup_s is None else round(self.warmup_s, 3),
             "quality": quality.model_dump() if (quality := engine.manifest.quality) else None,
+            "architecture_warning": arch_mismatch(engine.manifest, platform.machine()),
         }
 
     @property

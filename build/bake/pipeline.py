@@ -426,6 +426,7 @@ def _manifest(
         revision=source.revision,
         precision=precision,
         target=target.name,
+        arch=target.arch,
         execution_provider=target.runtime_ep,
         builder_options=options,
         onnxruntime_genai_version=og_version,

@@ -23,7 +23,7 @@ def test_baked_folder_is_self_contained_with_a_complete_manifest(tiny_model_dir:
     assert manifest.random_weights is True
     assert "random-weights" in manifest.model_name
     assert manifest.precision == "int4"
-    assert manifest.target == "edge-x86_64"
+    assert (manifest.target, manifest.arch) == ("edge-x86_64", "x86_64")
     assert manifest.execution_provider == "cpu"
     assert manifest.builder_options == {
         "block_size": "32",

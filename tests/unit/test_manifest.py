@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from core.errors import ModelIntegrityError
-from core.manifest import Manifest, list_files, manifest_digest, verify_folder, write_manifest
+from core.manifest import (
+    Manifest,
+    arch_mismatch,
+    list_files,
+    manifest_digest,
+    read_manifest,
+    verify_folder,
+    write_manifest,
+)
 
 
 @pytest.fixture
@@ -96,3 +104,12 @@ def test_an_entry_outside_the_folder_is_refused_unread(folder: Path, tmp_path: P
     with pytest.raises(ModelIntegrityError, match="outside") as caught:
         verify_folder(folder)
     assert "1234" not in caught.value.message
+
+
+def test_a_model_baked_for_another_architecture_is_named(folder: Path) -> None:
+    manifest = read_manifest(folder)
+    assert arch_mismatch(manifest, "x86_64") is None  # baked before the manifest said
+    arm = manifest.model_copy(update={"target": "lambda-arm64", "arch": "aarch64"})
+    assert arch_mismatch(arm, "aarch64") is None and arch_mismatch(arm, "arm64") is None
+    warning = arch_mismatch(arm, "x86_64")
+    assert warning is not None and "lambda-arm64 (aarch64)" in warning and "x86_64" in warning
