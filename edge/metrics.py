@@ -12,6 +12,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from core.api import ROUTES
+from core.cpu import usable_cpus
 from core.records import RequestRecord
 from core.service import Stats
 from core.state import ModelState
@@ -132,7 +133,13 @@ class Metrics:
             ["route"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         r.register(_ServiceCollector(state))
+        # The process's CPU seconds and memory (process_cpu_seconds_total, ...), beside the
+        # CPUs it may use: the alert rules' CPU saturation (edge/monitoring/).
+        prometheus_client.ProcessCollector(registry=r)
+        cpus = float(usable_cpus())
         gauges: list[tuple[str, str, Callable[[], float]]] = [
+            ("ortserve_usable_cpus", "CPUs this process may run on (its affinity).",
+             lambda: cpus),
             ("ortserve_model_ready", "1 when the model is loaded and serving, else 0.",
              lambda: 1.0 if state.status == "ready" else 0.0),
         ]  # fmt: skip
