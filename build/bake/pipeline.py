@@ -117,8 +117,16 @@ def _last_error_line(log: str) -> str:
 
 
 def _run_builder(
-    src: Path, out: Path, cache: Path, precision: str, target: Target, options: dict[str, str]
+    src: Path,
+    out: Path,
+    cache: Path,
+    precision: str,
+    target: Target,
+    options: dict[str, str],
+    failed_log: Path,
 ) -> None:
+    """Run the builder; when it fails, its whole log is kept at `failed_log` (outside the
+    bake's temporary folder, which goes) and the error says where."""
     cmd = [
         sys.executable, "-m", "onnxruntime_genai.models.builder",
         "-i", str(src), "-o", str(out), "-p", precision, "-e", target.builder_ep,
@@ -134,12 +142,16 @@ def _run_builder(
     proc = run_step(cmd, "the model builder", env=env)
     say(f"the model builder finished in {time.monotonic() - started:.0f} s")
     log = proc.stdout + proc.stderr
-    # The builder removes its cache folder when done: keep the log beside it.
-    (cache.parent / "builder.log").write_text(log, encoding="utf-8")
     if proc.returncode != 0:
         if "No space left on device" in log:
             raise OSError(errno.ENOSPC, "No space left on device", str(out))
-        raise BakeError(f"the model builder failed: {_last_error_line(log)}")
+        kept = ""
+        try:
+            failed_log.write_text(log, encoding="utf-8")
+            kept = f" (the builder's whole log: {failed_log})"
+        except OSError:
+            pass  # the error line still says what failed
+        raise BakeError(f"the model builder failed: {_last_error_line(log)}{kept}")
 
 
 @dataclass(frozen=True)
@@ -323,8 +335,10 @@ def _convert(
     target: Target,
     precision: str,
     options: dict[str, str],
+    failed_log: Path,
 ) -> tuple[str, dict[str, str], str, list[str]]:
-    """Build (checkpoint) or copy/quantize (ONNX) the model into `staging`.
+    """Build (checkpoint) or copy/quantize (ONNX) the model into `staging` (a failed
+    builder's log is kept at `failed_log`).
 
     Returns:
         The precision, options and tool for the manifest, and what was inferred.
@@ -337,7 +351,7 @@ def _convert(
             )
         _check_checkpoint(source.folder, target, options)
         folder, options = builder_input(source.folder, cache.parent / "builder-input", options)
-        _run_builder(folder, staging, cache, precision, target, options)
+        _run_builder(folder, staging, cache, precision, target, options, failed_log)
         return precision, options, "onnxruntime_genai.models.builder {og}", []
     inferred, plan = _copy_onnx(source, staging, request, target)
     if plan.bits is None:
@@ -371,8 +385,10 @@ def bake(request: BakeRequest) -> BakeResult:
         choice = OnnxChoice(request.onnx_file, target.runtime_ep)
         source = resolve(request.source, work / "src", request.revision, request.cache_dir, choice)
         say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
+        # Beside the output, not in `work`: a failed bake's builder log outlives it.
+        failed_log = out.with_name(f"{out.name}.builder.log")
         precision, options, builder, inferred = _convert(
-            source, staging, work / "cache", request, target, precision, options
+            source, staging, work / "cache", request, target, precision, options, failed_log
         )
         record_text(source.folder, staging)
         set_session_options(staging / "genai_config.json", target.intra_op_num_threads)

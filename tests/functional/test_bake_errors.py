@@ -67,6 +67,10 @@ def test_unsupported_architecture(tiny_hf_dir: Path, tmp_path: Path) -> None:
     message = bake_fails("--model", str(src), "--target", "gcf", out=tmp_path / "m")
     assert "the model builder failed" in message
     assert "not currently supported" in message
+    # The builder's whole log outlives the failed bake, and the error says where.
+    log = tmp_path / "m.builder.log"
+    assert f"the builder's whole log: {log}" in message
+    assert "Traceback" in log.read_text(encoding="utf-8")  # all of it, not the last line
 
 
 def test_fp16_on_a_cpu_target(tmp_path: Path) -> None:
