@@ -290,7 +290,8 @@ class Api:
             body = parse(body_type, request.body)
             service = self._service(request)
             served = _served(service)
-            stream = service.stream(body.to_generation(served), request.cancelled)
+            generation = body.to_generation(served)
+            stream = service.stream(generation, request.cancelled, request.deadline)
             reply = body.reply(ctx.request_id, served)
             if body.stream:
                 return self._stream(stream, reply, ctx)

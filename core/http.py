@@ -81,6 +81,10 @@ class Request:
         cancelled: Set by the adapter when the client has gone away while the answer is
             computed: a buffered generation stops at its next token and a request waiting
             for a slot leaves the queue at once (its record says 499; nothing is sent).
+        deadline: When the platform cuts the answer off (`time.monotonic()` seconds; e.g.
+            a Lambda invoke's remaining time less a margin): a generation still running
+            then ends with a timeout error the client can read, before the platform kills
+            it without one. None: only ORTSERVE_REQUEST_TIMEOUT_S applies.
     """
 
     method: str
@@ -88,6 +92,7 @@ class Request:
     headers: Headers = field(default_factory=Headers)
     body: bytes = b""
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    deadline: float | None = field(default=None, compare=False)
 
 
 @dataclass

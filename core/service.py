@@ -199,13 +199,18 @@ class Service:
     # -- generation ----------------------------------------------------------------------
 
     def stream(
-        self, request: GenerationRequest, cancelled: threading.Event | None = None
+        self,
+        request: GenerationRequest,
+        cancelled: threading.Event | None = None,
+        deadline: float | None = None,
     ) -> GenerationStream:
         """Start a generation under admission control; iterate it for text deltas.
 
         Validation and admission happen here, before the first delta, so that callers
         can still answer with an error status. A set `cancelled` (the client left) ends
-        the wait for a slot at once, and the generation at its next text.
+        the wait for a slot at once, and the generation at its next text. The generation
+        ends with a timeout error at REQUEST_TIMEOUT_S from its start, or at `deadline`
+        (`time.monotonic()`, the platform's own limit), whichever comes first.
 
         Raises:
             InvalidRequestError: Bad parameters, a prompt that does not fit, bad guidance.
@@ -241,7 +246,7 @@ class Service:
             release()
             raise
         result: list[Completion] = []
-        deltas = self._deltas(tokens, len(input_ids), request, cancelled, result, release)
+        deltas = self._deltas(tokens, len(input_ids), request, cancelled, deadline, result, release)
 
         def close_unstarted() -> None:
             tokens.close()  # the og Generator, or the batch place, goes
@@ -287,7 +292,7 @@ class Service:
         finally:
             sequence.leave()
 
-    def _check(self, cancelled: threading.Event | None, deadline: float) -> None:
+    def _check(self, cancelled: threading.Event | None, deadline: float, by_platform: bool) -> None:
         """End a generation whose client left, whose time is up, or whose server stops."""
         if cancelled is not None and cancelled.is_set():
             raise ClientClosedError("the client closed the request during generation")
@@ -296,6 +301,11 @@ class Service:
                 "the server shut down before this generation ended; retry on another instance"
             )
         if time.monotonic() > deadline:
+            if by_platform:
+                raise RequestTimeoutError(
+                    "the generation ran up to the platform's time limit for this request "
+                    "(ask for fewer tokens, or raise the function's timeout)"
+                )
             raise RequestTimeoutError(
                 f"the generation ran past the {self.settings.request_timeout_s:g} s request timeout"
             )
@@ -306,6 +316,7 @@ class Service:
         prompt_tokens: int,
         request: GenerationRequest,
         cancelled: threading.Event | None,
+        platform_deadline: float | None,
         result: list[Completion],
         release: Callable[[], None],
     ) -> Generator[str, None, None]:
@@ -313,6 +324,9 @@ class Service:
         reason, usage and timings) goes to `result` however the generation ends."""
         start = time.perf_counter()
         deadline = time.monotonic() + self.settings.request_timeout_s
+        by_platform = platform_deadline is not None and platform_deadline < deadline
+        if platform_deadline is not None:
+            deadline = min(deadline, platform_deadline)
         first = 0.0
         count = 0
         finish: FinishReason = "cancelled"
@@ -329,7 +343,7 @@ class Service:
 
         ids = counted()
         try:
-            self._check(cancelled, deadline)
+            self._check(cancelled, deadline, by_platform)
             for piece in self.engine.detokenize(ids):
                 text = stops.feed(piece)
                 if text:
@@ -337,7 +351,7 @@ class Service:
                     yield text
                 if stops.stopped:
                     break
-                self._check(cancelled, deadline)
+                self._check(cancelled, deadline, by_platform)
             tail = stops.flush()
             if tail:
                 pieces.append(tail)

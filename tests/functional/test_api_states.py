@@ -82,6 +82,23 @@ def test_an_error_after_the_first_byte_is_a_final_sse_event(tiny_model_dir: Path
     assert buffered.status == 504
 
 
+def test_a_platform_deadline_ends_a_generation_with_an_error_it_can_send(
+    tiny_model_dir: Path,
+) -> None:
+    """An adapter's deadline (e.g. a Lambda invoke's remaining time) ends the generation
+    with a 504 the client can read, before the platform kills it without one."""
+    import time
+
+    api = _api(tiny_model_dir)
+    body = json.dumps({"prompt": "x", "max_new_tokens": 40}).encode()
+    late = Request("POST", "/generate", body=body, deadline=time.monotonic())
+    reply = api.handle(late)
+    assert reply.status == 504
+    assert "platform's time limit" in json.loads(reply.body)["error"]["message"]  # type: ignore[arg-type]
+    later = Request("POST", "/generate", body=body, deadline=time.monotonic() + 60)
+    assert api.handle(later).status == 200
+
+
 def test_draining_refuses_new_generations_but_not_health(tiny_model_dir: Path) -> None:
     api = _api(tiny_model_dir)
     api.start_draining()
