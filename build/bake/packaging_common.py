@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
 
 MODEL_SUBDIR = "model"
@@ -59,3 +59,49 @@ def copy_runtime_code(dest: Path, functions_subpackages: tuple[str, ...]) -> Non
     shutil.copy2(functions / "__init__.py", dest / "functions" / "__init__.py")
     for sub in functions_subpackages:
         shutil.copytree(functions / sub, dest / "functions" / sub, ignore=IGNORE)
+
+
+# The marker environment of the images built from a bake (CPython 3.12 on Linux).
+_IMAGE_PYTHON = "3.12"
+
+
+def pinned_closure(distributions: tuple[str, ...], machine: str = "x86_64") -> list[str]:
+    """`name==version` for `distributions` and every distribution they need, transitively.
+
+    The versions are the ones installed (and tested) here; requirement markers are
+    evaluated for the image (CPython 3.12, Linux, `machine`), not for this interpreter,
+    so a dependency only 3.12 needs is not missed. An image installs the list with
+    `--no-deps`: nothing floats.
+
+    Raises:
+        RuntimeError: A distribution of the closure is not installed here.
+    """
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    env = {"python_version": _IMAGE_PYTHON, "python_full_version": f"{_IMAGE_PYTHON}.0",
+           "implementation_version": f"{_IMAGE_PYTHON}.0", "platform_machine": machine,
+           "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython",
+           "platform_release": "", "platform_version": ""}  # fmt: skip
+    found: dict[str, tuple[str, str, frozenset[str]]] = {}  # key: (name, version, extras)
+    todo = [(name, frozenset[str]()) for name in distributions]
+    while todo:
+        name, extras = todo.pop()
+        key = canonicalize_name(name)
+        if key in found and extras <= found[key][2]:
+            continue
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            raise RuntimeError(
+                f"{name} is not installed here, so its dependencies cannot be pinned: "
+                "install ortserve[edge] (or the package) in the bake's environment"
+            ) from None
+        found[key] = (key, dist.version, extras | found.get(key, ("", "", frozenset()))[2])
+        for raw in dist.requires or []:
+            req = Requirement(raw)
+            wanted = extras | {""}
+            if req.marker is None or any(req.marker.evaluate({**env, "extra": e}) for e in wanted):
+                todo.append((req.name, frozenset(req.extras)))
+    return [f"{name}=={ver}" for name, ver, _ in sorted(found.values())]

@@ -56,6 +56,9 @@ TARGETS: dict[str, Target] = {
         Target("lambda-arm64", "cpu", "cpu", "aarch64", dict(_CPU_INT4), 2),
         # The README deploys Cloud Functions with --cpu 2.
         Target("gcf", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 2),
+        # A Cloud Run service instance has 2 vCPUs unless its memory needs more; the
+        # image sets ORTSERVE_THREADS to its CPUs (bake.package_cloudrun).
+        Target("cloudrun", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 2),
         # Raspberry Pi 5 class boards have 4 cores.
         Target("edge-aarch64", "cpu", "cpu", "aarch64", dict(_CPU_INT4), 4),
         Target("edge-x86_64", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 4),
