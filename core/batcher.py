@@ -24,6 +24,10 @@ LONE_WAIT_S = 0.001
 # stalled: the next batch need not wait for it.
 STALLED_AFTER_S = 0.05
 STALL_CHECK_S = 0.01
+# The batcher's thread ends after this long without work (the next request starts a new
+# one): a running thread holds the engine, so a service swapped out by a model reload
+# could otherwise never be freed.
+IDLE_EXIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -125,10 +129,15 @@ class Batcher:
                 self._thread.start()
             self._cond.notify()
 
-    def _take(self) -> list[Sequence]:
+    def _take(self) -> list[Sequence] | None:
+        """The next batch; None when nothing came for IDLE_EXIT_S (the thread is then
+        forgotten, under the lock, so the next `submit` starts a new one)."""
         with self._cond:
-            while not self._pending:
-                self._cond.wait()
+            if not self._pending:
+                self._cond.wait_for(lambda: bool(self._pending), IDLE_EXIT_S)
+                if not self._pending:
+                    self._thread = None
+                    return None
             first = self._pending.popleft()
             batch = [first]
             start = time.monotonic()
@@ -170,6 +179,8 @@ class Batcher:
     def _loop(self) -> None:
         while True:
             batch = self._take()
+            if batch is None:
+                return
             if not batch:
                 continue
             self.batches_run += 1

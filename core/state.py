@@ -1,15 +1,20 @@
-"""The model's life in a serving process: loading, ready or failed, never a crash."""
+"""The model's life in a serving process: loading, ready or failed, never a crash; and
+the blue/green switch to another model folder while serving (`ModelState.reload`)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import platform
 import threading
 import time
+import weakref
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
-from core.manifest import arch_mismatch
+from core.manifest import arch_mismatch, manifest_digest
 from core.settings import EngineSettings
 
 if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module
@@ -19,7 +24,42 @@ if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with 
 log = logging.getLogger("ortserve")
 
 ModelStatus = Literal["loading", "ready", "failed"]
+ReloadStatus = Literal["reloading", "switched", "unchanged", "failed"]
 _CANCEL_POLL_S = 0.05  # how often a waiting request whose client may leave looks
+# A swapped-out model is freed once its last request ends; until then it is looked at
+# this often, then less and less often (a collection pass costs a few ms of the GIL).
+_RETIRE_POLL_S = (0.1, 30.0)
+
+
+@dataclass(frozen=True)
+class ReloadReport:
+    """The last model reload (blue/green switch), for /readyz and logs.
+
+    Attributes:
+        status: reloading (under way), switched (the new model serves), unchanged (the
+            folder holds the model already serving), failed (the old one keeps serving).
+        count: Reloads finished since the process started (this one included once done).
+        model_dir: The folder it loaded (symlinks resolved).
+        manifest_digest: That folder's manifest digest, when it could be read.
+        reason: Why it failed.
+        seconds: Load, verification and warm-up time, up to the switch.
+    """
+
+    status: ReloadStatus
+    count: int
+    model_dir: str
+    manifest_digest: str | None = None
+    reason: str | None = None
+    seconds: float | None = None
+
+
+def pinned_folder(model_dir: Path) -> Path:
+    """`model_dir` with its symlinks resolved (when it exists): a load reads one folder
+    even if a `current` symlink is flipped meanwhile."""
+    try:
+        return model_dir.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, or a symlink loop: the load says why
+        return model_dir
 
 
 class ModelState:
@@ -43,6 +83,8 @@ class ModelState:
         self._settled = threading.Condition()  # notified when a load ends, either way
         self._loading = False  # a load is under way (or its thread about to start)
         self.warmup_s: float | None = None  # the warm-up generation's time, once run
+        self.last_reload: ReloadReport | None = None
+        self._reloads = 0
 
     def start_loading(self) -> threading.Thread:
         """Load in a background thread (once); health answers "loading" meanwhile."""
@@ -70,8 +112,9 @@ class ModelState:
             try:
                 from core.service import Service
 
-                service = Service.load(self.settings)
-                if self.settings.warmup:
+                settings = self._pinned(self.settings.model_dir)
+                service = Service.load(settings)
+                if settings.warmup:
                     self.warmup_s = service.warm_up()
             except OrtServeError as exc:
                 self.status, self.reason = "failed", exc.message
@@ -82,18 +125,99 @@ class ModelState:
                 log.exception("model load failed")
                 return
             self.service, self.status, self.reason = service, "ready", None
-            engine = service.engine
-            probe = engine.probe
-            skipped = ", ".join(f"{name} ({why})" for name, why in probe.skipped.items())
-            mismatch = arch_mismatch(engine.manifest, platform.machine())
-            if mismatch is not None:
-                log.warning("%s", mismatch)
-            warm = f", warm-up {self.warmup_s:.2f} s" if self.warmup_s is not None else ""
+            _log_ready(service, self.warmup_s)
+
+    def _pinned(self, model_dir: Path) -> EngineSettings:
+        """The settings with `model_dir` resolved to the folder it names now."""
+        folder = pinned_folder(model_dir)
+        if folder == self.settings.model_dir:
+            return self.settings
+        return self.settings.model_copy(update={"model_dir": folder})
+
+    def reload(self, model_dir: Path | None = None) -> ReloadReport:
+        """Switch to the model in `model_dir` (default: `settings.model_dir` read again,
+        e.g. a `current` symlink that points elsewhere now), blue/green.
+
+        The new model loads beside the serving one: its manifest and files are verified,
+        the execution providers probed and, with `settings.warmup`, one short generation
+        run. Only then do new requests go to it (one attribute swap); requests in flight
+        finish on the old service, which they hold, and the old model is freed when the
+        last of them ends. If any step fails the old model keeps serving, and the reason
+        is logged and kept in `last_reload` (/readyz shows it). Loads and reloads run one
+        at a time; a folder holding the model already serving is not loaded again.
+
+        Returns:
+            The reload's report (also `last_reload`). Never raises.
+        """
+        start = time.perf_counter()
+        with self._lock:
+            settings = self._pinned(model_dir or self.settings.model_dir)
+            folder = settings.model_dir
+            self._report("reloading", folder)
+            try:
+                digest: str | None = manifest_digest(folder)
+            except OSError:
+                digest = None  # the load names what is missing
+            old = self.service
+            if old is not None and digest is not None and old.engine.digest == digest:
+                log.info("reload: %s holds the model already serving (%s)", folder, digest[:12])
+                return self._report("unchanged", folder, digest, done=True)
+            log.info("reload: loading %s beside the serving model", folder)
+            try:
+                from core.service import Service
+
+                service = Service.load(settings)
+                warmup_s = service.warm_up() if settings.warmup else None
+            except OrtServeError as exc:
+                return self._reload_failed(folder, digest, exc.message)
+            except Exception as exc:  # a bug or an unexpected native error: keep serving
+                log.exception("reload of %s failed", folder)
+                return self._reload_failed(
+                    folder, digest, f"unexpected error: {type(exc).__name__}"
+                )
+            seconds = time.perf_counter() - start
+            with self._settled:  # the switch: requests from now on get the new service
+                self.service, self.status, self.reason = service, "ready", None
+                self.warmup_s = warmup_s
+                self._settled.notify_all()
+            report = self._report("switched", folder, service.engine.digest, seconds=seconds,
+                                  done=True)  # fmt: skip
+            _log_ready(service, warmup_s)
             log.info(
-                "model %s ready on %s in %.2f s%s, %d threads; other providers skipped: %s",
-                engine.model_name, probe.provider, probe.load_seconds, warm, probe.threads,
-                skipped or "none",
+                "reload: switched to %s (%s) in %.2f s%s", service.engine.model_name,
+                service.engine.digest[:12], seconds,
+                f"; the previous model ({old.engine.digest[:12]}) is freed once its "
+                "requests end" if old is not None else "",
             )  # fmt: skip
+        if old is not None:
+            _retire(old)
+        return report
+
+    def _reload_failed(self, folder: Path, digest: str | None, reason: str) -> ReloadReport:
+        serving = self.service
+        if serving is None:  # nothing served before either: the state says why
+            self.status, self.reason = "failed", reason
+            log.error("reload of %s failed: %s", folder, reason)
+        else:
+            log.error("reload of %s failed: %s; still serving %s (%s)", folder, reason,
+                      serving.engine.model_name, serving.engine.digest[:12])  # fmt: skip
+        return self._report("failed", folder, digest, reason=reason, done=True)
+
+    def _report(
+        self,
+        status: ReloadStatus,
+        folder: Path,
+        digest: str | None = None,
+        reason: str | None = None,
+        seconds: float | None = None,
+        done: bool = False,
+    ) -> ReloadReport:
+        if done:
+            self._reloads += 1
+        seconds = None if seconds is None else round(seconds, 3)
+        report = ReloadReport(status, self._reloads, str(folder), digest, reason, seconds)
+        self.last_reload = report
+        return report
 
     def fail(self, reason: str) -> None:
         """Mark the model failed without trying to load it (an adapter could not fetch it)."""
@@ -107,8 +231,9 @@ class ModelState:
         """What health endpoints and cold-start logs say of the model: what is loaded,
         where and how fast, or why nothing is."""
         engine = self.engine
+        reload = {"reload": asdict(self.last_reload)} if self.last_reload is not None else {}
         if engine is None:
-            return {"reason": self.reason}
+            return {"reason": self.reason, **reload}
         probe = engine.probe
         return {
             "model": engine.model_name,
@@ -120,6 +245,7 @@ class ModelState:
             "warmup_seconds": None if self.warmup_s is None else round(self.warmup_s, 3),
             "quality": quality.model_dump() if (quality := engine.manifest.quality) else None,
             "architecture_warning": arch_mismatch(engine.manifest, platform.machine()),
+            **reload,
         }
 
     @property
@@ -155,3 +281,48 @@ class ModelState:
             error.retryable = self.status != "failed"  # a failed load will not come back
             raise error
         return service
+
+
+def _log_ready(service: Service, warmup_s: float | None) -> None:
+    engine = service.engine
+    probe = engine.probe
+    skipped = ", ".join(f"{name} ({why})" for name, why in probe.skipped.items())
+    mismatch = arch_mismatch(engine.manifest, platform.machine())
+    if mismatch is not None:
+        log.warning("%s", mismatch)
+    warm = f", warm-up {warmup_s:.2f} s" if warmup_s is not None else ""
+    log.info(
+        "model %s ready on %s in %.2f s%s, %d threads; other providers skipped: %s",
+        engine.model_name, probe.provider, probe.load_seconds, warm, probe.threads,
+        skipped or "none",
+    )  # fmt: skip
+
+
+def _retire(old: Service) -> None:
+    """Free a swapped-out service once the requests that hold it have ended (in a thread:
+    a long stream may keep it for minutes). Its batcher's thread ends when idle; the
+    engine is freed with the last reference, and a collection pass breaks the cycles."""
+    ref = weakref.ref(old)
+    digest = old.engine.digest[:12]
+    del old
+    start = time.monotonic()
+
+    def wait() -> None:
+        pause = _RETIRE_POLL_S[0]
+        while True:
+            time.sleep(pause)
+            service = ref()
+            if service is not None:
+                stats = service.stats()
+                busy = stats.active > 0 or stats.waiting > 0
+                del service
+                if busy:
+                    continue
+            gc.collect()
+            if ref() is None:
+                log.info("the previous model (%s) is freed, %.1f s after the switch", digest,
+                         time.monotonic() - start)  # fmt: skip
+                return
+            pause = min(pause * 2, _RETIRE_POLL_S[1])
+
+    threading.Thread(target=wait, name="model-retire", daemon=True).start()

@@ -1,4 +1,5 @@
-"""`ortserve serve`: run the edge daemon.
+"""`ortserve serve`: run the edge daemon; `ortserve reload` and `ortserve rollback`: switch
+its model (blue/green) on a board.
 
 This module is loaded by every `ortserve` command (entry-point discovery), also where
 the `edge` extra is not installed: it imports only the standard library at the top.
@@ -12,7 +13,7 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `serve` subcommand to ortserve's CLI."""
+    """Add the `serve`, `reload` and `rollback` subcommands to ortserve's CLI."""
     from core.cli import DefaultsFormatter
 
     parser = subparsers.add_parser(
@@ -30,6 +31,82 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )  # fmt: skip
     add_listen_args(parser)
     parser.set_defaults(func=run)
+    _register_switch(subparsers, DefaultsFormatter)
+
+
+def _register_switch(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    formatter: type[argparse.HelpFormatter],
+) -> None:
+    from edge.switch import ENV_FILE, STATE_DIR, UNIT
+
+    for name, summary in (
+        ("rollback", "switch the edge daemon back to the previous model folder (blue/green, "
+                     "no request lost) and wait until it serves it"),
+        ("reload", "make the edge daemon load the model `current` names now (blue/green) "
+                   "and wait until it serves it"),
+    ):  # fmt: skip
+        parser = subparsers.add_parser(
+            name,
+            help=summary,
+            description=(
+                f"{summary[0].upper()}{summary[1:]}. Models live in STATE_DIR/models/<digest> "
+                "with the symlinks STATE_DIR/current (served) and STATE_DIR/previous"
+                + (
+                    "; the two are swapped, then the daemon reloads (SIGHUP); if it cannot "
+                    "load the model the links are put back and it keeps serving."
+                    if name == "rollback"
+                    else "."
+                )
+            ),
+            formatter_class=formatter,
+        )
+        parser.add_argument("--state-dir", type=Path, default=STATE_DIR,
+                            help="the folder with models/, current and previous")  # fmt: skip
+        parser.add_argument(
+            "--url",
+            help=f"the daemon's address (default: from ORTSERVE_HOST/PORT in {ENV_FILE}, "
+            "else http://127.0.0.1:8000)",
+        )
+        parser.add_argument("--env-file", type=Path, default=ENV_FILE, help=argparse.SUPPRESS)
+        parser.add_argument(
+            "--pid", type=int, help="signal this daemon process (default: systemctl reload)"
+        )
+        parser.add_argument("--unit", default=UNIT, help="the systemd unit to reload")
+        if name == "rollback":
+            parser.add_argument(
+                "--no-reload", action="store_true",
+                help="only swap the links (the daemon serves them from its next start)",
+            )  # fmt: skip
+        parser.add_argument("--timeout", type=float, default=120.0,
+                            help="seconds to wait for the daemon to serve the model")  # fmt: skip
+        parser.set_defaults(func=run_switch, rollback=name == "rollback")
+
+
+def run_switch(args: argparse.Namespace) -> int:
+    """`ortserve rollback` / `ortserve reload`: 0 once the daemon serves the model."""
+    from edge.switch import SwitchError, listen_url, switch
+
+    command = "rollback" if args.rollback else "reload"
+    url = args.url or listen_url(args.env_file)
+    reload = not getattr(args, "no_reload", False)
+    try:
+        outcome = switch(args.state_dir, url, rollback=args.rollback, pid=args.pid,
+                         unit=args.unit, reload=reload, timeout=args.timeout)  # fmt: skip
+    except SwitchError as exc:
+        print(f"ortserve {command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. not allowed to change the links: run it as root
+        print(f"ortserve {command}: error: {exc}", file=sys.stderr)
+        return 1
+    if outcome.digest is None:
+        print(f"ortserve {command}: {args.state_dir}/current now names the previous model; "
+              "the daemon serves it from its next start or reload")  # fmt: skip
+    else:
+        what = "rolled back to" if args.rollback else "serving"
+        print(f"ortserve {command}: {what} {outcome.model} ({outcome.digest[:12]}) "
+              f"{outcome.seconds:.2f} s after the switch began")  # fmt: skip
+    return 0
 
 
 def add_listen_args(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,14 @@
 2. The model loads in a worker thread; `READY=1` goes to systemd only once it is loaded
    and probed. A model that fails to load leaves the process up (/readyz: 503 and why)
    and systemd never gets `READY=1`, so its start times out and `Restart=` retries.
-3. SIGTERM (or SIGINT): `STOPPING=1`, new generations get 503, in-flight requests (streams
+3. SIGHUP (`systemctl reload`, the unit's ExecReload): a blue/green model switch.
+   `RELOADING=1`, then the folder ORTSERVE_MODEL_DIR names now (the `current` symlink)
+   loads beside the serving model, is verified and warmed up, and new requests switch to
+   it; requests in flight finish on the old one (see `ModelState.reload`). `READY=1` when
+   it ends, either way: if the new model fails the old one keeps serving, and /readyz's
+   `reload` says why. Other settings are not read again (they need a restart). A SIGHUP
+   during a reload queues one more (the symlink may have moved again).
+4. SIGTERM (or SIGINT): `STOPPING=1`, new generations get 503, in-flight requests (streams
    included) may finish within `drain_timeout_s`; then uvicorn stops and the exit code is 0.
    A second signal stops at once.
 """
@@ -96,6 +103,7 @@ class Daemon:
         self.server = _Server(config)
         self._signals = 0
         self._stop: asyncio.Event | None = None
+        self._reload_wanted: asyncio.Event | None = None
 
     def _record(self, record: RequestRecord) -> None:
         self.metrics.observe(record)
@@ -113,12 +121,48 @@ class Daemon:
         if self._stop is not None:
             self._stop.set()
 
+    def _on_reload_signal(self) -> None:
+        if self._signals:
+            log.warning("reload signal while stopping: ignored")
+        elif self._reload_wanted is not None:
+            self._reload_wanted.set()
+
+    async def _reloader(self, address: str) -> None:
+        """Run the reloads SIGHUP asks for, one at a time (after the first load ended)."""
+        assert self._reload_wanted is not None
+        while True:
+            await self._reload_wanted.wait()
+            self._reload_wanted.clear()
+            if self._signals:
+                return
+            target = self.settings.model_dir
+            self.notifier.reloading(f"reloading: loading {target} beside the serving model")
+            report = await run_in_thread(self.state.reload, "ortserve-reload")
+            engine = self.state.engine
+            if engine is None:  # nothing serves (the first load failed too): not ready
+                self.notifier.status(
+                    f"model failed to load: {self.state.reason}; /readyz answers 503 at {address}"
+                )
+                continue
+            if report.status == "failed":
+                text = (f"reload failed ({report.reason}); still serving {engine.model_name} "
+                        f"({engine.digest[:12]}) at {address}")  # fmt: skip
+            else:
+                text = (f"serving {engine.model_name} ({engine.digest[:12]}) on "
+                        f"{engine.probe.provider} at {address} (reload {report.status}"
+                        + (f" in {report.seconds:.1f} s)" if report.seconds else ")"))  # fmt: skip
+            self.notifier.ready(text)
+
     async def run(self) -> int:
         """Serve until a stop signal, then drain; the process's exit code."""
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        self._reload_wanted = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
+        # Handled from the start: SIGHUP's default action would end the process (exit 129,
+        # which systemd counts as clean, so Restart=on-failure would not bring it back).
+        loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
         try:
             listener = _listen(self.settings.host, self.settings.port)
         except OSError as exc:  # bound here: uvicorn would sys.exit(3) from inside a task
@@ -128,6 +172,7 @@ class Daemon:
         host, port = listener.getsockname()[:2]
         address = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
         watchdog = asyncio.create_task(self._watchdog())
+        reloader: asyncio.Task[None] | None = None
         serving = asyncio.create_task(self.server.serve(sockets=[listener]))
         try:
             while not self.server.started and not serving.done():
@@ -140,6 +185,7 @@ class Daemon:
             )
             if loading in done:
                 self._announce(address)
+                reloader = asyncio.create_task(self._reloader(address))
                 await asyncio.wait({stopping, serving}, return_when=asyncio.FIRST_COMPLETED)
             if not serving.done():
                 await self._drain()
@@ -149,6 +195,8 @@ class Daemon:
             return 0
         finally:
             watchdog.cancel()
+            if reloader is not None:
+                reloader.cancel()  # a load under way ends in its thread; nothing uses it
 
     def _announce(self, address: str) -> None:
         engine = self.state.engine

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 
 log = logging.getLogger("ortserve.edge")
 
@@ -69,6 +70,12 @@ class Notifier:
     def ready(self, text: str) -> bool:
         """The service is up and serving (sent once the model is loaded and probed)."""
         return self.send("READY=1", f"STATUS={_one_line(text)}")
+
+    def reloading(self, text: str) -> bool:
+        """A reload (model switch) starts; `ready` ends it. MONOTONIC_USEC is what systemd
+        253+ matches a reload by (Type=notify-reload); older ones ignore it."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return self.send("RELOADING=1", f"MONOTONIC_USEC={usec}", f"STATUS={_one_line(text)}")
 
     def stopping(self, text: str) -> bool:
         """The service is shutting down."""

@@ -6,7 +6,7 @@
     README.md                the board step-by-step (edge/README-board.md)
     ortserve.service         the systemd unit
     ortserve.env             the unit's settings file (installed once, never overwritten)
-    wheels/                  every runtime wheel for the target's arch and Python 3.11/3.12,
+    wheels/                  every runtime wheel for the target's arch and Python 3.11 to 3.14,
                              plus the ortserve wheel and pip
     requirements.txt         what install.sh installs from wheels/ (ortserve[edge], pip)
     constraints.txt          every distribution pinned to the version tested here
@@ -44,9 +44,13 @@ from core.manifest import sha256_file
 # bake.packaging_common. pip goes in too: install.sh runs pip from its wheel, so the board
 # needs neither python3-venv nor python3-pip.
 EDGE_DISTRIBUTIONS = ("uvicorn", "prometheus-client", "pip")
-# Raspberry Pi OS / Debian 12 ship 3.11; Ubuntu 24.04 ships 3.12. onnxruntime-genai 0.18
-# has no cp310 wheels, so older Pythons are refused by install.sh.
-PYTHON_VERSIONS = ("3.11", "3.12")
+# Raspberry Pi OS bookworm / Debian 12 ship 3.11, Ubuntu 24.04 3.12, Raspberry Pi OS trixie /
+# Debian 13 3.13; 3.14 for Ubuntu 26.04 and hand-built Pythons. Every runtime dependency
+# has cp313 and cp314 wheels for aarch64 and x86_64 (onnxruntime 1.32, onnxruntime-genai
+# 0.18, numpy 2.4, pydantic-core 2.50, markupsafe 3.0; tokenizers and protobuf are abi3),
+# checked with `pip download --only-binary=:all: --python-version 3.1x`. onnxruntime-genai
+# 0.18 has no cp310 wheels, so older Pythons (JetPack's 3.10) are refused by install.sh.
+PYTHON_VERSIONS = ("3.11", "3.12", "3.13", "3.14")
 # onnxruntime and onnxruntime-genai are manylinux_2_28: glibc 2.28 is the floor.
 MIN_GLIBC = (2, 28)
 

@@ -218,7 +218,7 @@ def test_a_tampered_bundle_is_refused(x86_64_bundle: Path, tmp_path: Path) -> No
 def test_the_bundle_carries_what_install_sh_needs(aarch64_bundle: Path) -> None:
     names = sorted(p.name for p in (aarch64_bundle / "wheels").glob("*.whl"))
     for dist in ("onnxruntime_genai-0.18.0", "onnxruntime-", "numpy-", "pydantic_core-"):
-        for python in ("cp311", "cp312"):
+        for python in ("cp311", "cp312", "cp313", "cp314"):
             assert any(n.startswith(dist) and f"-{python}-" in n and "aarch64" in n
                        for n in names), (dist, python, names)  # fmt: skip
     for pure in ("ortserve-", "uvicorn-", "prometheus_client-", "pip-", "h11-", "click-"):
@@ -226,6 +226,7 @@ def test_the_bundle_carries_what_install_sh_needs(aarch64_bundle: Path) -> None:
     assert not [n for n in names if "x86_64" in n]
     info = (aarch64_bundle / "BUNDLE-INFO").read_text(encoding="utf-8")
     assert "arch=aarch64\n" in info
+    assert "python=3.11 3.12 3.13 3.14\n" in info
     subprocess.run(["sha256sum", "-c", "--quiet", "--strict", "BUNDLE-MANIFEST.sha256"],
                    cwd=aarch64_bundle, check=True)  # fmt: skip
 

@@ -1,0 +1,228 @@
+"""Model folders on a board and the switch between them: `ortserve reload` and `rollback`.
+
+A board keeps each model in a versioned folder and names the serving one with symlinks
+(relative, so they hold under systemd's DynamicUser state directory and under a prefix):
+
+    /var/lib/ortserve/models/<manifest digest>/   one baked model each
+    /var/lib/ortserve/current  -> models/<digest>  what the unit serves (ORTSERVE_MODEL_DIR)
+    /var/lib/ortserve/previous -> models/<digest>  what `rollback` goes back to
+
+A rollback swaps the two links (each replaced atomically, `current` last), asks the daemon
+to reload (SIGHUP: `systemctl reload ortserve`, or a PID) and waits until /readyz serves
+the expected manifest digest. If the daemon reports that the reload failed, the links are
+put back, so they name what serves. Standard library only: the CLI imports this lazily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATE_DIR = Path("/var/lib/ortserve")
+ENV_FILE = Path("/etc/ortserve/ortserve.env")
+UNIT = "ortserve.service"
+CURRENT, PREVIOUS, MODELS = "current", "previous", "models"
+_POLL_S = 0.05
+
+
+class SwitchError(Exception):
+    """A switch that cannot be done, or did not take; the message says why."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a switch ended.
+
+    Attributes:
+        digest: The manifest digest /readyz serves now (None: not asked).
+        seconds: From the flip to /readyz serving it.
+        model: The served model's name.
+    """
+
+    digest: str | None
+    seconds: float
+    model: str | None = None
+
+
+def link_target(state_dir: Path, name: str) -> str | None:
+    """Where the symlink `state_dir/name` points (as written), or None if there is none."""
+    try:
+        return os.readlink(state_dir / name)
+    except OSError:
+        return None
+
+
+def set_link(path: Path, target: str) -> None:
+    """Point the symlink `path` at `target` atomically (a new link renamed over it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+
+
+def folder_digest(folder: Path) -> str:
+    """The manifest digest of a model folder (core.manifest.manifest_digest, without
+    importing it: sha256 of manifest.json)."""
+    with (folder / "manifest.json").open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def swap(state_dir: Path) -> tuple[str, str]:
+    """Swap `current` and `previous`; returns (new current, new previous) targets."""
+    current, previous = link_target(state_dir, CURRENT), link_target(state_dir, PREVIOUS)
+    if current is None:
+        raise SwitchError(f"{state_dir / CURRENT} is not a symlink: nothing is installed there")
+    if previous is None:
+        raise SwitchError(f"no previous model to roll back to ({state_dir / PREVIOUS} is absent)")
+    if not (state_dir / previous / "manifest.json").is_file():
+        raise SwitchError(f"the previous model {state_dir / previous} is gone or incomplete")
+    set_link(state_dir / PREVIOUS, current)
+    set_link(state_dir / CURRENT, previous)
+    return previous, current
+
+
+def listen_url(env_file: Path) -> str:
+    """The daemon's URL from its settings file (ORTSERVE_HOST/PORT), else the default."""
+    values: dict[str, str] = {}
+    try:
+        lines = env_file.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if sep and not key.startswith("#"):
+            values[key.strip()] = value.strip().strip("'\"")
+    host = values.get("ORTSERVE_HOST", "127.0.0.1")
+    if host in ("", "0.0.0.0"):  # noqa: S104 (a wildcard listener is reached on loopback)
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    port = values.get("ORTSERVE_PORT", "8000")
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def readyz(url: str, timeout: float = 5.0) -> dict[str, Any]:
+    """GET /readyz's JSON (a 503 has a body too).
+
+    Raises:
+        SwitchError: The daemon does not answer.
+    """
+    if not url.startswith(("http://", "https://")):
+        raise SwitchError(f"not an http(s) URL: {url}")
+    try:
+        # The scheme is checked above (no file: or custom schemes).
+        with urllib.request.urlopen(f"{url.rstrip('/')}/readyz", timeout=timeout) as reply:  # noqa: S310
+            body = reply.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    except (OSError, ValueError) as exc:
+        raise SwitchError(f"the daemon does not answer at {url}: {exc}") from None
+    try:
+        payload: dict[str, Any] = json.loads(body)
+    except ValueError:
+        raise SwitchError(f"{url}/readyz did not answer JSON") from None
+    return payload
+
+
+def reload_count(payload: dict[str, Any]) -> int:
+    """Reloads the daemon has finished, from a /readyz payload."""
+    reload = payload.get("reload") or {}
+    return int(reload.get("count", 0))
+
+
+def signal_reload(pid: int | None, unit: str) -> None:
+    """Ask the daemon to reload: SIGHUP to `pid`, or `systemctl reload unit`.
+
+    Raises:
+        SwitchError: No such process, or systemctl failed.
+    """
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGHUP)
+        except OSError as exc:
+            raise SwitchError(f"cannot signal process {pid}: {exc.strerror}") from None
+        return
+    systemctl = shutil.which("systemctl")
+    if systemctl is None or not Path("/run/systemd/system").is_dir():
+        raise SwitchError("systemd does not run this machine: pass --pid (or --no-reload)")
+    proc = subprocess.run([systemctl, "reload", unit], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise SwitchError(f"systemctl reload {unit} failed: {proc.stderr.strip()}")
+
+
+def wait_served(url: str, digest: str, count_before: int, timeout: float) -> dict[str, Any]:
+    """Wait until /readyz serves `digest`; the payload then.
+
+    Raises:
+        SwitchError: The daemon reported a failed reload (with its reason), or the time ran out.
+    """
+    deadline = time.monotonic() + timeout
+    payload: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            payload = readyz(url)
+        except SwitchError:
+            payload = {}  # restarting, or briefly too busy: ask again
+        if payload.get("manifest_digest") == digest and payload.get("status") == "ready":
+            return payload
+        reload = payload.get("reload") or {}
+        if reload_count(payload) > count_before and reload.get("status") == "failed":
+            raise SwitchError(f"the daemon could not load it: {reload.get('reason')}")
+        time.sleep(_POLL_S)
+    raise SwitchError(
+        f"/readyz did not serve {digest[:12]} within {timeout:g} s "
+        f"(it serves {str(payload.get('manifest_digest'))[:12]}, {payload.get('status')})"
+    )
+
+
+def switch(
+    state_dir: Path,
+    url: str,
+    *,
+    rollback: bool,
+    pid: int | None = None,
+    unit: str = UNIT,
+    reload: bool = True,
+    timeout: float = 120.0,
+) -> Outcome:
+    """Roll back (swap `current` and `previous`) or only reload, and wait for /readyz.
+
+    Without `reload` the links are swapped and nothing is asked of the daemon (it serves
+    the new `current` from its next start or reload).
+
+    Raises:
+        SwitchError: Nothing to switch to, the daemon is unreachable, or it could not load
+            the model (a rollback's links are then put back as they were).
+    """
+    if rollback and link_target(state_dir, PREVIOUS) is None:
+        raise SwitchError(f"no previous model to roll back to ({state_dir / PREVIOUS} is absent)")
+    target = state_dir / (PREVIOUS if rollback else CURRENT)
+    try:
+        digest = folder_digest(target)
+    except OSError as exc:
+        raise SwitchError(f"no model at {target}: {exc.strerror or exc}") from None
+    count_before = reload_count(readyz(url)) if reload else 0
+    start = time.monotonic()
+    if rollback:
+        swap(state_dir)
+    if not reload:
+        return Outcome(None, time.monotonic() - start)
+    try:
+        signal_reload(pid, unit)
+        payload = wait_served(url, digest, count_before, timeout)
+    except SwitchError:
+        if rollback:
+            swap(state_dir)  # the links name what serves again
+        raise
+    return Outcome(digest, time.monotonic() - start, payload.get("model"))

@@ -1,0 +1,209 @@
+"""Blue/green model switches on the real edge daemon: SIGHUP (`systemctl reload`) and
+`ortserve rollback`, under a continuous load that must not see one failed request.
+
+Models live as on a board: STATE/models/<name>/ with the symlinks STATE/current (the
+daemon's ORTSERVE_MODEL_DIR) and STATE/previous.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from benchmarks.support.servers import ORTSERVE
+from core.manifest import manifest_digest, read_manifest, write_manifest
+from edge.switch import set_link
+from tests.functional.test_edge_daemon import PROMPT, start  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def _model_copy(source: Path, dest: Path, revision: str | None = None) -> Path:
+    """A copy of a baked folder (hard links); another `revision` gives it another digest."""
+    shutil.copytree(source, dest, copy_function=os.link)
+    if revision is not None:
+        manifest = read_manifest(dest).model_copy(update={"revision": revision})
+        (dest / "manifest.json").unlink()  # not through the link into the cache
+        write_manifest(dest, manifest)
+    return dest
+
+
+@pytest.fixture
+def state(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """A board's state directory: models blue and green, `current` -> blue."""
+    root = tmp_path / "state"
+    (root / "models").mkdir(parents=True)
+    _model_copy(tiny_model_dir, root / "models" / "blue")
+    _model_copy(tiny_model_dir, root / "models" / "green", revision="green")
+    set_link(root / "current", "models/blue")
+    return root
+
+
+class Load:
+    """Clients that send requests back to back (buffered and streamed) until stopped,
+    counting answers by status and noting every failure."""
+
+    def __init__(self, url: str, clients: int = 4) -> None:
+        self.url = url
+        self.statuses: Counter[int] = Counter()
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
+                         for i in range(clients)]  # fmt: skip
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, index: int) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as http:
+            while not self._stop.is_set():
+                body = {"prompt": PROMPT, "max_new_tokens": 24, "stream": index % 2 == 1}
+                try:
+                    reply = http.post("/generate", json=body)
+                    text = reply.text
+                except httpx.HTTPError as exc:
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                self.statuses[reply.status_code] += 1
+                if reply.status_code != 200 or '"error":' in text:
+                    self.failures.append(f"{reply.status_code}: {text[:200]}")
+
+    def total(self) -> int:
+        return sum(self.statuses.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+
+def _served(daemon: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = daemon.http.get("/readyz").json()
+    return payload
+
+
+def _wait_served(daemon: Any, digest: str, timeout: float = 60) -> float:
+    """Seconds until /readyz serves `digest`."""
+    start_t = time.monotonic()
+    while time.monotonic() - start_t < timeout:
+        if _served(daemon).get("manifest_digest") == digest:
+            return time.monotonic() - start_t
+        time.sleep(0.01)
+    raise AssertionError(f"{digest[:12]} not served: {_served(daemon)}")
+
+
+def test_reload_and_rollback_under_load_lose_no_request(start: Any, state: Path) -> None:  # noqa: F811
+    blue = manifest_digest(state / "models" / "blue")
+    green = manifest_digest(state / "models" / "green")
+    assert blue != green
+    daemon = start(state / "current", MAX_CONCURRENCY="2", MAX_QUEUE="64")
+    daemon.wait_for("READY=1")
+    assert _served(daemon)["manifest_digest"] == blue
+    load = Load(daemon.url)
+    try:
+        time.sleep(1.0)
+        before = load.total()
+        assert before > 0 and not load.failures, load.failures
+
+        # The update: `current` -> green, then `systemctl reload` (SIGHUP).
+        set_link(state / "previous", "models/blue")
+        set_link(state / "current", "models/green")
+        signalled = time.monotonic()
+        daemon.proc.send_signal(signal.SIGHUP)
+        switch_s = _wait_served(daemon, green)
+        ready = _served(daemon)
+        assert ready["status"] == "ready"
+        assert ready["reload"]["status"] == "switched"
+        assert ready["reload"]["count"] == 1
+        assert ready["reload"]["model_dir"] == str((state / "models" / "green").resolve())
+        reloading = [t for t, m in daemon.messages if m.startswith("RELOADING=1")]
+        assert reloading and reloading[0] >= signalled - 0.5
+        assert "MONOTONIC_USEC=" in next(m for _, m in daemon.messages if m.startswith("RELOADING"))
+        assert any(t > reloading[0] and m.startswith("READY=1") for t, m in daemon.messages)
+        time.sleep(1.0)
+        during_green = load.total()
+
+        # The rollback: the real CLI swaps the links, signals, waits for /readyz.
+        proc = subprocess.run(
+            [*ORTSERVE, "rollback", "--state-dir", str(state), "--url", daemon.url,
+             "--pid", str(daemon.proc.pid), "--timeout", "60"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert f"rolled back to ortserve/tiny-llama-random-weights ({blue[:12]})" in proc.stdout
+        rollback_s = float(re.search(r"\) (\d+\.\d+) s after", proc.stdout).group(1))  # type: ignore[union-attr]
+        assert os.readlink(state / "current") == "models/blue"
+        assert os.readlink(state / "previous") == "models/green"
+        assert _served(daemon)["manifest_digest"] == blue
+        assert _served(daemon)["reload"]["count"] == 2
+        time.sleep(1.0)
+    finally:
+        load.stop()
+    assert not load.failures, load.failures[:5]
+    assert load.total() > during_green > before
+    assert set(load.statuses) == {200}
+    # The swapped-out model is freed once its requests end (its batcher idles out first).
+    deadline = time.monotonic() + 15
+    while "is freed" not in daemon.stderr() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "the previous model" in daemon.stderr() and "is freed" in daemon.stderr()
+    assert daemon.proc.poll() is None  # SIGHUP no longer ends the process
+    print(f"\nblue/green under load: switch {switch_s:.2f} s (SIGHUP -> /readyz serves "
+          f"the new digest), rollback {rollback_s:.2f} s (ortserve rollback: links swapped "
+          f"-> /readyz serves the old digest); {load.total()} requests, 0 failed")  # fmt: skip
+    assert rollback_s <= 10
+
+
+def test_a_failed_reload_keeps_the_old_model_serving_and_says_why(
+    start: Any,  # noqa: F811
+    state: Path,
+) -> None:
+    blue = manifest_digest(state / "models" / "blue")
+    broken = _model_copy(state / "models" / "blue", state / "models" / "broken", "broken")
+    data = broken / "model.onnx.data"
+    raw = data.read_bytes()
+    data.unlink()
+    data.write_bytes(raw[:1000])  # truncated: the size check fails
+    daemon = start(state / "current")
+    daemon.wait_for("READY=1")
+    set_link(state / "current", "models/broken")
+    daemon.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while (_served(daemon).get("reload") or {}).get("status") != "failed":
+        assert time.monotonic() < deadline, _served(daemon)
+        time.sleep(0.02)
+    reply = daemon.http.get("/readyz")
+    assert reply.status_code == 200  # the old model serves
+    body = reply.json()
+    assert body["status"] == "ready" and body["manifest_digest"] == blue
+    assert "model.onnx.data" in body["reload"]["reason"]
+    assert body["reload"]["manifest_digest"] == manifest_digest(broken)
+    generate = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 4})
+    assert generate.status_code == 200
+    status = daemon.wait_for("READY=1\nSTATUS=reload failed")
+    assert "still serving ortserve/tiny-llama-random-weights" in status
+    assert "reload of" in daemon.stderr() and "model.onnx.data" in daemon.stderr()
+
+    # `ortserve rollback` to a model that cannot load puts the links back and says why.
+    set_link(state / "current", "models/blue")
+    set_link(state / "previous", "models/broken")
+    proc = subprocess.run(
+        [*ORTSERVE, "rollback", "--state-dir", str(state), "--url", daemon.url,
+         "--pid", str(daemon.proc.pid), "--timeout", "30"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "could not load it" in proc.stderr and "model.onnx.data" in proc.stderr
+    assert os.readlink(state / "current") == "models/blue"
+    assert os.readlink(state / "previous") == "models/broken"
+    assert _served(daemon)["manifest_digest"] == blue
