@@ -311,7 +311,7 @@ class Api:
                 for event in reply.first_events():
                     yield encode(event)
                 for delta in stream:
-                    yield encode(reply.delta(delta))
+                    yield encode(reply.delta(delta, stream.take_logprobs()))
                 done = stream.completion
                 assert done is not None  # the stream ended
                 ctx.completion = done
@@ -425,7 +425,7 @@ def _served(service: Service) -> Served:
     return Served(
         engine.model_name, engine.digest, manifest.created_at, service.settings.max_new_tokens,
         chat_template=engine.text.template, precision=manifest.precision,
-        size=sum(f.size for f in manifest.files),
+        size=sum(f.size for f in manifest.files), token_bytes=engine.text.token_bytes,
     )  # fmt: skip
 
 

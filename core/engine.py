@@ -27,7 +27,7 @@ from core.errors import (
     ModelIntegrityError,
     ProviderUnavailableError,
 )
-from core.generation import GenerationRequest, Guidance, SamplingOptions, Tokens
+from core.generation import GenerationRequest, Guidance, SamplingOptions, TokenLogprob, Tokens
 from core.manifest import Manifest, manifest_digest, verify_folder
 from core.settings import EngineSettings
 from core.text import TextCodec
@@ -81,6 +81,19 @@ _SEED_RANGE = 2**31
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _logprob(logits: np.ndarray[Any, Any], token: int, top: int) -> TokenLogprob:
+    """`token`'s log probability under `logits` (one position's), and the `top` best."""
+    values = logits.astype(np.float64)
+    shifted = values - values.max()
+    logprobs = shifted - np.log(np.exp(shifted).sum())
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        ids = np.argpartition(-logprobs, top - 1)[:top]
+        ids = ids[np.argsort(-logprobs[ids], kind="stable")]
+        best = tuple((int(i), float(logprobs[i])) for i in ids)
+    return TokenLogprob(token, float(logprobs[token]), best)
 
 
 def _genai_config(folder: Path) -> dict[str, Any]:
@@ -314,12 +327,14 @@ class Engine:
         options: SamplingOptions,
         guidance: Guidance | None = None,
         sequence: Sequence | None = None,
+        logprobs: int | None = None,
     ) -> Tokens:
         """Start decoding one sequence: up to `max_new` new tokens after `input_ids`.
 
         The og Generator is made now (bad guidance fails here, before any token); the
         tokens come as they are iterated. A lone batched `sequence` is told when the
-        decoding waits for its reader (`paused_at`).
+        decoding waits for its reader (`paused_at`). With `logprobs` (the number of
+        alternatives; 0: none), each token's `TokenLogprob` goes to `Tokens.logprobs`.
 
         Raises:
             InvalidRequestError: The guidance is invalid.
@@ -347,7 +362,9 @@ class Engine:
                 raise InvalidRequestError(f"invalid guidance: {_first_line(exc)}") from exc
             raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
         guided = guidance is not None
-        return Tokens(lambda tokens: self._tokens(generator, input_ids, tokens, sequence, guided))
+        return Tokens(
+            lambda tokens: self._tokens(generator, input_ids, tokens, sequence, guided, logprobs)
+        )
 
     def stream_tokens(self, input_ids: list[int], options: SamplingOptions) -> Tokens:
         """New token ids until EOS or `options.max_new_tokens` (capped by the context),
@@ -366,6 +383,7 @@ class Engine:
         tokens: Tokens,
         sequence: Sequence | None,
         guided: bool = False,
+        logprobs: int | None = None,
     ) -> Generator[int, None, None]:
         """Yield new tokens; set `tokens.eos` when the model (or grammar) ended.
 
@@ -377,6 +395,9 @@ class Engine:
             generator.append_tokens(input_ids)
             count = generator.token_count()
             while not generator.is_done():
+                # og 0.18 computes a position's logits when the token before it goes in:
+                # the ones the next token is picked from are there before the step.
+                logits = None if logprobs is None else np.array(generator.get_logits())
                 generator.generate_next_token()
                 # An EOS ends the sequence without being appended: the count stays.
                 new_count = generator.token_count()
@@ -385,6 +406,8 @@ class Engine:
                     return
                 count = new_count
                 token = int(generator.get_next_tokens()[0])
+                if logits is not None:  # one sequence: its position's logits
+                    tokens.logprobs.append(_logprob(logits.reshape(-1), token, logprobs or 0))
                 if sequence is None:
                     yield token
                 else:

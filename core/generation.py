@@ -51,7 +51,9 @@ class GenerationRequest:
 
     `template_kwargs` are extra chat-template variables (`chat_template_kwargs`);
     `limit_field` is what the caller's API calls the token limit (`max_tokens` on
-    OpenAI's routes), so that an error about it names the field the caller sent.
+    OpenAI's routes), so that an error about it names the field the caller sent;
+    `logprobs` asks for each new token's log probability and that many alternatives
+    (None: none; 0: the token's own only).
     """
 
     prompt: str | None = None
@@ -61,6 +63,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     guidance: Guidance | None = None
     limit_field: str = "max_new_tokens"
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -80,14 +83,61 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One new token and how likely the model found it: the log-softmax of the model's
+    logits at that position (before temperature, top-k/top-p and penalties).
+
+    Attributes:
+        token_id: The token.
+        logprob: Its log probability.
+        top: The most likely tokens at that position, best first: (id, log probability).
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class LogprobLedger:
+    """Pairs the log probabilities of a generation's tokens with the text it has sent:
+    a token is released once all of its text has gone out (stop strings hold text back,
+    and drop the tokens that formed them)."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[int, TokenLogprob]] = []  # (end offset in the text, entry)
+        self._taken = 0
+
+    def add(self, end: int, entry: TokenLogprob) -> None:
+        """A token whose text ends at offset `end` of the generated text."""
+        self._entries.append((end, entry))
+
+    def extend_last(self, end: int) -> None:
+        """The last token's text goes on to `end` (the decoder flushed its last bytes)."""
+        if self._entries:
+            self._entries[-1] = (end, self._entries[-1][1])
+
+    def take(self, sent: int) -> list[TokenLogprob]:
+        """The tokens not taken yet whose text lies within the first `sent` characters."""
+        start = self._taken
+        while self._taken < len(self._entries) and self._entries[self._taken][0] <= sent:
+            self._taken += 1
+        return [entry for _, entry in self._entries[start : self._taken]]
+
+    def within(self, sent: int) -> tuple[TokenLogprob, ...]:
+        """Every token whose text lies within the first `sent` characters."""
+        return tuple(entry for end, entry in self._entries if end <= sent)
+
+
+@dataclass(frozen=True)
 class Completion:
-    """The result of one generation."""
+    """The result of one generation (`logprobs` when the request asked for them)."""
 
     text: str
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
     timings: Timings
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 class Tokens:
@@ -100,9 +150,11 @@ class Tokens:
         source: Callable[[Tokens], Generator[int, None, None]],
         on_close: Callable[[], None] | None = None,
     ) -> None:
-        """`source(self)` yields the ids and sets `self.eos` when the model ends;
-        `on_close` runs at `close`, whether or not the source ever started."""
+        """`source(self)` yields the ids and sets `self.eos` when the model ends (and,
+        when asked, appends each id's `TokenLogprob` to `self.logprobs` before yielding
+        it); `on_close` runs at `close`, whether or not the source ever started."""
         self.eos = False
+        self.logprobs: list[TokenLogprob] = []
         self._source = source(self)
         self._on_close = on_close
 
@@ -131,11 +183,20 @@ class GenerationStream:
         deltas: Generator[str, None, None],
         result: list[Completion],
         on_unstarted_close: Callable[[], None],
+        ledger: LogprobLedger | None = None,
     ) -> None:
-        """Wrap `deltas`, which appends its Completion to `result` when it ends."""
+        """Wrap `deltas`, which appends its Completion to `result` when it ends (and
+        records its tokens' log probabilities in `ledger`, when asked for)."""
         self._deltas = deltas
         self._result = result
         self._on_unstarted_close = on_unstarted_close
+        self._ledger = ledger
+        self._sent = 0
+
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        """The log probabilities of the tokens whose text the deltas so far carried and
+        no earlier call returned (None: the request did not ask for them)."""
+        return None if self._ledger is None else self._ledger.take(self._sent)
 
     @property
     def completion(self) -> Completion | None:
@@ -146,7 +207,9 @@ class GenerationStream:
         return self
 
     def __next__(self) -> str:
-        return next(self._deltas)
+        delta = next(self._deltas)
+        self._sent += len(delta)
+        return delta
 
     def close(self) -> None:
         """Stop generating and free the slot (idempotent)."""

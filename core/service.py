@@ -26,6 +26,7 @@ from core.generation import (
     FinishReason,
     GenerationRequest,
     GenerationStream,
+    LogprobLedger,
     SamplingOptions,
     Timings,
     Tokens,
@@ -167,7 +168,8 @@ class Service:
         MatMulNBits (accuracy level 4: int8 compute) rounds those differently from a lone
         request's M = 1 row (x86-64 with AVX2, no AVX-512: logits off by up to ~2.5, so
         near-ties flip; bit-identical with AVX-512 VNNI). So a request with a seed keeps
-        a generator of its own, as does one with a grammar or a minimum length.
+        a generator of its own, as does one with a grammar or a minimum length, and one
+        that asks for log probabilities (read from its own generator's logits).
         """
         options = request.options
         return (
@@ -175,6 +177,7 @@ class Service:
             and request.guidance is None
             and options.min_new_tokens == 0
             and options.seed is None
+            and request.logprobs is None
         )
 
     def _fits(self, batch: list[Sequence]) -> bool:
@@ -241,18 +244,23 @@ class Service:
                 )
             else:
                 options, guidance = request.options, request.guidance
-                tokens = engine.decode(input_ids, budget, options, guidance)
+                tokens = engine.decode(
+                    input_ids, budget, options, guidance, logprobs=request.logprobs
+                )
         except BaseException:
             release()
             raise
         result: list[Completion] = []
-        deltas = self._deltas(tokens, len(input_ids), request, cancelled, deadline, result, release)
+        ledger = LogprobLedger() if request.logprobs is not None else None
+        deltas = self._deltas(
+            tokens, len(input_ids), request, cancelled, deadline, result, release, ledger
+        )
 
         def close_unstarted() -> None:
             tokens.close()  # the og Generator, or the batch place, goes
             release()
 
-        return GenerationStream(deltas, result, close_unstarted)
+        return GenerationStream(deltas, result, close_unstarted, ledger)
 
     def generate(self, request: GenerationRequest) -> Completion:
         """Run a whole generation and return its text and figures."""
@@ -319,9 +327,11 @@ class Service:
         platform_deadline: float | None,
         result: list[Completion],
         release: Callable[[], None],
+        ledger: LogprobLedger | None = None,
     ) -> Generator[str, None, None]:
         """Text deltas of `tokens`, cut at the stop strings; the completion (text, finish
-        reason, usage and timings) goes to `result` however the generation ends."""
+        reason, usage and timings) goes to `result` however the generation ends. With a
+        `ledger`, each token's log probability is recorded with where its text ends."""
         start = time.perf_counter()
         deadline = time.monotonic() + self.settings.request_timeout_s
         by_platform = platform_deadline is not None and platform_deadline < deadline
@@ -342,9 +352,17 @@ class Service:
                 yield token
 
         ids = counted()
+        generated = 0  # characters of text the tokens so far make, before any stop cut
+        recorded = 0  # tokens whose log probability is in the ledger
         try:
             self._check(cancelled, deadline, by_platform)
             for piece in self.engine.detokenize(ids):
+                generated += len(piece)
+                if ledger is not None and recorded < count:  # a flush adds no token
+                    ledger.add(generated, tokens.logprobs[count - 1])
+                    recorded = count
+                elif ledger is not None:
+                    ledger.extend_last(generated)
                 text = stops.feed(piece)
                 if text:
                     pieces.append(text)
@@ -363,12 +381,14 @@ class Service:
             release()
             decode_s = time.perf_counter() - start - first
             speed = (count - 1) / decode_s if count > 1 and decode_s > 0 else 0.0
+            text = "".join(pieces)
             result.append(
                 Completion(
-                    text="".join(pieces),
+                    text=text,
                     finish_reason=finish,
                     prompt_tokens=prompt_tokens,
                     completion_tokens=count,
                     timings=Timings(ttft_s=first, decode_s=decode_s, decode_tokens_per_s=speed),
+                    logprobs=ledger.within(len(text)) if ledger is not None else None,
                 )
             )

@@ -13,6 +13,7 @@ record uses `tokenizer.json`'s own post-processor and `tokenizer_config.json`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -233,6 +234,31 @@ class TextCodec:
 
     # -- decoding ---------------------------------------------------------------------
 
+    @functools.cache  # noqa: B019  # one codec per model, for the process's life
+    def _byte_level(self) -> bool:
+        """Whether the decoder maps GPT-2's byte alphabet back to bytes (read on first use:
+        only log probabilities need it)."""
+        decoder = self._tokenizer.decoder
+        return decoder is not None and b'"ByteLevel"' in decoder.__getstate__()
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (what OpenAI's logprobs call `bytes`): a
+        byte-level BPE token's characters mapped back to bytes (GPT-2's alphabet), a
+        SentencePiece byte token (`<0xE2>`) as its byte, `▁` as a space, else the
+        token's text in UTF-8 (special tokens: their content)."""
+        piece = self._tokenizer.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level():
+            alphabet = _byte_alphabet()
+            if all(ch in alphabet for ch in piece):
+                return bytes(alphabet[ch] for ch in piece)
+            return piece.encode("utf-8")  # an added token, written as itself
+        byte = _BYTE_TOKEN.fullmatch(piece)
+        if byte is not None:
+            return bytes([int(byte.group(1), 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
     def decode(self, token_ids: Iterable[int]) -> str:
         """Text of `token_ids` without special tokens, as transformers'
         `decode(ids, skip_special_tokens=True)`."""
@@ -266,3 +292,21 @@ class TextCodec:
         whole = self.decode(seen) if seen else ""
         if len(whole) > emitted:
             yield whole[emitted:]
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@functools.cache
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, character → byte: printable bytes stand for
+    themselves, the others for the characters from U+0100 on (as `bytes_to_unicode`)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    alphabet = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            alphabet[chr(256 + extra)] = b
+            extra += 1
+    return alphabet

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -28,7 +29,7 @@ from pydantic import (
 )
 
 from core.errors import InvalidRequestError, OrtServeError
-from core.generation import Completion, GenerationRequest, Guidance
+from core.generation import Completion, GenerationRequest, Guidance, TokenLogprob
 from core.http import error_payload
 from core.stops import MAX_STOP_STRINGS
 
@@ -45,6 +46,7 @@ class Served:
         chat_template: The model's chat template (None: it has none).
         precision: Its weights' precision (int4, ...).
         size: The baked folder's size in bytes.
+        token_bytes: The bytes a token id stands for (for log probabilities).
     """
 
     model: str
@@ -54,6 +56,7 @@ class Served:
     chat_template: str | None = None
     precision: str = ""
     size: int = 0
+    token_bytes: Callable[[int], bytes] = field(default=lambda token_id: b"", repr=False)
 
     @property
     def created(self) -> int:
@@ -78,8 +81,8 @@ class Reply(ABC):
         return []
 
     @abstractmethod
-    def delta(self, text: str) -> dict[str, Any]:
-        """The event of one text delta."""
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        """The event of one text delta (with its tokens' log probabilities, when asked)."""
 
     @abstractmethod
     def final_events(self, done: Completion) -> list[dict[str, Any]]:

@@ -6,7 +6,13 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from core.generation import Completion, GenerationRequest, Guidance, SamplingOptions
+from core.generation import (
+    Completion,
+    GenerationRequest,
+    Guidance,
+    SamplingOptions,
+    TokenLogprob,
+)
 from core.protocol import (
     SEED,
     TEMPERATURE_DOC,
@@ -100,7 +106,7 @@ class GenerateReply(Reply):
             "finish_reason": done.finish_reason,
         }
 
-    def delta(self, text: str) -> dict[str, Any]:
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
         return {"text": text}
 
     def final_events(self, done: Completion) -> list[dict[str, Any]]:

@@ -16,7 +16,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field
 
 from core.errors import ModelNotFoundError, OrtServeError
-from core.generation import Completion, GenerationRequest, Guidance, SamplingOptions
+from core.generation import (
+    Completion,
+    GenerationRequest,
+    Guidance,
+    SamplingOptions,
+    TokenLogprob,
+)
 from core.protocol import (
     MAX_TOKENS_BOUND,
     SEED,
@@ -179,7 +185,7 @@ class OllamaReply(Reply):
             "eval_duration": round(timings.decode_s * _NS),
         }
 
-    def delta(self, text: str) -> dict[str, Any]:
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
         return self._line(text, False)
 
     def final_events(self, done: Completion) -> list[dict[str, Any]]:

@@ -4,12 +4,19 @@ bodies and their answers (objects and stream chunks as OpenAI's API returns them
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
-from core.errors import ModelNotFoundError
-from core.generation import Completion, GenerationRequest, Guidance, SamplingOptions
+from core.errors import InvalidRequestError, ModelNotFoundError
+from core.generation import (
+    Completion,
+    GenerationRequest,
+    Guidance,
+    SamplingOptions,
+    TokenLogprob,
+)
 from core.protocol import (
     SEED,
     TEMPERATURE_DOC,
@@ -79,11 +86,24 @@ def _finish(done: Completion) -> str:
 
 class _OpenAIReply(Reply):
     """Shared by both routes: `base` is in every object; with `usage_base`
-    (`stream_options.include_usage`), a usage chunk on it ends a stream."""
+    (`stream_options.include_usage`), a usage chunk on it ends a stream; `token_bytes`
+    turns token ids into their bytes when log probabilities were asked for."""
 
-    def __init__(self, base: dict[str, Any], usage_base: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        base: dict[str, Any],
+        usage_base: dict[str, Any] | None,
+        token_bytes: Callable[[int], bytes] | None = None,
+    ) -> None:
         self.base = base
         self.usage_base = usage_base
+        self.token_bytes = token_bytes
+
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        """A token's text (invalid UTF-8, as a piece of a character: U+FFFD) and bytes."""
+        assert self.token_bytes is not None  # only with logprobs
+        raw = self.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), list(raw)
 
     def _choice(self, **fields: Any) -> dict[str, Any]:
         return {**self.base, "choices": [{"index": 0, **fields}]}
@@ -106,8 +126,10 @@ class CompletionBody(_OpenAIBody):
     prompt: _Prompt | Annotated[list[_Prompt], Field(min_length=1, max_length=1)] = Field(
         description="one prompt (a list holds exactly one)"
     )
-    logprobs: Annotated[int, Field(ge=0, le=0), BeforeValidator(integral)] | None = Field(
-        default=None, description="not supported"
+    logprobs: Annotated[int, Field(ge=0, le=5), BeforeValidator(integral)] | None = Field(
+        default=None,
+        description="each token's log probability and this many most likely alternatives "
+        "(of the model's distribution, before temperature, top_p and penalties)",
     )
     echo: Literal[False] = Field(default=False, description="not supported")
 
@@ -119,27 +141,46 @@ class CompletionBody(_OpenAIBody):
         # OpenAI's default for completions: 16 tokens.
         options, field = self._options(served, min(16, served.max_new_tokens))
         return GenerationRequest(
-            prompt=self.text(), options=options, stop=tuple(self.stop or ()), limit_field=field
-        )
+            prompt=self.text(), options=options, stop=tuple(self.stop or ()), limit_field=field,
+            logprobs=self.logprobs,
+        )  # fmt: skip
 
     def reply(self, request_id: str, served: Served) -> Reply:
         base = {"id": f"cmpl-{request_id}", "object": "text_completion",
                 "created": int(time.time()), "model": served.model}  # fmt: skip
-        return CompletionReply(base, self._usage_base(base))
+        wants = self.logprobs is not None
+        return CompletionReply(base, self._usage_base(base), served.token_bytes if wants else None)
 
 
 class CompletionReply(_OpenAIReply):
-    """A `text_completion` object, or its chunks."""
+    """A `text_completion` object, or its chunks; log probabilities in the legacy shape
+    (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`)."""
 
-    def delta(self, text: str) -> dict[str, Any]:
-        return self._choice(text=text, logprobs=None, finish_reason=None)
+    _offset = 0  # characters of text the tokens described so far span
+
+    def _logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+        if entries is None or self.token_bytes is None:
+            return None
+        tokens, offsets, tops = [], [], []
+        for entry in entries:
+            text, _ = self._token(entry.token_id)
+            tokens.append(text)
+            offsets.append(self._offset)
+            self._offset += len(text)
+            tops.append({self._token(i)[0]: lp for i, lp in entry.top} if entry.top else None)
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": tops, "text_offset": offsets}  # fmt: skip
+
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        return self._choice(text=text, logprobs=self._logprobs(logprobs), finish_reason=None)
 
     def final_events(self, done: Completion) -> list[dict[str, Any]]:
         final = self._choice(text="", logprobs=None, finish_reason=_finish(done))
         return [final, *self._usage_events(done)]
 
     def body(self, done: Completion) -> dict[str, Any]:
-        answer = self._choice(text=done.text, logprobs=None, finish_reason=_finish(done))
+        logprobs = self._logprobs(done.logprobs)
+        answer = self._choice(text=done.text, logprobs=logprobs, finish_reason=_finish(done))
         return {**answer, "usage": _usage(done)}
 
 
@@ -228,10 +269,26 @@ ResponseFormat = Annotated[
 class ChatBody(_OpenAIBody):
     """POST /v1/chat/completions."""
 
+    # The schema says the one rule between fields: top_logprobs needs logprobs: true.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"top_logprobs": {"type": "integer"}},
+                   "required": ["top_logprobs"]},
+            "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+        }
+    )  # fmt: skip
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: TokenLimit | None = None
     response_format: ResponseFormat | None = None
-    logprobs: Literal[False] = Field(default=False, description="not supported")
+    logprobs: bool = Field(
+        default=False,
+        description="each token's log probability (of the model's distribution, before "
+        "temperature, top_p and penalties)",
+    )
+    top_logprobs: Annotated[int, Field(ge=0, le=20), BeforeValidator(integral)] | None = Field(
+        default=None, description="this many most likely alternatives per token (needs logprobs)"
+    )
     tools: list[dict[str, Any]] | None = Field(
         default=None, max_length=0, description="not supported"
     )
@@ -247,6 +304,8 @@ class ChatBody(_OpenAIBody):
         return self.max_tokens, "max_tokens"
 
     def to_generation(self, served: Served) -> GenerationRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
         # OpenAI's default for chat: as many as fit (the server's limit, capped by the context).
         options, field = self._options(served, served.max_new_tokens)
         return GenerationRequest(
@@ -256,13 +315,16 @@ class ChatBody(_OpenAIBody):
             stop=tuple(self.stop or ()),
             guidance=self.response_format.guidance() if self.response_format else None,
             limit_field=field,
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
         )
 
     def reply(self, request_id: str, served: Served) -> Reply:
         base = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": served.model,
                 "system_fingerprint": f"fp_{served.digest[:12]}"}  # fmt: skip
-        return ChatReply(base, self._usage_base(base))
+        return ChatReply(
+            base, self._usage_base(base), served.token_bytes if self.logprobs else None
+        )
 
 
 class ChatReply(_OpenAIReply):
@@ -272,8 +334,23 @@ class ChatReply(_OpenAIReply):
         delta = {"role": "assistant", "content": ""}
         return [self._choice(delta=delta, logprobs=None, finish_reason=None)]
 
-    def delta(self, text: str) -> dict[str, Any]:
-        return self._choice(delta={"content": text}, logprobs=None, finish_reason=None)
+    def _logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+        if entries is None or self.token_bytes is None:
+            return None
+
+        def token(token_id: int, logprob: float) -> dict[str, Any]:
+            text, raw = self._token(token_id)
+            return {"token": text, "logprob": logprob, "bytes": raw}
+
+        content = [
+            {**token(e.token_id, e.logprob), "top_logprobs": [token(i, lp) for i, lp in e.top]}
+            for e in entries
+        ]
+        return {"content": content, "refusal": None}
+
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        chunk_logprobs = self._logprobs(logprobs)
+        return self._choice(delta={"content": text}, logprobs=chunk_logprobs, finish_reason=None)
 
     def final_events(self, done: Completion) -> list[dict[str, Any]]:
         final = self._choice(delta={}, logprobs=None, finish_reason=_finish(done))
@@ -281,5 +358,6 @@ class ChatReply(_OpenAIReply):
 
     def body(self, done: Completion) -> dict[str, Any]:
         message = {"role": "assistant", "content": done.text, "refusal": None}
-        answer = self._choice(message=message, logprobs=None, finish_reason=_finish(done))
+        logprobs = self._logprobs(done.logprobs)
+        answer = self._choice(message=message, logprobs=logprobs, finish_reason=_finish(done))
         return {**answer, "object": "chat.completion", "usage": _usage(done)}

@@ -273,6 +273,39 @@ def test_generate_guided_regex_grammar_and_json(target: Target) -> None:
     assert "cannot be followed" in str(_error(unspellable, 400)["message"])
 
 
+def test_logprobs_chat_and_completions(target: Target) -> None:
+    """OpenAI's log probabilities: greedy tokens are their position's most likely token,
+    the bytes spell the text, a stream carries the same entries as the whole answer."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+            "temperature": 0, "logprobs": True, "top_logprobs": 3}  # fmt: skip
+    whole = target.call("POST", "/v1/chat/completions", chat).json()["choices"][0]
+    content = whole["logprobs"]["content"]
+    assert len(content) == 8 and whole["logprobs"]["refusal"] is None
+    for entry in content:
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
+        best = entry["top_logprobs"][0]
+        assert (best["token"], best["logprob"]) == (entry["token"], entry["logprob"])
+        assert [t["logprob"] for t in entry["top_logprobs"]] == sorted(
+            (t["logprob"] for t in entry["top_logprobs"]), reverse=True
+        )
+    spelled = bytes(b for entry in content for b in entry["bytes"])
+    assert spelled.decode("utf-8", "replace") == whole["message"]["content"]
+    events = target.call("POST", "/v1/chat/completions", {**chat, "stream": True}).events()
+    streamed = [e for ev in events if isinstance(ev, dict) and ev.get("choices")
+                for e in (ev["choices"][0]["logprobs"] or {"content": []})["content"]]  # fmt: skip
+    assert streamed == content
+    assert target.call("POST", "/v1/chat/completions", {**chat, "logprobs": False}).status == 400
+    plain = target.call("POST", "/v1/chat/completions", {**chat, "logprobs": None,
+                                                         "top_logprobs": None}).json()  # fmt: skip
+    assert plain["choices"][0]["logprobs"] is None
+    completion = {"prompt": "Hello", "max_tokens": 5, "temperature": 0, "logprobs": 2}
+    legacy = target.call("POST", "/v1/completions", completion).json()
+    choice = legacy["choices"][0]["logprobs"]
+    assert len(choice["tokens"]) == len(choice["token_logprobs"]) == 5
+    assert all(len(top) == 2 for top in choice["top_logprobs"])
+    assert choice["text_offset"][0] == 0 and choice["text_offset"] == sorted(choice["text_offset"])
+
+
 def test_ollama_routes(target: Target) -> None:
     """Ollama's API on every target: NDJSON streams that add up to the whole answer,
     the model routes, and errors in Ollama's shape."""
@@ -480,7 +513,11 @@ def test_null_means_the_default(target: Target) -> None:
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]},
          "messages.0.content"),
         ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
-        ("/v1/chat/completions", {**_CHAT, "logprobs": True}, "logprobs"),
+        ("/v1/chat/completions", {**_CHAT, "logprobs": "yes"}, "logprobs"),
+        ("/v1/chat/completions", {**_CHAT, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {**_CHAT, "logprobs": True, "top_logprobs": 21},
+         "top_logprobs"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 6}, "logprobs"),
     ],
 )  # fmt: skip
 def test_no_coercion_and_the_routes_own_field_names(

@@ -17,7 +17,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from core.engine import Engine, SamplingOptions
+from core.generation import GenerationRequest
 from core.manifest import read_manifest
+from core.service import Service
 from core.settings import EngineSettings
 from tests.functional.bakehelp import bake_fails
 from tests.functional.harness import API_KEY, edge_server
@@ -87,6 +89,32 @@ def test_fp32_bake_equals_transformers_greedy(real_hf_dir: Path, real_fp32_dir: 
             out = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
         expected = [int(t) for t in out[0, len(ids) :] if int(t) not in eos]
         assert list(engine.stream_tokens(ids, SamplingOptions(32))) == expected, prompt
+
+
+def test_logprobs_equal_transformers_log_softmax(real_hf_dir: Path, real_fp32_dir: Path) -> None:
+    """The log probability the service gives each greedy token equals the log-softmax of
+    transformers' fp32 logits at that position (within 1e-3), alternatives too."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(real_hf_dir), dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]  # untyped upstream
+    service = Service.load(EngineSettings(model_dir=real_fp32_dir, providers="cpu"))
+    messages = [{"role": "user", "content": PROMPTS[2]}]
+    done = service.generate(GenerationRequest(messages=messages, options=SamplingOptions(12),
+                                              logprobs=3))  # fmt: skip
+    assert done.logprobs is not None and len(done.logprobs) == done.completion_tokens == 12
+    prompt = service.engine.prompt_ids(GenerationRequest(messages=messages))
+    generated = [entry.token_id for entry in done.logprobs]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + generated])).logits[0]
+    reference = torch.log_softmax(logits.double(), dim=-1)
+    for i, entry in enumerate(done.logprobs):
+        row = reference[len(prompt) - 1 + i]
+        assert abs(entry.logprob - float(row[entry.token_id])) < 1e-3, i
+        assert entry.top[0][0] == entry.token_id  # greedy: the most likely token
+        for token_id, logprob in entry.top:
+            assert abs(logprob - float(row[token_id])) < 1e-3, (i, token_id)
 
 
 def test_default_bake_answers_factual_questions_as_fp32_does(

@@ -14,7 +14,7 @@ from core.settings import DEFAULT_PROVIDER_ORDER, EngineSettings
 
 def test_every_design_target_exists() -> None:
     assert set(TARGETS) == {
-        "lambda-x86_64", "lambda-arm64", "gcf", "edge-aarch64", "edge-x86_64", "cuda"
+        "lambda-x86_64", "lambda-arm64", "gcf", "cloudrun", "edge-aarch64", "edge-x86_64", "cuda"
     }  # fmt: skip
     assert get_target("cuda").builder_ep == "cuda"
     assert get_target("edge-aarch64").arch == "aarch64"
