@@ -4,10 +4,14 @@
 # It checks the machine (architecture, Python >= 3.11, glibc >= 2.28) and the bundle (every
 # file against BUNDLE-MANIFEST.sha256) before it changes anything, then installs:
 #   PREFIX/opt/ortserve/venv                 a venv from the bundle's wheels (pip --no-index)
-#   PREFIX/var/lib/ortserve/model            the baked model (the unit's state directory)
+#   PREFIX/var/lib/ortserve/models/<digest>  the baked model, one folder per manifest digest
+#   PREFIX/var/lib/ortserve/current          -> models/<digest>: the served one (symlinks are
+#   PREFIX/var/lib/ortserve/previous         -> models/<digest>  flipped last); rollback target
 #   PREFIX/etc/systemd/system/ortserve.service
 #   PREFIX/etc/ortserve/ortserve.env         settings; an existing file is never overwritten
-# and enables and starts the unit when systemd runs this machine (and PREFIX is /).
+# and enables and starts the unit when systemd runs this machine (and PREFIX is /). A new
+# model while the service runs is a blue/green reload (no request lost); if it cannot load,
+# the links go back and the old model keeps serving. --rollback returns to `previous`.
 # Running it again changes nothing unless the bundle (or --python) changed. It never
 # downloads anything. POSIX sh: Debian's dash runs it.
 
@@ -29,7 +33,8 @@ Options:
   --python PATH   the Python to build the venv with (default: python3; >= 3.11)
   --dry-run       check everything and print what would be done; change nothing
   --no-systemd    do not call systemctl (containers, tests); print how to start by hand
-  --uninstall     remove the unit, the venv and the model (the settings file stays)
+  --rollback      serve the previous model again (swap current and previous, reload)
+  --uninstall     remove the unit, the venv and the models (the settings file stays)
   --purge         with --uninstall: remove the settings file too
   -h, --help      this help
 EOF
@@ -47,6 +52,7 @@ PREFIX=/
 PYTHON=python3
 DRY_RUN=0
 UNINSTALL=0
+ROLLBACK=0
 PURGE=0
 USE_SYSTEMD=1
 while [ $# -gt 0 ]; do
@@ -81,6 +87,10 @@ while [ $# -gt 0 ]; do
         UNINSTALL=1
         shift
         ;;
+    --rollback)
+        ROLLBACK=1
+        shift
+        ;;
     --purge)
         PURGE=1
         shift
@@ -108,7 +118,10 @@ while [ "${P%/}" != "$P" ]; do P=${P%/}; done # "" for /
 BUNDLE=$(cd "$(dirname "$0")" && pwd -P)
 VENV=$P/opt/ortserve/venv
 STATE=$P/var/lib/ortserve
-MODEL=$STATE/model
+MODELS=$STATE/models
+CURRENT=$STATE/current
+PREVIOUS=$STATE/previous
+LEGACY_MODEL=$STATE/model # before versioned folders: migrated on update
 UNIT=$P/etc/systemd/system/$UNIT_NAME
 ENVFILE=$P/etc/ortserve/ortserve.env
 STAMP=$VENV/.ortserve-bundle
@@ -158,9 +171,10 @@ uninstall() {
         found=1
         run rm -rf "$P/opt/ortserve"
     fi
-    if [ -e "$MODEL" ] || [ -e "$MODEL.new" ] || [ -e "$MODEL.old" ]; then
+    if [ -e "$MODELS" ] || [ -e "$CURRENT" ] || [ -L "$CURRENT" ] || [ -L "$PREVIOUS" ] ||
+        [ -e "$LEGACY_MODEL" ]; then
         found=1
-        run rm -rf "$MODEL" "$MODEL.new" "$MODEL.old"
+        run rm -rf "$MODELS" "$CURRENT" "$PREVIOUS" "$LEGACY_MODEL"
     fi
     # The state directory is systemd's (with DynamicUser= a link into /var/lib/private):
     # removed only when nothing else is left in it.
@@ -189,8 +203,37 @@ uninstall() {
     fi
 }
 
+# set_link LINK TARGET: point the symlink LINK at TARGET atomically (rename over it).
+set_link() {
+    run ln -sfn "$2" "$1.tmp"
+    run mv -T "$1.tmp" "$1" # GNU coreutils: -T replaces the link, not a file inside its folder
+}
+
+ENVFILE_PORT=$(sed -n 's/^ORTSERVE_PORT=//p' "$ENVFILE" 2>/dev/null | tail -n 1)
+
+# --rollback: swap current and previous, then (systemd) a blue/green reload that waits
+# for /readyz; `ortserve rollback` puts the links back if the daemon cannot load it.
+rollback() {
+    need_root --rollback
+    cur=$(readlink "$CURRENT" 2>/dev/null) || die "nothing installed under $PREFIX ($CURRENT is not a symlink)"
+    prev=$(readlink "$PREVIOUS" 2>/dev/null) || die "no previous model to roll back to ($PREVIOUS is absent)"
+    [ -f "$STATE/$prev/manifest.json" ] || die "the previous model $STATE/$prev is gone or incomplete"
+    if [ "$SYSTEMD" = 1 ] && systemctl is-active --quiet "$UNIT_NAME"; then
+        run "$VENV/bin/ortserve" rollback --state-dir "$STATE" --env-file "$ENVFILE" ||
+            die "rollback failed (see above); the model that served before still serves"
+        return
+    fi
+    set_link "$PREVIOUS" "$cur"
+    set_link "$CURRENT" "$prev"
+    say "current -> $prev, previous -> $cur; the daemon serves it from its next start or reload (kill -HUP its process)"
+}
+
 if [ "$UNINSTALL" = 1 ]; then
     uninstall
+    exit 0
+fi
+if [ "$ROLLBACK" = 1 ]; then
+    rollback
     exit 0
 fi
 
@@ -356,18 +399,38 @@ else
     CHANGED=1
 fi
 
-if [ -f "$MODEL/manifest.json" ] && cmp -s "$BUNDLE/model/manifest.json" "$MODEL/manifest.json"; then
-    say "model $MODEL: up to date"
+# The model: its own folder models/<digest>, prepared beside the served one; the links
+# are flipped after everything else is in place (see the end).
+DIGEST=$(sha256sum "$BUNDLE/model/manifest.json" | cut -c1-64)
+NEW_MODEL=$MODELS/$DIGEST
+MODEL_CHANGED=0
+OLD_TARGET=$(readlink "$CURRENT" 2>/dev/null) || OLD_TARGET=
+OLD_PREVIOUS=$(readlink "$PREVIOUS" 2>/dev/null) || OLD_PREVIOUS=
+if [ -z "$OLD_TARGET" ] && [ -f "$LEGACY_MODEL/manifest.json" ] && [ ! -L "$LEGACY_MODEL" ]; then
+    # An install from before versioned folders: its model becomes models/<digest>.
+    legacy=$(sha256sum "$LEGACY_MODEL/manifest.json" | cut -c1-64)
+    say "moving the installed model $LEGACY_MODEL to $MODELS/$legacy"
+    run mkdir -p "$MODELS"
+    [ -e "$MODELS/$legacy" ] || run mv "$LEGACY_MODEL" "$MODELS/$legacy"
+    run rm -rf "$LEGACY_MODEL"
+    set_link "$CURRENT" "models/$legacy"
+    OLD_TARGET=models/$legacy
+fi
+if [ "$OLD_TARGET" = "models/$DIGEST" ] && [ -f "$NEW_MODEL/manifest.json" ]; then
+    say "model $NEW_MODEL: up to date"
 else
-    stop_service
-    say "installing the model into $MODEL"
-    run mkdir -p "$STATE"
-    run rm -rf "$MODEL.new" "$MODEL.old"
-    run cp -R "$BUNDLE/model" "$MODEL.new"
-    run chmod -R u+rwX,go+rX,go-w "$MODEL.new"
-    if [ -e "$MODEL" ]; then run mv "$MODEL" "$MODEL.old"; fi
-    run mv "$MODEL.new" "$MODEL"
-    run rm -rf "$MODEL.old"
+    if [ -f "$NEW_MODEL/manifest.json" ] && cmp -s "$BUNDLE/model/manifest.json" "$NEW_MODEL/manifest.json"; then
+        say "model $NEW_MODEL: already on disk"
+    else
+        say "installing the model into $NEW_MODEL"
+        run mkdir -p "$MODELS"
+        run rm -rf "$MODELS/.$DIGEST.tmp"
+        run cp -R "$BUNDLE/model" "$MODELS/.$DIGEST.tmp"
+        run chmod -R u+rwX,go+rX,go-w "$MODELS/.$DIGEST.tmp"
+        run rm -rf "$NEW_MODEL"
+        run mv "$MODELS/.$DIGEST.tmp" "$NEW_MODEL"
+    fi
+    MODEL_CHANGED=1
     CHANGED=1
 fi
 
@@ -398,11 +461,41 @@ else
     CHANGED=1
 fi
 
-PORT=$(sed -n 's/^ORTSERVE_PORT=//p' "$ENVFILE" 2>/dev/null | tail -n 1)
+# Last, the links: current -> the new model, previous -> the one it replaces (kept on
+# disk for --rollback); other model folders go.
+if [ "$MODEL_CHANGED" = 1 ]; then
+    if [ -n "$OLD_TARGET" ] && [ "$OLD_TARGET" != "models/$DIGEST" ]; then
+        set_link "$PREVIOUS" "$OLD_TARGET"
+    fi
+    set_link "$CURRENT" "models/$DIGEST"
+    keep_prev=$(readlink "$PREVIOUS" 2>/dev/null) || keep_prev=
+    if [ "$DRY_RUN" = 0 ]; then
+        for old in "$MODELS"/*; do
+            case models/${old##*/} in
+            "models/$DIGEST" | "$keep_prev") ;;
+            *) [ ! -d "$old" ] || rm -rf "$old" ;;
+            esac
+        done
+    fi
+fi
+
+PORT=$ENVFILE_PORT
 if [ "$SYSTEMD" = 1 ]; then
     [ "$UNIT_CHANGED" = 0 ] || run systemctl daemon-reload
     if [ "$CHANGED" = 1 ] && [ "$WAS_ACTIVE" = 0 ] && systemctl is-active --quiet "$UNIT_NAME"; then
-        run systemctl restart "$UNIT_NAME" # a changed unit file applies on restart
+        if [ "$MODEL_CHANGED" = 1 ] && [ "$UNIT_CHANGED" = 0 ]; then
+            # Only the model (the venv and unit are as they were): a blue/green reload.
+            say "switching the running service to the new model (blue/green: no request is lost)"
+            if ! run "$VENV/bin/ortserve" reload --state-dir "$STATE" --env-file "$ENVFILE"; then
+                if [ -n "$OLD_TARGET" ]; then
+                    set_link "$CURRENT" "$OLD_TARGET"
+                    if [ -n "$OLD_PREVIOUS" ] && [ -d "$STATE/$OLD_PREVIOUS" ]; then set_link "$PREVIOUS" "$OLD_PREVIOUS"; fi
+                fi
+                die "the new model did not load (see above); the previous one keeps serving and $CURRENT names it again"
+            fi
+        else
+            run systemctl restart "$UNIT_NAME" # a changed unit file applies on restart
+        fi
     fi
     # Type=notify: this waits until the model is loaded (READY=1) or the start fails.
     if ! run systemctl enable --now "$UNIT_NAME"; then
@@ -411,7 +504,7 @@ if [ "$SYSTEMD" = 1 ]; then
     say "ortserve runs: systemctl status ortserve; curl http://127.0.0.1:${PORT:-8000}/readyz"
 else
     say "not enabling the unit: $NO_SYSTEMD_WHY. To start the daemon by hand:"
-    printf '  ORTSERVE_MODEL_DIR=%s sh -c %s\n' "$MODEL" \
+    printf '  ORTSERVE_MODEL_DIR=%s sh -c %s\n' "$CURRENT" \
         "'set -a; . $ENVFILE; set +a; exec $VENV/bin/ortserve serve'"
 fi
 if [ "$CHANGED" = 0 ]; then

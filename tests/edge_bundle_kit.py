@@ -31,7 +31,7 @@ MODEL_SOURCE = "builtin:tiny-llama"
 UNIT_REL = "etc/systemd/system/ortserve.service"
 ENV_REL = "etc/ortserve/ortserve.env"
 VENV_REL = "opt/ortserve/venv"
-MODEL_REL = "var/lib/ortserve/model"
+MODEL_REL = "var/lib/ortserve/current"  # a symlink to models/<manifest digest>
 
 
 def _bundle_key(target: str) -> str:

@@ -6,6 +6,7 @@ install (venv, daemon) is in tests/functional/test_edge_bundle.py.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -88,7 +89,10 @@ def test_dry_run_checks_and_plans_but_changes_nothing(bundle: Path, tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     assert "checks passed" in proc.stdout
     assert f"would run: {python} -m venv --without-pip {prefix}/{VENV_REL}" in proc.stdout
-    assert f"would run: cp -R {bundle}/model {prefix}/{MODEL_REL}.new" in proc.stdout
+    digest = hashlib.sha256((bundle / "model" / "manifest.json").read_bytes()).hexdigest()
+    models = f"{prefix}/var/lib/ortserve/models"
+    assert f"would run: cp -R {bundle}/model {models}/.{digest}.tmp" in proc.stdout
+    assert f"would run: mv -T {prefix}/{MODEL_REL}.tmp {prefix}/{MODEL_REL}" in proc.stdout
     assert "--no-index" in proc.stdout
     assert "dry run: nothing was changed" in proc.stdout
     assert not prefix.exists()
@@ -274,7 +278,7 @@ def test_systemd_calls_install_start_update_and_remove(bundle: Path, tmp_path: P
     # A venv built from this bundle already: only the model, unit and settings go in.
     venv_bin = prefix / VENV_REL / "bin"
     venv_bin.mkdir(parents=True)
-    (venv_bin / "ortserve").write_text("#!/bin/sh\n", encoding="utf-8")
+    (venv_bin / "ortserve").write_text(f'#!/bin/sh\necho "$*" >>{venv_bin}/calls\n', "utf-8")
     (venv_bin / "ortserve").chmod(0o755)
     (prefix / VENV_REL / ".ortserve-bundle").write_text(venv_stamp(bundle, python), "utf-8")
     args = ("--prefix", str(prefix), "--python", str(python))
@@ -283,23 +287,40 @@ def test_systemd_calls_install_start_update_and_remove(bundle: Path, tmp_path: P
     first = install(bundle, *args, env=systemd.env)
     assert first.returncode == 0, first.stderr
     assert "venv" in first.stdout and "up to date" in first.stdout
-    assert systemd.calls() == [f"is-active --quiet {unit}", "daemon-reload",
-                               f"is-active --quiet {unit}", f"enable --now {unit}"]  # fmt: skip
+    assert systemd.calls() == ["daemon-reload", f"is-active --quiet {unit}",
+                               f"enable --now {unit}"]  # fmt: skip
     assert "ortserve runs: systemctl status ortserve" in first.stdout
 
     again = install(bundle, *args, env=systemd.env)
     assert "nothing changed" in again.stdout
     assert systemd.calls() == [f"enable --now {unit}"]
 
-    # A new model while the service runs: stopped first, started after.
+    # A new model while the service runs: a blue/green reload (`ortserve reload` waits
+    # for it), never a stop; the old model stays on disk as `previous`.
+    first_model = os.readlink(prefix / MODEL_REL)
     replace = bundle / "model" / "manifest.json"
     replace.write_text('{"model_name": "fake-2"}\n', encoding="utf-8")
     write_bundle_manifest(bundle)
     update = install(bundle, *args, env=systemd.env)
     assert update.returncode == 0, update.stderr
     assert "venv" in update.stdout and "up to date" in update.stdout  # same wheels
-    assert systemd.calls() == [f"is-active --quiet {unit}", f"stop {unit}",
-                               f"enable --now {unit}"]  # fmt: skip
+    assert "blue/green" in update.stdout
+    assert systemd.calls() == [f"is-active --quiet {unit}", f"enable --now {unit}"]
+    state = prefix / "var" / "lib" / "ortserve"
+    assert (venv_bin / "calls").read_text().splitlines() == [
+        f"reload --state-dir {state} --env-file {prefix}/{ENV_REL}"
+    ]
+    assert os.readlink(state / "previous") == first_model
+    assert os.readlink(prefix / MODEL_REL) != first_model
+    (venv_bin / "calls").unlink()
+
+    # --rollback while it runs: `ortserve rollback` swaps the links and reloads.
+    back = install(bundle, "--rollback", *args, env=systemd.env)
+    assert back.returncode == 0, back.stderr
+    assert (venv_bin / "calls").read_text().splitlines() == [
+        f"rollback --state-dir {state} --env-file {prefix}/{ENV_REL}"
+    ]
+    systemd.calls()
 
     # A changed unit file alone: reloaded and restarted.
     (prefix / UNIT_REL).write_text("[Unit]\n", encoding="utf-8")
@@ -310,3 +331,58 @@ def test_systemd_calls_install_start_update_and_remove(bundle: Path, tmp_path: P
     gone = install(bundle, "--uninstall", *args[:2], env=systemd.env)
     assert gone.returncode == 0, gone.stderr
     assert systemd.calls() == [f"disable --now {unit}", "daemon-reload"]
+
+
+def test_updates_keep_the_previous_model_and_rollback_swaps_the_links(
+    bundle: Path, tmp_path: Path
+) -> None:
+    prefix = tmp_path / "prefix"
+    python = fake_python(tmp_path / "bin", host_report())
+    venv = prefix / VENV_REL
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "ortserve").write_text("#!/bin/sh\n", encoding="utf-8")
+    (venv / "bin" / "ortserve").chmod(0o755)
+    (venv / ".ortserve-bundle").write_text(venv_stamp(bundle, python), "utf-8")
+    # An install from before versioned folders: the model in var/lib/ortserve/model.
+    state = prefix / "var" / "lib" / "ortserve"
+    shutil.copytree(bundle / "model", state / "model")
+    (state / "model" / "manifest.json").write_text('{"model_name": "legacy"}\n', "utf-8")
+    args = ("--prefix", str(prefix), "--python", str(python), "--no-systemd")
+
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    first = install(bundle, *args)
+    assert first.returncode == 0, first.stderr
+    new = f"models/{digest(read(bundle / 'model' / 'manifest.json'))}"
+    legacy = "models/" + digest('{"model_name": "legacy"}\n')
+    assert not (state / "model").exists()
+    assert os.readlink(state / "current") == new and os.readlink(state / "previous") == legacy
+    assert (state / "current" / "model.onnx").is_file()
+    assert f"ORTSERVE_MODEL_DIR={state}/current" in first.stdout
+
+    # A third model: the oldest goes, the one it replaces is kept.
+    (bundle / "model" / "manifest.json").write_text('{"model_name": "third"}\n', "utf-8")
+    write_bundle_manifest(bundle)
+    assert install(bundle, *args).returncode == 0
+    third = "models/" + digest('{"model_name": "third"}\n')
+    assert os.readlink(state / "current") == third and os.readlink(state / "previous") == new
+    assert sorted(p.name for p in (state / "models").iterdir()) == sorted(
+        [third.split("/")[1], new.split("/")[1]]
+    )
+
+    back = install(bundle, "--rollback", *args)
+    assert back.returncode == 0, back.stderr
+    assert os.readlink(state / "current") == new and os.readlink(state / "previous") == third
+    again = install(bundle, "--rollback", *args)
+    assert again.returncode == 0
+    assert os.readlink(state / "current") == third
+
+    (state / "previous").unlink()
+    refused = install(bundle, "--rollback", *args)
+    assert refused.returncode == 1
+    assert "no previous model to roll back to" in refused.stderr
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
