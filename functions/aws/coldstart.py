@@ -1,10 +1,11 @@
 """The cold start both Lambda images share: the API keys and the model, ready to load.
 
-API keys come from the settings plus Secrets Manager or SSM; the model from the image,
-or from S3 into /tmp. The buffered image (`functions.aws.runtime`) runs this in the init
-phase or in the first invoke, and again after a failure; the streaming image
-(`functions.aws.serve`) runs it before the edge daemon starts and exits on a failure.
-A failure is logged the same way by both.
+API keys come from the settings plus Secrets Manager or SSM (none at all is refused
+unless `allow_unauthenticated` says so); the model from the image, or from S3 into /tmp.
+The buffered image (`functions.aws.runtime`) runs this in the init phase or in the first
+invoke, and again after a failure; the streaming image (`functions.aws.serve`) runs it
+before the edge daemon starts and exits on a failure. A failure is logged the same way
+by both.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ if TYPE_CHECKING:
 S = TypeVar("S", bound=LambdaSettings)
 
 _MB = 1024 * 1024
+NO_KEYS = (
+    "no API key is configured: set ApiKeysSecretArn or ApiKeysParameterName "
+    "(ORTSERVE_API_KEYS_SECRET_ID, ORTSERVE_API_KEYS_SSM_PARAMETER or ORTSERVE_API_KEYS), "
+    "or AllowUnauthenticated=true (ORTSERVE_ALLOW_UNAUTHENTICATED=true) to serve without "
+    "authentication"
+)
 
 
 def model_settings(settings: S) -> S:
@@ -59,10 +66,13 @@ def cold_start(settings: S, log: JsonLog, s3: Callable[[], S3Client] | None = No
         s3: Makes the S3 client, when the caller keeps one; else one is made if needed.
 
     Raises:
-        SetupError: A key source or the model cannot be read (already logged).
+        SetupError: A key source or the model cannot be read, or there is no key and
+            `allow_unauthenticated` is off (already logged).
     """
     try:
         keys = resolve_api_keys(settings)
+        if not keys and not settings.allow_unauthenticated:
+            raise SetupError(NO_KEYS)
         figures: dict[str, Any] = {}
         if settings.model_s3_uri:
             fetched = fetch_model(

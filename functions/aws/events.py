@@ -36,10 +36,18 @@ class EventError(Exception):
 
 @dataclass(frozen=True)
 class HttpEvent:
-    """An HTTP event translated for the core, with the shape its result must take."""
+    """An HTTP event translated for the core, with the shape its result must take.
+
+    Attributes:
+        version: The payload format, which the result must use too.
+        request: The request for the core.
+        function_url: It came through a Function URL (whose limit is the function's
+            timeout), not API Gateway (which cuts an integration at 30 s).
+    """
 
     version: Version
     request: Request
+    function_url: bool = False
 
 
 def _str_map(value: object, what: str, version: Version) -> dict[str, str]:
@@ -126,6 +134,13 @@ def _v2(event: Mapping[str, Any]) -> Request:
     return Request(method.upper(), path, Headers(pairs), _body(event, "2.0"))
 
 
+def _is_function_url(event: Mapping[str, Any]) -> bool:
+    """A Function URL's event names its `<url-id>.lambda-url.<region>.on.aws` domain."""
+    context = event.get("requestContext")
+    domain = context.get("domainName") if isinstance(context, Mapping) else None
+    return isinstance(domain, str) and ".lambda-url." in domain
+
+
 def parse_event(event: object) -> HttpEvent:
     """Translate an API Gateway (1.0 or 2.0) or Function URL event.
 
@@ -136,7 +151,7 @@ def parse_event(event: object) -> HttpEvent:
         raise EventError("the event is not a JSON object")
     version = event.get("version")
     if version == "2.0":
-        return HttpEvent("2.0", _v2(event))
+        return HttpEvent("2.0", _v2(event), _is_function_url(event))
     if version == "1.0" or (version is None and "httpMethod" in event):
         return HttpEvent("1.0", _v1(event))
     raise EventError(

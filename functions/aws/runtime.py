@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from core.state import ModelState
 from functions.aws.buffer import buffered_result, error_result
 from functions.aws.coldstart import cold_start, model_settings
 from functions.aws.errors import SetupError
-from functions.aws.events import EventError, Version, parse_event
+from functions.aws.events import EventError, HttpEvent, Version, parse_event
 from functions.aws.model_source import remote_model_bytes, s3_client
 from functions.aws.settings import LambdaSettings, LoadAtInit
 
@@ -224,6 +225,7 @@ class LambdaApp:
     def handle(self, event: object, context: object = None) -> dict[str, Any]:
         """Answer one API Gateway (REST 1.0, HTTP 2.0) or Function URL event; never raises."""
         self._aws_request_id = getattr(context, "aws_request_id", None)
+        started = time.monotonic()
         version: Version = "2.0"
         try:
             try:
@@ -233,14 +235,28 @@ class LambdaApp:
                 self._log.write("WARNING", "not an HTTP event", reason=exc.message)
                 return error_result(version, InvalidRequestError(exc.message))
             version = parsed.version
-            if parsed.request.path not in _NO_SETUP_ROUTES:
+            request = replace(parsed.request, deadline=self.deadline(parsed, context, started))
+            if request.path not in _NO_SETUP_ROUTES:
                 self.ensure_ready()
-            return self.answer(parsed.request, version)
+            return self.answer(request, version)
         except Exception:  # never an exception out of the handler: Lambda would answer 502
             log.exception("unhandled error in the Lambda handler")
             return error_result(version, OrtServeError("internal error"))
         finally:
             self._aws_request_id = None
+
+    def deadline(self, event: HttpEvent, context: object, started: float) -> float | None:
+        """When a generation for this invoke must end (`time.monotonic()`), so that the
+        client reads a timeout error: a margin before the invoke's own end and, for API
+        Gateway events, before the API's limit. None without a Lambda context."""
+        margin = self.settings.lambda_deadline_margin_s
+        limits = []
+        remaining_ms = getattr(context, "get_remaining_time_in_millis", None)
+        if callable(remaining_ms):
+            limits.append(started + remaining_ms() / 1000 - margin)
+        if not event.function_url:
+            limits.append(started + self.settings.lambda_api_gateway_timeout_s - margin)
+        return min(limits) if limits else None
 
     def answer(self, request: Request, version: Version) -> dict[str, Any]:
         """The buffered result of one core request, in the event shape `version`."""

@@ -48,6 +48,9 @@ class LambdaSettings(ServerSettings):
             JSON list or a comma-separated list of API keys, added to `api_keys`.
         api_keys_ssm_parameter: An SSM parameter (SecureString, String or StringList)
             holding API keys the same way, added to `api_keys`.
+        allow_unauthenticated: Serve without any API key. Off by default: with no key
+            from any source the cold start fails and every invoke answers 503 with the
+            reason (the template's AllowUnauthenticated parameter sets it).
         lambda_load_at_init: `always` loads the model during init, `never` on the first
             invoke, `auto` during init when the estimate fits `lambda_init_budget_s`.
         lambda_init_budget_s: The part of Lambda's 10 s on-demand init the model may use.
@@ -57,6 +60,11 @@ class LambdaSettings(ServerSettings):
             are answered with an error (streams: cut, with an error event).
         lambda_retry_failed_s: After a failed cold start (S3, keys, model), the next
             invoke at least this much later tries again.
+        lambda_deadline_margin_s: A buffered generation ends this long before the invoke
+            does (`context.get_remaining_time_in_millis()`), or before API Gateway's
+            limit, so that the client reads a timeout error instead of Lambda's own.
+        lambda_api_gateway_timeout_s: API Gateway's limit on an integration (an HTTP
+            API's is 30 s at most; a REST API's 29 s by default), for API Gateway events.
         initialization_type: `AWS_LAMBDA_INITIALIZATION_TYPE` (on-demand,
             provisioned-concurrency, snap-start, ...).
         function_memory_mb: `AWS_LAMBDA_FUNCTION_MEMORY_SIZE`; sets the default thread
@@ -73,6 +81,7 @@ class LambdaSettings(ServerSettings):
     model_cache_dir: Path = Path("/tmp/ortserve-models")  # noqa: S108 (Lambda's only writable place)
     api_keys_secret_id: str | None = None
     api_keys_ssm_parameter: str | None = None
+    allow_unauthenticated: bool = False
     lambda_load_at_init: LoadAtInit = "auto"
     lambda_init_budget_s: float = Field(default=8.0, ge=0, le=900)
     lambda_read_mb_per_s: float = Field(default=80.0, gt=0)
@@ -80,6 +89,8 @@ class LambdaSettings(ServerSettings):
         default=SYNC_RESPONSE_LIMIT - 64 * 1024, ge=4096, le=SYNC_RESPONSE_LIMIT
     )
     lambda_retry_failed_s: float = Field(default=30.0, ge=0)
+    lambda_deadline_margin_s: float = Field(default=2.0, ge=0, le=60)
+    lambda_api_gateway_timeout_s: float = Field(default=30.0, gt=0, le=900)
     max_batch: int = Field(default=1, ge=1, le=64)
     initialization_type: str | None = Field(
         default=None, validation_alias=AliasChoices("AWS_LAMBDA_INITIALIZATION_TYPE")

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from benchmarks.support.lambda_events import v2_event
 from core.api import Api
 from core.settings import ServerSettings
 from core.state import ModelState
-from functions.aws.events import encoded_size
+from functions.aws.events import encoded_size, parse_event
 from functions.aws.runtime import LambdaApp
 from tests.functional.harness import API_KEY, InProcess, normalized
 from tests.functional.lambda_target import FakeContext, LambdaTarget, decode_result, lambda_app
@@ -243,10 +244,72 @@ def test_the_handler_module_imports_no_web_framework_and_no_boto3(tiny_model_dir
             "print(json.dumps({'loaded': sorted(m for m in mods if m in sys.modules), "
             "'status': h.app.state.status}))")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
-    env.update(ORTSERVE_MODEL_DIR=str(tiny_model_dir), ORTSERVE_PROVIDERS="cpu")
+    env.update(ORTSERVE_MODEL_DIR=str(tiny_model_dir), ORTSERVE_PROVIDERS="cpu",
+               ORTSERVE_API_KEYS=API_KEY)  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     *logs, last = _lines(proc.stdout)
     assert json.loads(json.dumps(last)) == {"loaded": [], "status": "ready"}
     assert logs[0]["message"] == "cold start"
+
+
+# -- not open by default -----------------------------------------------------------------
+
+
+def test_no_api_key_refuses_to_serve_unless_opted_out(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    closed = LambdaTarget(lambda_app(tiny_model_dir, api_keys=[]).handle)
+    (cold,) = _lines(capsys.readouterr().out)[-1:]
+    assert cold["message"] == "cold start" and cold["status"] == "failed"
+    ready = closed.call("GET", "/readyz")
+    assert ready.status == 503 and ready.json()["reason"].startswith("no API key is configured")
+    assert "AllowUnauthenticated=true" in ready.json()["reason"]
+    assert closed.call("POST", "/generate", {"prompt": "x", **GREEDY}, {"authorization": ""}
+                       ).status == 503  # fmt: skip
+    open_ = LambdaTarget(lambda_app(tiny_model_dir, api_keys=[], allow_unauthenticated=True).handle)
+    assert open_.call("POST", "/generate", {"prompt": "x", **GREEDY},
+                      {"authorization": ""}).status == 200  # fmt: skip
+
+
+# -- deadlines that agree with the platform's ----------------------------------------------
+
+
+class ShortContext(FakeContext):
+    def __init__(self, remaining_ms: int) -> None:
+        super().__init__()
+        self.remaining_ms = remaining_ms
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self.remaining_ms
+
+
+def test_the_deadline_comes_from_the_invoke_and_the_api(app: LambdaApp) -> None:
+    body = json.dumps({"prompt": "x"}).encode()
+    url = parse_event(v2_event("POST", "/generate", {}, body, function_url=True))
+    api = parse_event(v2_event("POST", "/generate", {}, body))
+    assert url.function_url and not api.function_url
+    margin = app.settings.lambda_deadline_margin_s
+    assert margin == 2.0 and app.settings.lambda_api_gateway_timeout_s == 30.0
+    # A Function URL waits for the function: its remaining time, less the margin.
+    assert app.deadline(url, ShortContext(600_000), 100.0) == 100.0 + 600 - margin
+    # API Gateway cuts at 30 s whatever the function's timeout.
+    assert app.deadline(api, ShortContext(600_000), 100.0) == 100.0 + 30 - margin
+    assert app.deadline(api, ShortContext(10_000), 100.0) == 100.0 + 10 - margin
+    assert app.deadline(url, None, 100.0) is None  # no Lambda context: only the setting
+
+
+@pytest.mark.parametrize("shape", ["function-url", "http-api"])
+def test_a_generation_past_the_invoke_deadline_ends_with_a_readable_504(
+    app: LambdaApp, shape: str
+) -> None:
+    target = LambdaTarget(app.handle, shape)  # type: ignore[arg-type]
+    body = json.dumps({"prompt": "Hello", "max_new_tokens": 64}).encode()
+    headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+    event = target.event("POST", "/generate", headers, body)
+    # 2 s left: the margin is used up, so the generation ends before Lambda would kill it.
+    late = decode_result(app.handle(event, ShortContext(2_000)))
+    assert late.status == 504
+    assert "platform's time limit" in late.json()["error"]["message"]
+    assert decode_result(app.handle(event, ShortContext(60_000))).status == 200

@@ -45,18 +45,105 @@ def bundle(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 # -- the bake output is the Docker context ------------------------------------------------
 
 
+PIN = re.compile(r"(?P<name>[a-z0-9\-]+)==(?P<version>[0-9][^= ]*) --hash=sha256:[0-9a-f]{64}")
+
+
+def _pins(path: Path) -> dict[str, str]:
+    lines = path.read_text().splitlines()
+    matches = [PIN.fullmatch(line) for line in lines]
+    assert all(matches), [line for line, m in zip(lines, matches, strict=True) if not m]
+    return {m["name"]: m["version"] for m in matches if m}
+
+
 def test_the_bundle_holds_what_the_images_need(bundle: Path) -> None:
     for name in ("Dockerfile", "Dockerfile.stream"):
         assert (bundle / name).read_bytes() == (AWS / name).read_bytes()
     assert (bundle / "model" / "manifest.json").is_file()
     assert (bundle / "functions" / "aws" / "handler.py").is_file()
     assert (bundle / "edge" / "daemon.py").is_file()
-    pins = (bundle / "requirements.txt").read_text().split()
-    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][^=]*", pin) for pin in pins), pins
-    assert any(p.startswith("onnxruntime-genai==0.18") for p in pins)
-    stream = (bundle / "requirements-stream.txt").read_text().split()
-    assert set(pins) < set(stream) and any(p.startswith("uvicorn==") for p in stream)
+    pins = _pins(bundle / "requirements.txt")
+    assert pins["onnxruntime-genai"].startswith("0.18")
+    # Every transitive dependency is pinned, these among them (they floated before).
+    assert {"protobuf", "packaging", "flatbuffers", "markupsafe", "typing-extensions"} <= set(pins)
+    stream = _pins(bundle / "requirements-stream.txt")
+    assert pins.items() < stream.items() and "uvicorn" in stream
     assert not any(p.startswith(("boto3", "awslambdaric")) for p in pins)  # the base has them
+
+
+def test_the_bundle_holds_only_what_the_images_copy(bundle: Path) -> None:
+    """The Docker context is the Dockerfiles' COPY sources, and SAM's files are ignored."""
+    copied: set[Path] = set()
+    for name in ("Dockerfile", "Dockerfile.stream"):
+        for ins in parse(AWS / name):
+            words = [w for w in ins.words() if not w.startswith("--")]
+            if ins.keyword == "COPY" and not any(w.startswith("--from=") for w in ins.words()):
+                for source in words[:-1]:
+                    for match in bundle.glob(source.rstrip("/")):
+                        found = match.rglob("*") if match.is_dir() else [match]
+                        copied |= {f for f in found if f.is_file()}
+    sam = {"template.yaml", "samconfig.toml", ".dockerignore", "Dockerfile", "Dockerfile.stream"}
+    every = {f.relative_to(bundle).as_posix() for f in bundle.rglob("*") if f.is_file()}
+    assert every - {f.relative_to(bundle).as_posix() for f in copied} - sam == set()
+    ignored = (bundle / ".dockerignore").read_text().split()
+    assert {".aws-sam/", "template.yaml", "samconfig.toml"} <= set(ignored)
+
+
+@pytest.mark.parametrize("target", ["lambda-x86_64", "lambda-arm64"])
+def test_the_bake_writes_a_deployable_sam_project(
+    tiny_model_dir: Path, tmp_path: Path, target: str
+) -> None:
+    """`cd DIR && sam build && sam deploy`, whatever DIR is: the template builds from its
+    own folder, for the bake target's architecture, with a stack name in samconfig.toml."""
+    import tomllib
+
+    bundle = make_lambda_bundle(tiny_model_dir, tmp_path / "anywhere", target)
+    arch = target.removeprefix("lambda-")
+    template = (bundle / "template.yaml").read_text()
+    assert template.count("DockerContext: .\n") == 2 and "dist/lambda" not in template.split(
+        "\nParameters:")[1]  # fmt: skip
+    assert f"  Architecture:\n    Type: String\n    Default: {arch}\n" in template
+    config = tomllib.loads((bundle / "samconfig.toml").read_text())
+    assert config["default"]["global"]["parameters"]["stack_name"] == "ortserve"
+    assert config["default"]["deploy"]["parameters"]["parameter_overrides"] == (
+        f"Architecture={arch}"
+    )
+    sam = shutil.which("sam", path=str(Path(sys.executable).parent)) or shutil.which("sam")
+    if sam is not None:  # the SAM CLI is not a test dependency; run it where it is there
+        proc = subprocess.run([sam, "validate", "--lint", "--region", "us-east-1"], cwd=bundle,
+                              capture_output=True, text=True, timeout=300, check=False,
+                              env={**os.environ, "SAM_CLI_TELEMETRY": "0"})  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+@pytest.mark.parametrize("name", ["requirements.txt", "requirements-stream.txt"])
+def test_the_pins_install_in_hash_checking_mode_with_nothing_left_to_resolve(
+    tiny_model_dir: Path, tmp_path: Path, arch: str, name: str
+) -> None:
+    """pip as in the image: every dependency is pinned and hashed (hash-checking mode
+    refuses anything else), and it installs exactly the pinned set."""
+    from bake.lock import manylinux_tags
+
+    target = "lambda-arm64" if arch == "aarch64" else "lambda-x86_64"
+    requirements = make_lambda_bundle(tiny_model_dir, tmp_path / "bundle", target) / name
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+         "--require-hashes", "--only-binary=:all:", "--quiet",
+         *(f"--platform={tag}" for tag in manylinux_tags(arch, 34)),
+         "--python-version=3.12", "--implementation=cp", "--abi=cp312",
+         "--target", str(tmp_path / "t"), "--report", str(report), "-r", str(requirements)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0 and "NewConnectionError" in proc.stderr:
+        pytest.skip("the package index is not reachable")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    installed = {
+        item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }
+    assert installed == _pins(requirements)
 
 
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.stream"])
@@ -217,6 +304,7 @@ def test_the_streaming_entry_point_stops_with_the_reason(bundle: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
     env.update(
         PYTHONPATH=str(bundle),
+        ORTSERVE_API_KEYS=API_KEY,
         ORTSERVE_MODEL_S3_URI="s3://ortserve-nowhere/model",
         ORTSERVE_MODEL_CACHE_DIR=str(bundle / "tmp"),
         AWS_DEFAULT_REGION="us-east-1",
@@ -228,3 +316,15 @@ def test_the_streaming_entry_point_stops_with_the_reason(bundle: Path) -> None:
     (line,) = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     assert line["message"] == "cold start failed"
     assert line["reason"].startswith("cannot download s3://ortserve-nowhere/model/manifest.json")
+
+
+def test_the_streaming_entry_point_refuses_to_serve_without_api_keys(bundle: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
+    env.update(PYTHONPATH=str(bundle))
+    proc = subprocess.run([sys.executable, "-m", "functions.aws.serve"], cwd=bundle, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert line["message"] == "cold start failed"
+    assert line["reason"].startswith("no API key is configured")
+    assert "AllowUnauthenticated=true" in line["reason"]

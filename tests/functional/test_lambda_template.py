@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from cfnlint.api import lint  # type: ignore[import-untyped]  # cfn-lint ships n
 from cfnlint.decode.decode import decode_str  # type: ignore[import-untyped]  # same
 from samtranslator.parser.parser import Parser  # type: ignore[import-untyped]  # same
 from samtranslator.translator.translator import Translator  # type: ignore[import-untyped]
+
+from bake.package_lambda import bake_template, samconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -75,7 +78,8 @@ def test_it_is_valid_with_every_option_set(text: str) -> None:
         "ModelS3Uri": "s3://models/tiny/int4", "ModelSha256": "a" * 64,
         "ApiKeysSecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:keys-AbCdEf",
         "ApiKeysParameterName": "/ortserve/api-keys", "LoadAtInit": "never",
-        "EnableStreaming": "false",
+        "EnableStreaming": "false", "AllowUnauthenticated": "true", "ReservedConcurrency": "5",
+        "GenerationTimeout": 895,
     }  # fmt: skip
     for name, value in defaults.items():
         template["Parameters"][name]["Default"] = value
@@ -145,3 +149,111 @@ def test_sam_build_uses_the_bake_output(text: str) -> None:
         assert (ROOT / "functions" / "aws" / dockerfile).is_file()  # the bake copies it there
     outputs = template["Outputs"]
     assert {"HttpApiUrl", "FunctionUrl", "StreamingFunctionUrl"} <= set(outputs)
+
+
+# -- the template the bake writes: the same source, built from its own folder -----------
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "arm64"])
+def test_the_baked_template_is_the_repository_one_built_from_its_folder(
+    text: str, arch: str
+) -> None:
+    baked = bake_template(text, arch)
+    assert problems(baked) == []
+    template = _load(baked)
+    for name in FUNCTIONS:
+        assert template["Resources"][name]["Metadata"]["DockerContext"] == "."
+    assert template["Parameters"]["Architecture"]["Default"] == arch
+    # One source: nothing else differs from the repository's template.
+    changed = [(a, b) for a, b in zip(text.splitlines(), baked.splitlines(), strict=True) if a != b]
+    assert {a.strip() for a, _ in changed} <= {"DockerContext: dist/lambda", "Default: arm64"}
+    assert len(changed) in (2, 3)
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "arm64"])
+def test_the_samconfig_deploys_without_questions(arch: str) -> None:
+    config = tomllib.loads(samconfig(arch))
+    assert config["version"] == 0.1
+    assert config["default"]["global"]["parameters"]["stack_name"] == "ortserve"
+    deploy = config["default"]["deploy"]["parameters"]
+    assert deploy["capabilities"] == "CAPABILITY_IAM"
+    assert deploy["resolve_image_repos"] is True and deploy["resolve_s3"] is True
+    for command in ("build", "deploy"):
+        overrides = config["default"][command]["parameters"]["parameter_overrides"]
+        assert overrides == f"Architecture={arch}"
+
+
+def _evaluate(node: Any, parameters: dict[str, str]) -> Any:
+    """A CloudFormation rule condition (Fn::Or/And/Not/Equals, Ref) under `parameters`."""
+    if not isinstance(node, dict):
+        return node
+    ((name, arg),) = node.items()
+    if name == "Ref":
+        return parameters[arg]
+    values = [_evaluate(a, parameters) for a in arg]
+    if name == "Fn::Or":
+        return any(values)
+    if name == "Fn::And":
+        return all(values)
+    if name == "Fn::Not":
+        return not values[0]
+    assert name == "Fn::Equals", name
+    return values[0] == values[1]
+
+
+def _rule_allows(template: dict[str, Any], **overrides: str) -> bool:
+    parameters = {k: str(v.get("Default", "")) for k, v in template["Parameters"].items()}
+    parameters.update(overrides)
+    return all(
+        _evaluate(assertion["Assert"], parameters)
+        for rule in template["Rules"].values()
+        for assertion in rule["Assertions"]
+    )
+
+
+def test_a_deployment_without_api_keys_is_refused_unless_it_opts_out(text: str) -> None:
+    template = _load(text)
+    arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:keys-AbCdEf"
+    assert not _rule_allows(template)  # the defaults: no key source, no opt-out
+    assert _rule_allows(template, ApiKeysSecretArn=arn)
+    assert _rule_allows(template, ApiKeysParameterName="/ortserve/api-keys")
+    assert _rule_allows(template, AllowUnauthenticated="true")
+    assert not _rule_allows(template, AllowUnauthenticated="false")
+    # ...and the function refuses too (functions.aws.coldstart), told by the parameter.
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["ORTSERVE_ALLOW_UNAUTHENTICATED"] == {"Ref": "AllowUnauthenticated"}
+
+
+def test_reserved_concurrency_bounds_each_function_when_set(
+    text: str, resources: dict[str, Any]
+) -> None:
+    template = _load(text)
+    assert template["Parameters"]["ReservedConcurrency"]["Default"] == ""
+    assert template["Conditions"]["HasReservedConcurrency"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "ReservedConcurrency"}, ""]}]
+    }
+    for name in FUNCTIONS:
+        assert resources[name]["Properties"]["ReservedConcurrentExecutions"] == {
+            "Fn::If": ["HasReservedConcurrency", {"Ref": "ReservedConcurrency"},
+                       {"Ref": "AWS::NoValue"}]
+        }  # fmt: skip
+
+
+def test_the_time_limits_agree(text: str, resources: dict[str, Any]) -> None:
+    """A generation ends with a readable error before Lambda or API Gateway cut it off."""
+    parameters = _load(text)["Parameters"]
+    timeout, generation = parameters["Timeout"], parameters["GenerationTimeout"]
+    assert generation["Default"] + 5 <= timeout["Default"]
+    assert generation["MaxValue"] + 5 <= timeout["MaxValue"]
+    for name in FUNCTIONS:
+        props = resources[name]["Properties"]
+        assert props["Timeout"] == {"Ref": "Timeout"}
+        variables = props["Environment"]["Variables"]
+        assert variables["ORTSERVE_REQUEST_TIMEOUT_S"] == {"Ref": "GenerationTimeout"}
+    # The HTTP API's integration limit is the one the buffered handler assumes.
+    body = resources["ServerlessHttpApi"]["Properties"]["Body"]["paths"]
+    limits = {m["x-amazon-apigateway-integration"]["timeoutInMillis"]
+              for path in body.values() for m in path.values()}  # fmt: skip
+    from functions.aws.settings import LambdaSettings
+
+    assert limits == {int(LambdaSettings().lambda_api_gateway_timeout_s * 1000)}
