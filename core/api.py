@@ -43,7 +43,7 @@ from core.http import (
     sse_event,
     sse_response,
 )
-from core.protocol import GenerationBody, Reply, Served, ollama, parse
+from core.protocol import GenerationBody, MultiChoiceReply, Reply, Served, ollama, parse
 from core.protocol.native import GenerateBody
 from core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
 from core.protocol.openai import ChatBody, CompletionBody
@@ -52,7 +52,7 @@ from core.settings import ServerSettings
 from core.state import ModelState
 
 if TYPE_CHECKING:  # annotations only: adapters import this module without onnxruntime-genai
-    from core.service import Service
+    from core.service import Choices, Service
 
 log = logging.getLogger("ortserve")
 
@@ -291,8 +291,14 @@ class Api:
             service = self._service(request)
             served = _served(service)
             generation = body.to_generation(served)
-            stream = service.stream(generation, request.cancelled, request.deadline)
             reply = body.reply(ctx.request_id, served)
+            if body.choices > 1:
+                assert isinstance(reply, MultiChoiceReply)  # only OpenAI's bodies have n
+                choices = service.stream_choices(
+                    generation, body.choices, request.cancelled, request.deadline
+                )
+                return self._choices(choices, reply, ctx, body.stream)
+            stream = service.stream(generation, request.cancelled, request.deadline)
             if body.stream:
                 return self._stream(stream, reply, ctx)
             done = stream.collect()
@@ -332,6 +338,49 @@ class Api:
                 yield SSE_DONE
 
         return sse_response(chunks()) if reply.framing == "sse" else ndjson_response(chunks())
+
+    def _choices(
+        self, choices: Choices, reply: MultiChoiceReply, ctx: _Context, stream: bool
+    ) -> Response:
+        """Several choices of one request: one body with them all, or one SSE stream
+        whose events carry each choice's `index`."""
+        if not stream:
+            dones = choices.collect()
+            ctx.completion = _merged(dones)
+            return json_response(200, reply.bodies(dones))
+
+        def chunks() -> Iterator[bytes]:
+            started: set[int] = set()
+            try:
+                for item in choices:
+                    if isinstance(item, int):  # choice `item` ended
+                        done = choices.completions[item]
+                        assert done is not None
+                        events = reply.finish_events(done, item)
+                    else:
+                        events = [] if item.index in started else reply.first_events(item.index)
+                        started.add(item.index)
+                        events.append(reply.delta(item.text, item.logprobs, item.index))
+                    for event in events:
+                        yield sse_event(event)
+                dones = [c for c in choices.completions if c is not None]
+                ctx.completion = _merged(dones)
+                for event in reply.usage_events(dones):
+                    yield sse_event(event)
+            except OrtServeError as exc:
+                yield sse_event(reply.error_event(exc))
+                return
+            except Exception:
+                log.exception("error while streaming %s", ctx.request_id)
+                yield sse_event(reply.error_event(OrtServeError("internal error")))
+                return
+            finally:
+                choices.close()
+                done_so_far = [c for c in choices.completions if c is not None]
+                ctx.completion = ctx.completion or (_merged(done_so_far) if done_so_far else None)
+            yield SSE_DONE
+
+        return sse_response(chunks())
 
     # -- other routes -----------------------------------------------------------------
 
@@ -417,6 +466,13 @@ def _playground_page() -> tuple[bytes, str]:
         "frame-ancestors 'none'"
     )
     return page.encode(), policy
+
+
+def _merged(dones: list[Completion]) -> Completion:
+    """One request's figures over its choices (for its record): the prompt once, every
+    choice's tokens, the first choice's timings."""
+    first = dones[0]
+    return replace(first, completion_tokens=sum(d.completion_tokens for d in dones))
 
 
 def _served(service: Service) -> Served:

@@ -6,10 +6,11 @@ no HTTP (core.api and core.protocol do) and no onnxruntime-genai (core.engine do
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from core.admission import Admission
@@ -29,6 +30,7 @@ from core.generation import (
     LogprobLedger,
     SamplingOptions,
     Timings,
+    TokenLogprob,
     Tokens,
 )
 from core.settings import EngineSettings
@@ -36,6 +38,99 @@ from core.stops import StopMatcher
 
 if TYPE_CHECKING:  # onnxruntime-genai comes with the first load, not with this module
     from core.engine import Engine
+
+
+_CANCEL_POLL_S = 0.05  # how often a reader of several choices looks at its cancellation
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """A text delta of one choice (and its tokens' log probabilities, when asked for)."""
+
+    index: int
+    text: str
+    logprobs: list[TokenLogprob] | None
+
+
+class Choices:
+    """Several generations of one request, read as one stream of `ChoiceDelta`s in the
+    order they come. Each generation is read to its end in a thread of its own, so that
+    none waits on another's reader; `completions` holds each one's result at the end.
+    Closing (or an error in any choice) ends them all."""
+
+    def __init__(
+        self,
+        starts: list[Callable[[], GenerationStream]],
+        stop: threading.Event,
+        cancelled: threading.Event | None,
+    ) -> None:
+        """Run `starts`, whose streams end when `stop` is set; the reader sets it when
+        `cancelled` (the client left) is."""
+        self.completions: list[Completion | None] = [None] * len(starts)
+        self._stop = stop
+        self._cancelled = cancelled
+        self._queue: queue.SimpleQueue[ChoiceDelta | tuple[int, BaseException | None]]
+        self._queue = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._pump, args=(i, start), name=f"choice-{i}", daemon=True)
+            for i, start in enumerate(starts)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _pump(self, index: int, start: Callable[[], GenerationStream]) -> None:
+        try:
+            stream = start()
+            try:
+                for text in stream:
+                    self._queue.put(ChoiceDelta(index, text, stream.take_logprobs()))
+            finally:
+                stream.close()
+                self.completions[index] = stream.completion
+        except BaseException as exc:  # handed to the reader, who raises it
+            self._queue.put((index, exc))
+            return
+        self._queue.put((index, None))
+
+    def __iter__(self) -> Iterator[ChoiceDelta | int]:
+        """Each choice's deltas as they come, and a choice's index once it has ended.
+
+        Raises:
+            OrtServeError: A choice failed (the others are stopped).
+        """
+        running = len(self._threads)
+        try:
+            while running:
+                try:
+                    item = self._queue.get(timeout=_CANCEL_POLL_S)
+                except queue.Empty:
+                    if self._cancelled is not None and self._cancelled.is_set():
+                        self._stop.set()  # the client left: every choice ends
+                    continue
+                if isinstance(item, ChoiceDelta):
+                    yield item
+                    continue
+                index, error = item
+                running -= 1
+                if error is not None:
+                    raise error
+                yield index
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop every choice still generating and wait for their threads (idempotent)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def collect(self) -> list[Completion]:
+        """Run every choice to its end and return their completions, in order."""
+        for _ in self:
+            pass
+        done = [c for c in self.completions if c is not None]
+        assert len(done) == len(self.completions)  # every choice ended without error
+        return done
 
 
 @dataclass(frozen=True)
@@ -265,6 +360,47 @@ class Service:
     def generate(self, request: GenerationRequest) -> Completion:
         """Run a whole generation and return its text and figures."""
         return self.stream(request).collect()
+
+    def stream_choices(
+        self,
+        request: GenerationRequest,
+        n: int,
+        cancelled: threading.Event | None = None,
+        deadline: float | None = None,
+    ) -> Choices:
+        """Start `n` generations of one request (OpenAI's `n`), side by side: each is a
+        request of its own to admission and the batching rule (with a seed, choice i
+        uses seed + i, so choices differ and each is reproducible). The first starts
+        here, so that a bad request or a full server is an error before any byte.
+
+        Raises:
+            As `stream`, for the first choice.
+        """
+        options = request.options
+        requests = [
+            replace(request, options=replace(options, seed=options.seed + i))
+            if options.seed is not None
+            else request
+            for i in range(n)
+        ]
+        stop = threading.Event()  # ends every choice: closed, or the client left
+        if cancelled is not None and cancelled.is_set():
+            stop.set()
+        self._arrive(n - 1)  # the others are on their way: a batch waits for them
+        try:
+            first = self.stream(requests[0], stop, deadline)
+        except BaseException:
+            self._arrive(-(n - 1))
+            raise
+        starts: list[Callable[[], GenerationStream]] = [lambda: first]
+        for other in requests[1:]:
+
+            def start(other: GenerationRequest = other) -> GenerationStream:
+                self._arrive(-1)
+                return self.stream(other, stop, deadline)
+
+            starts.append(start)
+        return Choices(starts, stop, cancelled)
 
     def _arrive(self, delta: int) -> None:
         with self._arriving_lock:

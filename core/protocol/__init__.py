@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
@@ -93,6 +93,32 @@ class Reply(ABC):
         """The whole answer of a request that is not streamed."""
 
 
+class MultiChoiceReply(Reply):
+    """A reply that can carry several choices of one request (OpenAI's `n`)."""
+
+    def first_events(self, index: int = 0) -> list[dict[str, Any]]:
+        """Events sent before choice `index`'s first text."""
+        return []
+
+    @abstractmethod
+    def delta(
+        self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0
+    ) -> dict[str, Any]:
+        """The event of one text delta of choice `index`."""
+
+    @abstractmethod
+    def finish_events(self, done: Completion, index: int = 0) -> list[dict[str, Any]]:
+        """The events after choice `index`'s last text."""
+
+    @abstractmethod
+    def usage_events(self, dones: Sequence[Completion]) -> list[dict[str, Any]]:
+        """The events after every choice ended (usage, when asked for)."""
+
+    @abstractmethod
+    def bodies(self, dones: Sequence[Completion]) -> dict[str, Any]:
+        """The whole answer with every choice."""
+
+
 class Body(BaseModel):
     """A request body: OpenAI's conventions for every API.
 
@@ -118,6 +144,11 @@ class GenerationBody(Body):
     """A body that asks for a generation."""
 
     stream: bool = False
+
+    @property
+    def choices(self) -> int:
+        """How many choices it asks for (OpenAI's `n`; 1 elsewhere)."""
+        return 1
 
     def to_generation(self, served: Served) -> GenerationRequest:
         """The generation this body asks for.

@@ -4,6 +4,7 @@ bodies and their answers (objects and stream chunks as OpenAI's API returns them
 from __future__ import annotations
 
 import time
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
@@ -23,6 +24,7 @@ from core.protocol import (
     Body,
     GenerationBody,
     Int,
+    MultiChoiceReply,
     Reply,
     Seed,
     Served,
@@ -31,6 +33,8 @@ from core.protocol import (
     integral,
     json_guidance,
 )
+
+MAX_CHOICES = 8  # n's bound: choices decode side by side, a batch of MAX_BATCH at a time
 
 
 class StreamOptions(Body):
@@ -46,7 +50,11 @@ class _OpenAIBody(GenerationBody):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: Seed | None = SEED
     stop: Stop = None
-    n: Int = Field(default=1, ge=1, le=1, description="one choice per request")
+    n: Int = Field(
+        default=1, ge=1, le=MAX_CHOICES,
+        description="choices to generate (decoded side by side; with a seed, choice i "
+        "uses seed + i)",
+    )  # fmt: skip
     stream_options: StreamOptions | None = None
 
     def _limit(self) -> tuple[int | None, str]:
@@ -67,27 +75,35 @@ class _OpenAIBody(GenerationBody):
         )  # fmt: skip
         return options, field
 
+    @property
+    def choices(self) -> int:
+        return self.n
+
     def _usage_base(self, base: dict[str, Any]) -> dict[str, Any] | None:
         include = self.stream_options is not None and self.stream_options.include_usage
         return base if include else None
 
 
-def _usage(done: Completion) -> dict[str, int]:
-    return {
-        "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": done.completion_tokens,
-        "total_tokens": done.prompt_tokens + done.completion_tokens,
-    }
+def _usage(dones: Sequence[Completion]) -> dict[str, int]:
+    """Usage of one request: its prompt once, every choice's new tokens."""
+    prompt = dones[0].prompt_tokens
+    completion = sum(d.completion_tokens for d in dones)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
 
 
 def _finish(done: Completion) -> str:
     return "stop" if done.finish_reason == "stop" else "length"
 
 
-class _OpenAIReply(Reply):
+class _OpenAIReply(MultiChoiceReply):
     """Shared by both routes: `base` is in every object; with `usage_base`
     (`stream_options.include_usage`), a usage chunk on it ends a stream; `token_bytes`
-    turns token ids into their bytes when log probabilities were asked for."""
+    turns token ids into their bytes when log probabilities were asked for. A route
+    gives the fields of a choice's delta, finish and whole answer."""
+
+    #: The whole answer's `object` (chunks carry the base's).
+    whole_object: str | None = None
 
     def __init__(
         self,
@@ -105,13 +121,45 @@ class _OpenAIReply(Reply):
         raw = self.token_bytes(token_id)
         return raw.decode("utf-8", errors="replace"), list(raw)
 
-    def _choice(self, **fields: Any) -> dict[str, Any]:
-        return {**self.base, "choices": [{"index": 0, **fields}]}
+    def _choice(self, index: int, **fields: Any) -> dict[str, Any]:
+        return {**self.base, "choices": [{"index": index, **fields}]}
 
-    def _usage_events(self, done: Completion) -> list[dict[str, Any]]:
+    @abstractmethod
+    def _delta_fields(
+        self, text: str, logprobs: Sequence[TokenLogprob] | None, index: int
+    ) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def _finish_fields(self, done: Completion) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def _whole_fields(self, done: Completion, index: int) -> dict[str, Any]: ...
+
+    def delta(
+        self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0
+    ) -> dict[str, Any]:
+        return self._choice(index, **self._delta_fields(text, logprobs, index))
+
+    def finish_events(self, done: Completion, index: int = 0) -> list[dict[str, Any]]:
+        return [self._choice(index, **self._finish_fields(done))]
+
+    def usage_events(self, dones: Sequence[Completion]) -> list[dict[str, Any]]:
         if self.usage_base is None:
             return []
-        return [{**self.usage_base, "choices": [], "usage": _usage(done)}]
+        return [{**self.usage_base, "choices": [], "usage": _usage(dones)}]
+
+    def final_events(self, done: Completion) -> list[dict[str, Any]]:
+        return [*self.finish_events(done), *self.usage_events([done])]
+
+    def bodies(self, dones: Sequence[Completion]) -> dict[str, Any]:
+        choices = [{"index": i, **self._whole_fields(d, i)} for i, d in enumerate(dones)]
+        whole = {**self.base, "choices": choices, "usage": _usage(dones)}
+        if self.whole_object is not None:
+            whole["object"] = self.whole_object
+        return whole
+
+    def body(self, done: Completion) -> dict[str, Any]:
+        return self.bodies([done])
 
 
 # -- /v1/completions ---------------------------------------------------------------------
@@ -156,32 +204,42 @@ class CompletionReply(_OpenAIReply):
     """A `text_completion` object, or its chunks; log probabilities in the legacy shape
     (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`)."""
 
-    _offset = 0  # characters of text the tokens described so far span
+    def __init__(
+        self,
+        base: dict[str, Any],
+        usage_base: dict[str, Any] | None,
+        token_bytes: Callable[[int], bytes] | None = None,
+    ) -> None:
+        super().__init__(base, usage_base, token_bytes)
+        self._offsets: dict[int, int] = {}  # per choice: characters its tokens so far span
 
-    def _logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    def _logprobs(
+        self, entries: Sequence[TokenLogprob] | None, index: int
+    ) -> dict[str, Any] | None:
         if entries is None or self.token_bytes is None:
             return None
         tokens, offsets, tops = [], [], []
         for entry in entries:
             text, _ = self._token(entry.token_id)
             tokens.append(text)
-            offsets.append(self._offset)
-            self._offset += len(text)
+            offsets.append(self._offsets.get(index, 0))
+            self._offsets[index] = offsets[-1] + len(text)
             tops.append({self._token(i)[0]: lp for i, lp in entry.top} if entry.top else None)
         return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
                 "top_logprobs": tops, "text_offset": offsets}  # fmt: skip
 
-    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        return self._choice(text=text, logprobs=self._logprobs(logprobs), finish_reason=None)
+    def _delta_fields(
+        self, text: str, logprobs: Sequence[TokenLogprob] | None, index: int
+    ) -> dict[str, Any]:
+        return {"text": text, "logprobs": self._logprobs(logprobs, index), "finish_reason": None}
 
-    def final_events(self, done: Completion) -> list[dict[str, Any]]:
-        final = self._choice(text="", logprobs=None, finish_reason=_finish(done))
-        return [final, *self._usage_events(done)]
+    def _finish_fields(self, done: Completion) -> dict[str, Any]:
+        return {"text": "", "logprobs": None, "finish_reason": _finish(done)}
 
-    def body(self, done: Completion) -> dict[str, Any]:
-        logprobs = self._logprobs(done.logprobs)
-        answer = self._choice(text=done.text, logprobs=logprobs, finish_reason=_finish(done))
-        return {**answer, "usage": _usage(done)}
+    def _whole_fields(self, done: Completion, index: int) -> dict[str, Any]:
+        self._offsets.pop(index, None)
+        logprobs = self._logprobs(done.logprobs, index)
+        return {"text": done.text, "logprobs": logprobs, "finish_reason": _finish(done)}
 
 
 # -- /v1/chat/completions ----------------------------------------------------------------
@@ -330,9 +388,11 @@ class ChatBody(_OpenAIBody):
 class ChatReply(_OpenAIReply):
     """A `chat.completion` object, or its `chat.completion.chunk`s."""
 
-    def first_events(self) -> list[dict[str, Any]]:
+    whole_object = "chat.completion"
+
+    def first_events(self, index: int = 0) -> list[dict[str, Any]]:
         delta = {"role": "assistant", "content": ""}
-        return [self._choice(delta=delta, logprobs=None, finish_reason=None)]
+        return [self._choice(index, delta=delta, logprobs=None, finish_reason=None)]
 
     def _logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
         if entries is None or self.token_bytes is None:
@@ -348,16 +408,16 @@ class ChatReply(_OpenAIReply):
         ]
         return {"content": content, "refusal": None}
 
-    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        chunk_logprobs = self._logprobs(logprobs)
-        return self._choice(delta={"content": text}, logprobs=chunk_logprobs, finish_reason=None)
+    def _delta_fields(
+        self, text: str, logprobs: Sequence[TokenLogprob] | None, index: int
+    ) -> dict[str, Any]:
+        return {"delta": {"content": text}, "logprobs": self._logprobs(logprobs),
+                "finish_reason": None}  # fmt: skip
 
-    def final_events(self, done: Completion) -> list[dict[str, Any]]:
-        final = self._choice(delta={}, logprobs=None, finish_reason=_finish(done))
-        return [final, *self._usage_events(done)]
+    def _finish_fields(self, done: Completion) -> dict[str, Any]:
+        return {"delta": {}, "logprobs": None, "finish_reason": _finish(done)}
 
-    def body(self, done: Completion) -> dict[str, Any]:
+    def _whole_fields(self, done: Completion, index: int) -> dict[str, Any]:
         message = {"role": "assistant", "content": done.text, "refusal": None}
-        logprobs = self._logprobs(done.logprobs)
-        answer = self._choice(message=message, logprobs=logprobs, finish_reason=_finish(done))
-        return {**answer, "object": "chat.completion", "usage": _usage(done)}
+        return {"message": message, "logprobs": self._logprobs(done.logprobs),
+                "finish_reason": _finish(done)}  # fmt: skip

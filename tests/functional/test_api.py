@@ -306,6 +306,39 @@ def test_logprobs_chat_and_completions(target: Target) -> None:
     assert choice["text_offset"][0] == 0 and choice["text_offset"] == sorted(choice["text_offset"])
 
 
+def test_n_choices(target: Target) -> None:
+    """OpenAI's `n`: several choices, decoded side by side; with a seed, choice i is the
+    request with seed + i, so each is reproducible; streamed with each choice's index."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6,
+            "temperature": 0.9, "seed": 11}  # fmt: skip
+    whole = target.call("POST", "/v1/chat/completions", {**chat, "n": 3}).json()
+    texts = [c["message"]["content"] for c in whole["choices"]]
+    assert [c["index"] for c in whole["choices"]] == [0, 1, 2] and len(set(texts)) == 3
+    for i, text in enumerate(texts):
+        alone = target.call("POST", "/v1/chat/completions", {**chat, "seed": 11 + i}).json()
+        assert alone["choices"][0]["message"]["content"] == text
+    counts = [target.call("POST", "/v1/chat/completions", {**chat, "seed": 11 + i}).json()[
+        "usage"]["completion_tokens"] for i in range(3)]  # fmt: skip
+    assert whole["usage"]["completion_tokens"] == sum(counts)
+    stream = {**chat, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    events = target.call("POST", "/v1/chat/completions", stream).events()
+    assert events[-1] == "[DONE]"
+    usage = events[-2]["usage"]
+    assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]  # the prompt once
+    assert usage["completion_tokens"] == sum(counts[:2])
+    for index in (0, 1):
+        mine = [e["choices"][0] for e in events[:-2] if e["choices"][0]["index"] == index]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert mine[-1]["finish_reason"] in {"stop", "length"}
+        assert "".join(c["delta"].get("content", "") for c in mine) == texts[index]
+    twice = {"prompt": "Hello", "max_tokens": 4, "n": 2, "temperature": 0}
+    completions = target.call("POST", "/v1/completions", twice).json()
+    greedy = [c["text"] for c in completions["choices"]]
+    assert len(greedy) == 2 and greedy[0] == greedy[1]  # greedy: the same choice twice
+    too_many = target.call("POST", "/v1/chat/completions", {**chat, "n": 9})
+    assert _error(too_many, 400)["param"] == "n"
+
+
 def test_ollama_routes(target: Target) -> None:
     """Ollama's API on every target: NDJSON streams that add up to the whole answer,
     the model routes, and errors in Ollama's shape."""
@@ -368,7 +401,7 @@ def test_malformed_json(target: Target) -> None:
         ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature"),
         ("/v1/chat/completions", {"messages": []}, "messages"),
         ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, None),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 9}, "n"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 5000}, "max_tokens"),
     ],
 )
@@ -473,13 +506,13 @@ def test_openapi_document(target: Target) -> None:
     assert doc["openapi"].startswith("3.")
     assert {"/generate", "/v1/completions", "/v1/chat/completions"} <= set(doc["paths"])
     schemas = doc["components"]["schemas"]
-    # It advertises only what the server accepts: its own token limit, n = 1, no echo, at
-    # most 4 stop strings; and null for an optional field (its default).
+    # It advertises only what the server accepts: its own token limit, n up to 8, no
+    # echo, at most 4 stop strings; and null for an optional field (its default).
     limit = {"type": "integer", "minimum": 1, "maximum": 2000}
     assert limit in schemas["GenerateBody"]["properties"]["max_new_tokens"]["anyOf"]
     assert limit in schemas["ChatBody"]["properties"]["max_completion_tokens"]["anyOf"]
     n = schemas["ChatBody"]["properties"]["n"]["anyOf"]
-    assert n == [{"type": "integer", "minimum": 1, "maximum": 1}, {"type": "null"}]
+    assert n == [{"type": "integer", "minimum": 1, "maximum": 8}, {"type": "null"}]
     assert schemas["CompletionBody"]["properties"]["echo"]["anyOf"][0]["const"] is False
     stop = schemas["CompletionBody"]["properties"]["stop"]["anyOf"]
     assert {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4} in stop

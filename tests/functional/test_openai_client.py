@@ -91,3 +91,23 @@ def test_errors_become_client_exceptions(client: openai.OpenAI) -> None:
     wrong = openai.OpenAI(base_url=str(client.base_url), api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
+
+
+def test_n_choices_and_logprobs(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, n=2, seed=3,
+        logprobs=True, top_logprobs=2,
+    )  # fmt: skip
+    assert [c.index for c in reply.choices] == [0, 1]
+    for choice in reply.choices:
+        assert choice.logprobs is not None and choice.logprobs.content
+        assert all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, n=2, seed=3,
+        stream=True,
+    )  # fmt: skip
+    texts = ["", ""]
+    for chunk in stream:
+        for part in chunk.choices:
+            texts[part.index] += part.delta.content or ""
+    assert texts == [c.message.content for c in reply.choices]
