@@ -94,9 +94,9 @@ def _get(summary: str, auth: bool) -> dict[str, Any]:
 
 # The token-limit fields, whose bound is the server's MAX_NEW_TOKENS.
 _TOKEN_LIMITS = {
-    "GenerateBody": ("max_new_tokens",),
-    "CompletionBody": ("max_tokens",),
-    "ChatBody": ("max_tokens", "max_completion_tokens"),
+    "GenerateBody": ("max_new_tokens", "min_tokens"),
+    "CompletionBody": ("max_tokens", "min_tokens"),
+    "ChatBody": ("max_tokens", "max_completion_tokens", "min_tokens"),
     "OllamaOptions": ("num_predict",),
 }
 

@@ -197,6 +197,21 @@ TOP_K_DOC = "keep the k most likely tokens; 0, or k at or above the vocabulary s
 MAX_TOKENS_BOUND = 131072  # MAX_NEW_TOKENS' bound; the OpenAPI document states the server's
 #: A token limit (the OpenAPI document's maximum is the server's own).
 TokenLimit = Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND), BeforeValidator(integral)]
+#: A count of tokens that may be 0.
+TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS_BOUND), BeforeValidator(integral)]
+
+
+MIN_TOKENS_DOC = (
+    "extension (vLLM's): generate at least this many tokens, EOS held back until then "
+    "(never more than the token limit; without one, the default limit rises to it)"
+)
+IGNORE_EOS_DOC = "extension (llama-server's, vLLM's): generate the whole token limit"
+
+
+def minimum_tokens(min_tokens: int, ignore_eos: bool, limit: int) -> int:
+    """The new tokens a request must get before EOS may end it (the benchmark extensions
+    `min_tokens` and `ignore_eos`): never more than its token limit `limit`."""
+    return limit if ignore_eos else min(min_tokens, limit)
 
 
 def json_guidance(schema: dict[str, Any]) -> Guidance:

@@ -14,6 +14,8 @@ from core.generation import (
     TokenLogprob,
 )
 from core.protocol import (
+    IGNORE_EOS_DOC,
+    MIN_TOKENS_DOC,
     SEED,
     TEMPERATURE_DOC,
     TOP_K_DOC,
@@ -23,8 +25,10 @@ from core.protocol import (
     Seed,
     Served,
     Stop,
+    TokenCount,
     TokenLimit,
     json_guidance,
+    minimum_tokens,
 )
 
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar")
@@ -49,6 +53,8 @@ class GenerateBody(GenerationBody):
     top_k: Int = Field(default=0, ge=0, le=100000, description=TOP_K_DOC)
     seed: Seed | None = SEED
     stop: Stop = None
+    min_tokens: TokenCount = Field(default=0, description=MIN_TOKENS_DOC)
+    ignore_eos: bool = Field(default=False, description=IGNORE_EOS_DOC)
     guided_json: dict[str, Any] | None = Field(
         default=None, description="the output is JSON valid against this schema"
     )
@@ -78,10 +84,12 @@ class GenerateBody(GenerationBody):
     def to_generation(self, served: Served) -> GenerationRequest:
         limit = self.max_new_tokens
         if limit is None:
-            limit = min(DEFAULT_MAX_NEW_TOKENS, served.max_new_tokens)
+            default = max(DEFAULT_MAX_NEW_TOKENS, self.min_tokens)
+            limit = min(default, served.max_new_tokens)
+        minimum = minimum_tokens(self.min_tokens, self.ignore_eos, limit)
         options = SamplingOptions(
             max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, seed=self.seed,
+            top_k=self.top_k, seed=self.seed, min_new_tokens=minimum,
         )  # fmt: skip
         return GenerationRequest(
             prompt=self.prompt, options=options, stop=tuple(self.stop or ()),

@@ -19,6 +19,8 @@ from core.generation import (
     TokenLogprob,
 )
 from core.protocol import (
+    IGNORE_EOS_DOC,
+    MIN_TOKENS_DOC,
     SEED,
     TEMPERATURE_DOC,
     Body,
@@ -29,9 +31,11 @@ from core.protocol import (
     Seed,
     Served,
     Stop,
+    TokenCount,
     TokenLimit,
     integral,
     json_guidance,
+    minimum_tokens,
 )
 
 MAX_CHOICES = 8  # n's bound: choices decode side by side, a batch of MAX_BATCH at a time
@@ -56,6 +60,8 @@ class _OpenAIBody(GenerationBody):
         "uses seed + i)",
     )  # fmt: skip
     stream_options: StreamOptions | None = None
+    min_tokens: TokenCount = Field(default=0, description=MIN_TOKENS_DOC)
+    ignore_eos: bool = Field(default=False, description=IGNORE_EOS_DOC)
 
     def _limit(self) -> tuple[int | None, str]:
         """The token limit the body gives, and the field that gives it."""
@@ -69,9 +75,13 @@ class _OpenAIBody(GenerationBody):
                 f"the model {self.model!r} does not exist; this server has {served.model!r}"
             )
         max_tokens, field = self._limit()
+        if max_tokens is None:
+            limit = max(default_limit, min(self.min_tokens, served.max_new_tokens))
+        else:
+            limit = max_tokens
         options = SamplingOptions(
-            max_new_tokens=default_limit if max_tokens is None else max_tokens,
-            temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+            max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p,
+            seed=self.seed, min_new_tokens=minimum_tokens(self.min_tokens, self.ignore_eos, limit),
         )  # fmt: skip
         return options, field
 

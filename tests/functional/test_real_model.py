@@ -197,6 +197,22 @@ def test_openai_client_on_the_real_model(real_model_dir: Path) -> None:
         )  # fmt: skip
         answer = json.loads(guided.choices[0].message.content or "")
         jsonschema.validate(answer, schema)
+        # The benchmark extensions: the model ends its answer early by itself (EOS);
+        # ignore_eos runs the whole limit, min_tokens holds EOS back until then.
+        assert whole.usage is not None and whole.usage.completion_tokens < 20
+        assert whole.choices[0].finish_reason == "stop"
+        forced = client.chat.completions.create(
+            model=MODEL, messages=question, max_tokens=20, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert forced.usage is not None and forced.usage.completion_tokens == 20
+        assert forced.choices[0].finish_reason == "length"
+        longer = client.chat.completions.create(
+            model=MODEL, messages=question, max_tokens=30, temperature=0,
+            extra_body={"min_tokens": whole.usage.completion_tokens + 5},
+        )  # fmt: skip
+        assert longer.usage is not None
+        assert longer.usage.completion_tokens >= whole.usage.completion_tokens + 5
 
 
 def test_gguf_file_and_folder_sources(real_hf_dir: Path, tmp_path: Path) -> None:
