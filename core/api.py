@@ -317,7 +317,9 @@ class Api:
                 for event in reply.first_events():
                     yield encode(event)
                 for delta in stream:
-                    yield encode(reply.delta(delta, stream.take_logprobs()))
+                    delta_event = reply.delta(delta, stream.take_logprobs())
+                    if delta_event is not None:
+                        yield encode(delta_event)
                 done = stream.completion
                 assert done is not None  # the stream ended
                 ctx.completion = done
@@ -360,7 +362,8 @@ class Api:
                     else:
                         events = [] if item.index in started else reply.first_events(item.index)
                         started.add(item.index)
-                        events.append(reply.delta(item.text, item.logprobs, item.index))
+                        event = reply.delta(item.text, item.logprobs, item.index)
+                        events += [event] if event is not None else []
                     for event in events:
                         yield sse_event(event)
                 dones = [c for c in choices.completions if c is not None]

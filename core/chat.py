@@ -167,6 +167,7 @@ def render(
     tokens: dict[str, str] | None = None,
     template_kwargs: dict[str, Any] | None = None,
     mark_controls: re.Pattern[str] | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> str:
     """Render a Hugging Face chat template as transformers' `apply_chat_template` does.
 
@@ -179,6 +180,8 @@ def render(
             `enable_thinking`); they override `tokens` of the same name, as in transformers.
         mark_controls: When given, control tokens in the caller's strings are wrapped in
             MARK_START/MARK_END for `core.text` to encode as plain text.
+        tools: The tools' JSON schemas (`{"type": "function", "function": {...}}`), the
+            template's `tools` variable, as transformers passes them.
 
     Raises:
         InvalidRequestError: The template rejects these messages (raise_exception) or
@@ -188,9 +191,11 @@ def render(
 
     chat = _template_input(messages)
     extra = dict(template_kwargs or {})
+    tool_list = list(tools) if tools else None
     if mark_controls is not None:
         chat = _mark(chat, mark_controls)
         extra = _mark(extra, mark_controls)
+        tool_list = _mark(tool_list, mark_controls) if tool_list else None
     variables = {**(tokens or {}), **extra}
     # The template's own variables win over a caller's kwargs of the same name.
     for name in ("messages", "add_generation_prompt", "tools", "documents"):
@@ -199,7 +204,7 @@ def render(
         return str(
             _compiled(template).render(
                 messages=chat,
-                tools=None,
+                tools=tool_list,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **variables,

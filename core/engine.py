@@ -281,6 +281,7 @@ class Engine:
             request.messages or [],
             request.template_kwargs,
             plain_control_tokens=self.settings.chat_plain_control_tokens,
+            tools=request.tools,
         )
 
     def logits(self, input_ids: list[int]) -> np.ndarray[Any, np.dtype[np.float32]]:

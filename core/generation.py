@@ -53,7 +53,8 @@ class GenerationRequest:
     `limit_field` is what the caller's API calls the token limit (`max_tokens` on
     OpenAI's routes), so that an error about it names the field the caller sent;
     `logprobs` asks for each new token's log probability and that many alternatives
-    (None: none; 0: the token's own only).
+    (None: none; 0: the token's own only); `tools` are the JSON schemas of the tools the
+    chat template is told about.
     """
 
     prompt: str | None = None
@@ -64,6 +65,7 @@ class GenerationRequest:
     guidance: Guidance | None = None
     limit_field: str = "max_new_tokens"
     logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):

@@ -179,6 +179,7 @@ class TextCodec:
         template_kwargs: dict[str, Any] | None = None,
         *,
         plain_control_tokens: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of a chat prompt, as transformers' `apply_chat_template(...,
         add_generation_prompt=True, tokenize=True)` gives them (no BOS added: the template
@@ -192,7 +193,7 @@ class TextCodec:
             InvalidRequestError: No template, the template rejects the messages, or a
                 control token cannot be written as plain text with this tokenizer.
         """
-        rendered = self._render(messages, template_kwargs, marked=plain_control_tokens)
+        rendered = self._render(messages, template_kwargs, marked=plain_control_tokens, tools=tools)
         return self._encode_marked(rendered) if plain_control_tokens else self._encode(rendered)
 
     def _encode_marked(self, rendered: str) -> list[int]:
@@ -222,7 +223,7 @@ class TextCodec:
 
     def _render(
         self, messages: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None,
-        *, marked: bool,
+        *, marked: bool, tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:  # fmt: skip
         """The chat prompt; `marked`: the caller's control tokens wrapped in markers."""
         if self.template is None:
@@ -230,6 +231,7 @@ class TextCodec:
         return chat.render(
             self.template, messages, tokens=self.record.template_tokens,
             template_kwargs=template_kwargs, mark_controls=self._controls if marked else None,
+            tools=tools,
         )  # fmt: skip
 
     # -- decoding ---------------------------------------------------------------------

@@ -81,8 +81,9 @@ class Reply(ABC):
         return []
 
     @abstractmethod
-    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        """The event of one text delta (with its tokens' log probabilities, when asked)."""
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any] | None:
+        """The event of one text delta (with its tokens' log probabilities, when asked);
+        None: nothing to send for it now (the text is held back)."""
 
     @abstractmethod
     def final_events(self, done: Completion) -> list[dict[str, Any]]:
@@ -103,8 +104,8 @@ class MultiChoiceReply(Reply):
     @abstractmethod
     def delta(
         self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0
-    ) -> dict[str, Any]:
-        """The event of one text delta of choice `index`."""
+    ) -> dict[str, Any] | None:
+        """The event of one text delta of choice `index` (None: nothing to send now)."""
 
     @abstractmethod
     def finish_events(self, done: Completion, index: int = 0) -> list[dict[str, Any]]:

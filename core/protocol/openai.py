@@ -37,6 +37,7 @@ from core.protocol import (
     json_guidance,
     minimum_tokens,
 )
+from core.protocol.tools import ToolPlan, family
 
 MAX_CHOICES = 8  # n's bound: choices decode side by side, a batch of MAX_BATCH at a time
 
@@ -147,7 +148,7 @@ class _OpenAIReply(MultiChoiceReply):
 
     def delta(
         self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         return self._choice(index, **self._delta_fields(text, logprobs, index))
 
     def finish_events(self, done: Completion, index: int = 0) -> list[dict[str, Any]]:
@@ -262,6 +263,21 @@ class ContentPart(Body):
     text: str
 
 
+class FunctionCallIn(Body):
+    """A call an assistant turn made: `arguments` is a JSON object as a string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(Body):
+    """One of an assistant turn's `tool_calls`."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(Body):
     """One chat message."""
 
@@ -273,6 +289,9 @@ class ChatMessage(Body):
         "drop it from earlier turns)",
     )  # fmt: skip
     tool_call_id: str | None = None
+    tool_calls: list[ToolCallIn] | None = Field(
+        default=None, description="an assistant turn's calls (sent back with the results)"
+    )
 
     def as_template_input(self) -> dict[str, Any]:
         """The message as chat templates expect it: role, plain-text content (text parts
@@ -286,7 +305,38 @@ class ChatMessage(Body):
             value = getattr(self, key)
             if value is not None:
                 message[key] = value
+        if self.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
         return message
+
+
+class FunctionDef(Body):
+    """A tool's function: its name, what it does, its parameters' JSON schema."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Body):
+    """One tool (OpenAI's: a function)."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Body):
+    """The function a named `tool_choice` calls."""
+
+    name: str
+
+
+class NamedToolChoice(Body):
+    """`tool_choice` naming one function: the model must call it."""
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaFormat(Body):
@@ -337,13 +387,18 @@ ResponseFormat = Annotated[
 class ChatBody(_OpenAIBody):
     """POST /v1/chat/completions."""
 
-    # The schema says the one rule between fields: top_logprobs needs logprobs: true.
+    # The schema says the rules between fields: top_logprobs needs logprobs: true, and
+    # tool_choice needs tools.
     model_config = ConfigDict(
-        json_schema_extra={
-            "if": {"properties": {"top_logprobs": {"type": "integer"}},
-                   "required": ["top_logprobs"]},
-            "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
-        }
+        json_schema_extra={"allOf": [
+            {"if": {"properties": {"top_logprobs": {"type": "integer"}},
+                    "required": ["top_logprobs"]},
+             "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}},
+            {"if": {"properties": {"tool_choice": {"not": {"type": "null"}}},
+                    "required": ["tool_choice"]},
+             "then": {"properties": {"tools": {"type": "array", "minItems": 1}},
+                      "required": ["tools"]}},
+        ]}
     )  # fmt: skip
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -357,8 +412,18 @@ class ChatBody(_OpenAIBody):
     top_logprobs: Annotated[int, Field(ge=0, le=20), BeforeValidator(integral)] | None = Field(
         default=None, description="this many most likely alternatives per token (needs logprobs)"
     )
-    tools: list[dict[str, Any]] | None = Field(
-        default=None, max_length=0, description="not supported"
+    tools: list[Tool] | None = Field(
+        default=None, max_length=64,
+        description="functions the model may call (the chat template's family decides how "
+        "they are prompted and read)",
+    )  # fmt: skip
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        default=None,
+        description="auto (the default with tools), none, required or a named function: "
+        "the last two constrain the output to a valid call",
+    )
+    parallel_tool_calls: bool = Field(
+        default=True, description="accepted; a constrained call is one call per turn"
     )
     chat_template_kwargs: dict[str, Any] | None = Field(
         default=None,
@@ -371,19 +436,56 @@ class ChatBody(_OpenAIBody):
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
 
+    def tool_plan(self, served: Served) -> ToolPlan | None:
+        """How this request's tools are prompted, constrained and read (None: no tools,
+        or tool_choice none).
+
+        Raises:
+            InvalidRequestError: tool_choice without tools, a named function that is not
+                one of them, or a constrained call beside a response_format.
+        """
+        choice = self.tool_choice
+        if choice is not None and not self.tools:
+            raise InvalidRequestError("tool_choice needs tools", "tool_choice")
+        if not self.tools or choice == "none":
+            return None
+        if served.chat_template is None:
+            raise InvalidRequestError("this model has no chat template: it cannot call tools")
+        tools = [t.model_dump(exclude_none=True) for t in self.tools]
+        name = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        if name is not None and name not in [t.function.name for t in self.tools]:
+            raise InvalidRequestError(
+                f"tool_choice names {name!r}, which is not one of the tools", "tool_choice"
+            )
+        chosen = name if name is not None else (choice if isinstance(choice, str) else "auto")
+        plan = ToolPlan(family(served.chat_template), tools, chosen)
+        if plan.guidance() is not None and self.response_format is not None:
+            where = "response_format"
+            raise InvalidRequestError(
+                f"{where} cannot be combined with a required tool call", where
+            )
+        return plan
+
     def to_generation(self, served: Served) -> GenerationRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
         # OpenAI's default for chat: as many as fit (the server's limit, capped by the context).
         options, field = self._options(served, served.max_new_tokens)
+        messages = [m.as_template_input() for m in self.messages]
+        guidance = self.response_format.guidance() if self.response_format else None
+        plan = self.tool_plan(served)
+        if plan is not None:
+            messages = plan.messages(messages)
+            guidance = plan.guidance() or guidance
         return GenerationRequest(
-            messages=[m.as_template_input() for m in self.messages],
+            messages=messages,
             template_kwargs=self.chat_template_kwargs,
             options=options,
             stop=tuple(self.stop or ()),
-            guidance=self.response_format.guidance() if self.response_format else None,
+            guidance=guidance,
             limit_field=field,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            tools=plan.template_tools() if plan is not None else None,
         )
 
     def reply(self, request_id: str, served: Served) -> Reply:
@@ -391,14 +493,52 @@ class ChatBody(_OpenAIBody):
                 "created": int(time.time()), "model": served.model,
                 "system_fingerprint": f"fp_{served.digest[:12]}"}  # fmt: skip
         return ChatReply(
-            base, self._usage_base(base), served.token_bytes if self.logprobs else None
-        )
+            base, self._usage_base(base), served.token_bytes if self.logprobs else None,
+            self.tool_plan(served),
+        )  # fmt: skip
 
 
 class ChatReply(_OpenAIReply):
-    """A `chat.completion` object, or its `chat.completion.chunk`s."""
+    """A `chat.completion` object, or its `chat.completion.chunk`s. With tools, the text
+    is read for calls once it is whole: a stream holds its text back and ends with the
+    calls as `delta.tool_calls` chunks (as OpenAI streams them) or with the text."""
 
     whole_object = "chat.completion"
+
+    def __init__(
+        self,
+        base: dict[str, Any],
+        usage_base: dict[str, Any] | None,
+        token_bytes: Callable[[int], bytes] | None = None,
+        tools: ToolPlan | None = None,
+    ) -> None:
+        super().__init__(base, usage_base, token_bytes)
+        self.tools = tools
+
+    def delta(
+        self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0
+    ) -> dict[str, Any] | None:
+        if self.tools is not None:
+            return None  # held back until the whole text says whether it is a call
+        return super().delta(text, logprobs, index)
+
+    def finish_events(self, done: Completion, index: int = 0) -> list[dict[str, Any]]:
+        if self.tools is None:
+            return super().finish_events(done, index)
+        calls = self.tools.parse(done.text)
+        if not calls:
+            held = {"delta": {"content": done.text}, "logprobs": None, "finish_reason": None}
+            return [self._choice(index, **held), *super().finish_events(done, index)]
+        events = []
+        for k, call in enumerate(calls):
+            opening = {"index": k, "id": call.id, "type": "function",
+                       "function": {"name": call.name, "arguments": ""}}  # fmt: skip
+            arguments = {"index": k, "function": {"arguments": call.arguments}}
+            for part in (opening, arguments):
+                events.append(self._choice(index, delta={"tool_calls": [part]}, logprobs=None,
+                                           finish_reason=None))  # fmt: skip
+        finish: dict[str, Any] = {"delta": {}, "logprobs": None, "finish_reason": "tool_calls"}
+        return [*events, self._choice(index, **finish)]
 
     def first_events(self, index: int = 0) -> list[dict[str, Any]]:
         delta = {"role": "assistant", "content": ""}
@@ -428,6 +568,11 @@ class ChatReply(_OpenAIReply):
         return {"delta": {}, "logprobs": None, "finish_reason": _finish(done)}
 
     def _whole_fields(self, done: Completion, index: int) -> dict[str, Any]:
-        message = {"role": "assistant", "content": done.text, "refusal": None}
+        calls = self.tools.parse(done.text) if self.tools is not None else []
+        message: dict[str, Any] = {"role": "assistant", "content": done.text, "refusal": None}
+        finish = _finish(done)
+        if calls:
+            message.update(content=None, tool_calls=[c.as_openai() for c in calls])
+            finish = "tool_calls"
         return {"message": message, "logprobs": self._logprobs(done.logprobs),
-                "finish_reason": _finish(done)}  # fmt: skip
+                "finish_reason": finish}  # fmt: skip

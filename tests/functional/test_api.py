@@ -339,6 +339,48 @@ def test_n_choices(target: Target) -> None:
     assert _error(too_many, 400)["param"] == "n"
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}  # fmt: skip
+
+
+def test_tool_calls(target: Target) -> None:
+    """OpenAI's tools: a required (or named) call is constrained to a valid call, sent as
+    message.tool_calls with finish_reason tool_calls, streamed as delta.tool_calls; the
+    result goes back as a tool message; mistakes are 400s."""
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    body = {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 60,
+            "seed": 1}  # fmt: skip
+    choice = target.call("POST", "/v1/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    parameters = WEATHER["function"]["parameters"]  # type: ignore[index]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), parameters)
+    named = {**body, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+             "stream": True}  # fmt: skip
+    deltas = [e["choices"][0]["delta"] for e in target.call("POST", "/v1/chat/completions",
+              named).events() if isinstance(e, dict) and e.get("choices")]  # fmt: skip
+    parts = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert parts[0]["function"]["name"] == "get_weather" and parts[0]["id"].startswith("call_")
+    streamed = "".join(p["function"]["arguments"] for p in parts)
+    assert streamed == call["function"]["arguments"]  # the same constraint, the same seed
+    result = {"role": "tool", "tool_call_id": call["id"], "content": "18 C, sunny"}
+    follow = [*ask, {"role": "assistant", "content": None, "tool_calls": [call]}, result]
+    after = {"messages": follow, "tools": [WEATHER], "tool_choice": "none", "max_tokens": 8}
+    message = target.call("POST", "/v1/chat/completions", after).json()["choices"][0]["message"]
+    assert message["content"] and "tool_calls" not in message
+    lone = target.call("POST", "/v1/chat/completions", {"messages": ask, "tool_choice": "auto"})
+    assert _error(lone, 400)["param"] == "tool_choice"
+    other = {**body, "tool_choice": {"type": "function", "function": {"name": "nope"}}}
+    assert _error(target.call("POST", "/v1/chat/completions", other), 400)["param"] == (
+        "tool_choice"
+    )
+
+
 def test_ollama_routes(target: Target) -> None:
     """Ollama's API on every target: NDJSON streams that add up to the whole answer,
     the model routes, and errors in Ollama's shape."""

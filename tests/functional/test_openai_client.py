@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
@@ -111,3 +112,54 @@ def test_n_choices_and_logprobs(client: openai.OpenAI) -> None:
         for part in chunk.choices:
             texts[part.index] += part.delta.content or ""
     assert texts == [c.message.content for c in reply.choices]
+
+
+def test_tool_calls_with_the_client(client: openai.OpenAI) -> None:
+    """A weather tool called with tool_choice="required": arguments that validate; the
+    follow-up with the result answers in text; streaming assembles the same call."""
+    from openai.types.chat import ChatCompletionToolParam
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}},
+              "required": ["city"], "additionalProperties": False}  # fmt: skip
+    weather = {"name": "get_weather", "description": "The weather in a city", "parameters": schema}
+    tools: list[ChatCompletionToolParam] = [{"type": "function", "function": weather}]  # type: ignore[typeddict-item]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Paris?"}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=tools, tool_choice="required", max_tokens=40,
+        seed=4,
+    )  # fmt: skip
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=tools, tool_choice="required", max_tokens=40,
+        seed=4, stream=True,
+    )  # fmt: skip
+    name, arguments, finish = "", "", None
+    for chunk in stream:
+        for part in chunk.choices:
+            for delta in part.delta.tool_calls or []:
+                name += (delta.function.name or "") if delta.function else ""
+                arguments += (delta.function.arguments or "") if delta.function else ""
+            finish = part.finish_reason or finish
+    assert (name, arguments, finish) == ("get_weather", call.function.arguments, "tool_calls")
+    follow: list[ChatCompletionMessageParam] = [
+        *messages,
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": call.function.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"},
+    ]
+    answer = client.chat.completions.create(
+        model=MODEL, messages=follow, tools=tools, tool_choice="none", max_tokens=8
+    )
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jsonschema
 import pytest
 
 from core.api import Api
@@ -283,3 +284,35 @@ def test_chat_template_kwargs_reach_the_template() -> None:
         _hf_ids(family, conversation, enable_thinking=False)
     )
     assert off["usage"]["prompt_tokens"] > on["usage"]["prompt_tokens"]  # the empty think block
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                   "required": ["city"], "additionalProperties": False}}}  # fmt: skip
+
+
+def test_tools_reach_qwen3s_template_as_transformers_passes_them() -> None:
+    """The hermes family (Qwen3): the tools go to the template (the prompt equals
+    transformers' `apply_chat_template(..., tools=...)`), a required call validates, and
+    the call and its result go back through the template as transformers renders them."""
+    family = _family("qwen3")
+    api = _api(family.model_dir)
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    body = {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 40,
+            "seed": 2}  # fmt: skip
+    reply = json.loads(_post(api, "/v1/chat/completions", body)[0])
+    assert reply["usage"]["prompt_tokens"] == len(_hf_ids(family, ask, tools=[WEATHER]))
+    (call,) = reply["choices"][0]["message"]["tool_calls"]
+    arguments = json.loads(call["function"]["arguments"])
+    jsonschema.validate(arguments, WEATHER["function"]["parameters"])  # type: ignore[index]
+    result = {"role": "tool", "tool_call_id": call["id"], "content": "18 C"}
+    follow = [*ask, {"role": "assistant", "content": None, "tool_calls": [call]}, result]
+    again = json.loads(_post(api, "/v1/chat/completions", {**body, "messages": follow,
+                                                           "tool_choice": "auto"})[0])  # fmt: skip
+    # transformers' templates take a call's arguments as an object, not OpenAI's string.
+    hf_call = {"type": "function", "id": call["id"],
+               "function": {"name": "get_weather", "arguments": arguments}}  # fmt: skip
+    turn: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [hf_call]}
+    hf_follow: list[dict[str, Any]] = [*ask, turn, result]
+    assert again["usage"]["prompt_tokens"] == len(_hf_ids(family, hf_follow, tools=[WEATHER]))

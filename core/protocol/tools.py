@@ -1,0 +1,176 @@
+"""Tool calling (OpenAI's `tools` and `tool_choice`): the tools in the prompt and the tool
+calls out of the text, for each chat-template family — in this one module.
+
+Families, detected from the model's chat template:
+
+- `hermes`: the template takes `tools` and asks for `<tool_call>{"name": ..., "arguments":
+  ...}</tool_call>` (Qwen2.5, Qwen3, Hermes): the tools go to the template as
+  transformers passes them, calls are read from those tags.
+- `generic`: any other template (SmolLM2's, Llama 3.0's, Gemma's take no tools): the tools
+  are described in a system message, the model answers a call as one JSON object
+  `{"name": ..., "arguments": ...}` (as llama-server's generic format), and tool results
+  go back as user turns (such templates know no `tool` role).
+
+With `tool_choice` `required` or a named function, the output is constrained to that JSON
+object by onnxruntime-genai's guidance (a JSON schema built from the tools' `parameters`),
+so the arguments always parse and validate, even from a 135M model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from core.generation import Guidance
+from core.protocol import json_guidance
+
+ToolFamily = Literal["hermes", "generic"]
+_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_GENERIC_PROMPT = (
+    "You can call these functions (JSON schemas, one per line):\n{tools}\n\n"
+    "To call one, reply with only a JSON object: "
+    '{{"name": "<function name>", "arguments": {{<its arguments>}}}}. '
+    "Otherwise, reply to the user normally."
+)
+
+
+def family(template: str) -> ToolFamily:
+    """The tool-call family of a chat template."""
+    if "<tool_call>" in template and "tools" in template:
+        return "hermes"
+    return "generic"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made: `arguments` is a JSON object as a string (OpenAI's)."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def as_openai(self) -> dict[str, Any]:
+        """OpenAI's `tool_calls` entry."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What one request's tools need: how to prompt, constrain and read calls.
+
+    Attributes:
+        family: The template's family.
+        tools: The tools' JSON schemas (`{"type": "function", "function": {...}}`).
+        choice: `auto`, `required`, or the name of the one function to call.
+    """
+
+    family: ToolFamily
+    tools: list[dict[str, Any]]
+    choice: str
+
+    @property
+    def names(self) -> list[str]:
+        """The functions' names."""
+        return [str(t["function"]["name"]) for t in self.tools]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The chat template's `tools` (none for the generic family: the prompt has them)."""
+        return self.tools if self.family == "hermes" else None
+
+    def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation as this family's template takes it: earlier calls and tool
+        results as the template knows them, the tools described where it does not."""
+        if self.family == "hermes":
+            return [_hermes_message(m) for m in messages]
+        out = [_generic_message(m) for m in messages]
+        lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in self.tools)
+        prompt = _GENERIC_PROMPT.format(tools=lines)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{prompt}"}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+        return out
+
+    def guidance(self) -> Guidance | None:
+        """The constraint `required` or a named function puts on the output: one JSON
+        object naming a function and giving arguments valid against its parameters."""
+        if self.choice == "auto":
+            return None
+        chosen = [t for t in self.tools if self.choice in ("required", t["function"]["name"])]
+        calls = [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": t["function"]["name"]},
+                    "arguments": t["function"].get("parameters") or {"type": "object"},
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in chosen
+        ]
+        return json_guidance(calls[0] if len(calls) == 1 else {"anyOf": calls})
+
+    def parse(self, text: str) -> list[ToolCall]:
+        """The calls in the model's text (none: it answered in words)."""
+        found = [m.group(1) for m in _HERMES_CALL.finditer(text)] if self.family == "hermes" else []
+        candidates = found or [text.strip()]
+        calls = [call for c in candidates if (call := self._call(c)) is not None]
+        return calls if len(calls) == len(candidates) else []
+
+    def _call(self, text: str) -> ToolCall | None:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("name") not in self.names:
+            return None
+        arguments = data.get("arguments", data.get("parameters", {}))
+        if isinstance(arguments, str):  # some models write the arguments as a string
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                return None
+        if not isinstance(arguments, dict):
+            return None
+        encoded = json.dumps(arguments, ensure_ascii=False)
+        return ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(data["name"]), encoded)
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    """A call's arguments as templates take them: the object, not OpenAI's string."""
+    arguments = call["function"]["arguments"]
+    try:
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return arguments
+
+
+def _hermes_message(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    return {**message, "tool_calls": [
+        {**c, "function": {"name": c["function"]["name"], "arguments": _arguments(c)}}
+        for c in calls
+    ]}  # fmt: skip
+
+
+def _generic_message(message: dict[str, Any]) -> dict[str, Any]:
+    if message["role"] == "tool":
+        call = f" of call {message['tool_call_id']}" if message.get("tool_call_id") else ""
+        return {"role": "user", "content": f"Result{call}: {message.get('content') or ''}"}
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    text = "\n".join(
+        json.dumps({"name": c["function"]["name"], "arguments": _arguments(c)},
+                   ensure_ascii=False)
+        for c in calls
+    )  # fmt: skip
+    rest = {k: v for k, v in message.items() if k != "tool_calls"}
+    return {**rest, "content": text}
