@@ -10,6 +10,7 @@ are core.service's). Native errors are translated to `core.errors` here and nowh
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
@@ -76,6 +77,23 @@ class ProbeReport:
 
 
 _SEED_RANGE = 2**31
+_MIN_APPENDED = 2  # prompt tokens a reused generator prefills at least (see PromptCache)
+# A kept generator's token room (prompt + new tokens; capped by the context): its KV
+# cache is allocated for all of it at once.
+_CACHE_ROOM = 4096
+
+
+def _kv_bytes_per_token(model_config: dict[str, Any]) -> int:
+    """Bytes of KV cache one token takes (keys and values, every layer; fp32, as og 0.18's
+    CPU models keep it); 0 when genai_config does not say."""
+    decoder = model_config.get("decoder", {})
+    try:
+        layers = int(decoder["num_hidden_layers"])
+        heads = int(decoder["num_key_value_heads"])
+        size = int(decoder["head_size"])
+    except (KeyError, TypeError, ValueError):
+        return 0
+    return 2 * layers * heads * size * 4
 
 
 def _first_line(exc: BaseException) -> str:
@@ -186,6 +204,99 @@ class Sampling:
         return search
 
 
+@dataclass
+class _Slot:
+    """A kept og Generator: its KV cache holds `prompt`'s tokens, computed by a prefill."""
+
+    prompt: list[int]
+    generator: Any
+    max_length: int
+    sampling: Sampling
+
+
+class PromptCache:
+    """The KV caches of recent greedy requests, kept for the next request whose prompt
+    begins the same way (llama-server's `cache_prompt`): it rewinds a kept generator to
+    the longest common prefix and prefills only the rest.
+
+    Only a prompt's own tokens are reused. Their cache comes from a prefill, as a fresh
+    request's would (and a prefill in two parts equals one here); the cache of tokens a
+    request generated comes from decode steps, whose kernels round differently, so
+    reusing it would change the next output. A multi-turn chat still reuses everything
+    up to the last turn's prompt.
+
+    Attributes:
+        slots: Generators kept at most (least recently used go first).
+        max_tokens: A kept generator's token room (its KV cache is allocated for it).
+    """
+
+    def __init__(self, slots: int, max_tokens: int) -> None:
+        self.slots = slots
+        self.max_tokens = max_tokens
+        self._entries: list[_Slot] = []  # most recently used last
+        self._lock = threading.Lock()
+
+    def _choose(self, ids: list[int], room: int, sampling: Sampling) -> tuple[int, int]:
+        """(index, common prefix) of the kept generator to reuse for `ids` (-1: none).
+
+        One whose whole prompt begins `ids` (the next turn of its conversation) is taken
+        first. One that shares only a part is taken only when the cache is full (it would
+        lose an entry anyway): with room left, a new generator keeps the others intact.
+        """
+        best, best_common, best_whole = -1, 0, False
+        for i, entry in enumerate(self._entries):
+            if entry.sampling != sampling or entry.max_length < room:
+                continue
+            common = _common_prefix(entry.prompt, ids)
+            whole = common == len(entry.prompt)
+            if (whole, common) > (best_whole, best_common):
+                best, best_common, best_whole = i, common, whole
+        if not best_whole and len(self._entries) < self.slots:
+            return -1, 0
+        # At least two tokens are appended: one alone would go through the decode step's
+        # kernel (M = 1), whose rounding differs from a prefill's (M > 1), and the output
+        # could change (it did, at the 22nd token of a 2,277-token chat prompt).
+        return best, max(0, min(best_common, len(ids) - _MIN_APPENDED))
+
+    def match(self, ids: list[int], room: int, sampling: Sampling) -> int:
+        """How many of `ids` the kept generator `take` would give holds (0: none)."""
+        with self._lock:
+            return self._choose(ids, room, sampling)[1]
+
+    def take(self, ids: list[int], room: int, sampling: Sampling) -> tuple[_Slot, int] | None:
+        """The kept generator to reuse for `ids`, out of the cache, and how much it holds."""
+        with self._lock:
+            index, common = self._choose(ids, room, sampling)
+            if index < 0 or common <= 0:
+                return None
+            return self._entries.pop(index), common
+
+    def put(self, prompt: list[int], generator: Any, max_length: int, sampling: Sampling) -> None:
+        """Keep `generator`, whose cache holds `prompt` (the oldest entry may go)."""
+        with self._lock:
+            self._entries.append(_Slot(prompt, generator, max_length, sampling))
+            del self._entries[: max(0, len(self._entries) - self.slots)]
+
+    def describe(self, kv_bytes_per_token: int) -> dict[str, Any]:
+        """Its size, for /readyz and the load's log line: slots, tokens and memory each."""
+        mib = kv_bytes_per_token * self.max_tokens / 2**20
+        return {"slots": self.slots, "tokens_per_slot": self.max_tokens,
+                "mib_per_slot": round(mib, 1), "held": len(self._entries)}  # fmt: skip
+
+    def clear(self) -> None:
+        """Drop every kept generator (their KV caches are freed)."""
+        with self._lock:
+            self._entries.clear()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class Engine:
     """One loaded model, shared by all requests of the process.
 
@@ -223,6 +334,10 @@ class Engine:
         self.pad_id = (_token_ids(model_config.get("pad_token_id")) or [*self.eos_ids, 0])[0]
         self.context_length = int(model_config.get("context_length", 0) or 0)
         self.vocab_size = int(model_config.get("vocab_size", 0) or 0)
+        room = min(self.context_length or _CACHE_ROOM, _CACHE_ROOM)
+        self.prompt_cache = PromptCache(settings.prompt_cache_slots, room) if (
+            settings.prompt_cache_slots > 0) else None  # fmt: skip
+        self.kv_bytes_per_token = _kv_bytes_per_token(model_config)
 
     @property
     def model_name(self) -> str:
@@ -329,6 +444,7 @@ class Engine:
         guidance: Guidance | None = None,
         sequence: Sequence | None = None,
         logprobs: int | None = None,
+        cache: bool = False,
     ) -> Tokens:
         """Start decoding one sequence: up to `max_new` new tokens after `input_ids`.
 
@@ -336,11 +452,16 @@ class Engine:
         tokens come as they are iterated. A lone batched `sequence` is told when the
         decoding waits for its reader (`paused_at`). With `logprobs` (the number of
         alternatives; 0: none), each token's `TokenLogprob` goes to `Tokens.logprobs`.
+        With `cache` (a greedy, unguided request with no minimum length), a kept
+        generator that holds the start of `input_ids` is reused (`Tokens.cached` says
+        how many), and this one is kept afterwards (see `PromptCache`).
 
         Raises:
             InvalidRequestError: The guidance is invalid.
             GenerationError: og cannot start the generation.
         """
+        if cache and self.prompt_cache is not None:
+            return self._cached(input_ids, max_new, options, sequence, logprobs)
         prompt_len = len(input_ids)
         search: dict[str, Any] = {
             "max_length": prompt_len + max_new,
@@ -367,6 +488,56 @@ class Engine:
             lambda tokens: self._tokens(generator, input_ids, tokens, sequence, guided, logprobs)
         )
 
+    def _cached(
+        self,
+        input_ids: list[int],
+        max_new: int,
+        options: SamplingOptions,
+        sequence: Sequence | None,
+        logprobs: int | None,
+    ) -> Tokens:
+        """`decode` through the prompt cache (greedy: the search options are fixed per
+        og Generator, and a kept one's must equal the request's)."""
+        cache = self.prompt_cache
+        assert cache is not None
+        sampling = self.sampling(options)
+        room = len(input_ids) + max_new
+        taken = cache.take(input_ids, room, sampling)
+        if taken is not None:
+            slot, common = taken
+            generator, max_length = slot.generator, slot.max_length
+            try:
+                generator.rewind_to(common)
+            except RuntimeError as exc:
+                raise GenerationError(f"cannot reuse a cached prompt: {_first_line(exc)}") from exc
+        else:
+            common = 0
+            max_length = min(max(room, cache.max_tokens), self.context_length or room)
+            params = og.GeneratorParams(self._model)
+            params.set_search_options(max_length=max_length, **sampling.search())
+            try:
+                generator = og.Generator(self._model, params)
+            except RuntimeError as exc:
+                raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
+
+        def keep() -> None:  # the prompt's prefill is in its cache: keep it for the next
+            cache.put(list(input_ids), generator, max_length, sampling)
+
+        tokens = Tokens(
+            lambda t: self._tokens(
+                generator,
+                input_ids[common:],
+                t,
+                sequence,
+                False,
+                logprobs,
+                limit=max_new,
+                prefilled=keep,
+            )
+        )
+        tokens.cached = common
+        return tokens
+
     def stream_tokens(self, input_ids: list[int], options: SamplingOptions) -> Tokens:
         """New token ids until EOS or `options.max_new_tokens` (capped by the context),
         with no admission and no text: for benchmarks and tests that work in token ids."""
@@ -385,6 +556,8 @@ class Engine:
         sequence: Sequence | None,
         guided: bool = False,
         logprobs: int | None = None,
+        limit: int | None = None,
+        prefilled: Callable[[], None] | None = None,
     ) -> Generator[int, None, None]:
         """Yield new tokens; set `tokens.eos` when the model (or grammar) ended.
 
@@ -392,10 +565,13 @@ class Engine:
         that needs bytes this model's tokens cannot give, e.g. a regex of some non-ASCII
         characters on a byte-level vocabulary): that is the request's error, not ours.
         """
+        produced = 0
+        appended = False
         try:
             generator.append_tokens(input_ids)
+            appended = True
             count = generator.token_count()
-            while not generator.is_done():
+            while not generator.is_done() and (limit is None or produced < limit):
                 # og 0.18 computes a position's logits when the token before it goes in:
                 # the ones the next token is picked from are there before the step.
                 logits = None if logprobs is None else np.array(generator.get_logits())
@@ -406,6 +582,7 @@ class Engine:
                     tokens.eos = True
                     return
                 count = new_count
+                produced += 1
                 token = int(generator.get_next_tokens()[0])
                 if logits is not None:  # one sequence: its position's logits
                     tokens.logprobs.append(_logprob(logits.reshape(-1), token, logprobs or 0))
@@ -416,11 +593,15 @@ class Engine:
                     yield token
                     sequence.paused_at = None
         except RuntimeError as exc:
+            appended = False  # a failed generator is not kept
             if guided:
                 raise InvalidRequestError(
                     f"the guidance cannot be followed with this model's tokens: {_first_line(exc)}"
                 ) from exc
             raise GenerationError(f"generation failed: {_first_line(exc)}") from exc
+        finally:
+            if appended and prefilled is not None:
+                prefilled()
 
     def run_batch(self, batch: list[Sequence]) -> None:
         """Decode `batch` as one Generator; feed each sequence until its EOS or limit.

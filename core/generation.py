@@ -132,7 +132,8 @@ class LogprobLedger:
 
 @dataclass(frozen=True)
 class Completion:
-    """The result of one generation (`logprobs` when the request asked for them)."""
+    """The result of one generation (`logprobs` when the request asked for them;
+    `cached_tokens`: prompt tokens the prompt cache held)."""
 
     text: str
     finish_reason: FinishReason
@@ -140,6 +141,7 @@ class Completion:
     completion_tokens: int
     timings: Timings
     logprobs: tuple[TokenLogprob, ...] | None = None
+    cached_tokens: int = 0
 
 
 class Tokens:
@@ -157,6 +159,7 @@ class Tokens:
         it); `on_close` runs at `close`, whether or not the source ever started."""
         self.eos = False
         self.logprobs: list[TokenLogprob] = []
+        self.cached = 0  # prompt tokens a kept KV cache already held
         self._source = source(self)
         self._on_close = on_close
 

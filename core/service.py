@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # onnxruntime-genai comes with the first load, not with this 
 
 
 _CANCEL_POLL_S = 0.05  # how often a reader of several choices looks at its cancellation
+_CACHE_HIT_TOKENS = 64  # prompt tokens the cache must hold for a request to skip batching
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,29 @@ class Service:
             )
         return min(wanted, context - prompt_len) if context else wanted
 
+    # -- the prompt cache ----------------------------------------------------------------
+
+    def _cacheable(self, request: GenerationRequest) -> bool:
+        """Whether a request may use and refill the prompt cache: greedy (a kept og
+        Generator's search options are fixed, and a sampled one's random state is not
+        the request's), unguided, with no minimum length."""
+        options = request.options
+        return (
+            self.engine.prompt_cache is not None
+            and options.temperature == 0
+            and request.guidance is None
+            and options.min_new_tokens == 0
+        )
+
+    def _cache_hit(self, input_ids: list[int], budget: int, request: GenerationRequest) -> bool:
+        """Whether the cache holds enough of this prompt to run it alone on the kept KV
+        cache rather than in a batch (a short shared start is not worth a batch place)."""
+        cache = self.engine.prompt_cache
+        assert cache is not None
+        room = len(input_ids) + budget
+        held = cache.match(input_ids, room, self.engine.sampling(request.options))
+        return held >= _CACHE_HIT_TOKENS
+
     # -- the batching rule ---------------------------------------------------------------
 
     def _batchable(self, request: GenerationRequest) -> bool:
@@ -320,7 +344,11 @@ class Service:
         try:
             input_ids = engine.prompt_ids(request)
             budget = self.budget(len(input_ids), request)
-            batched = self._batchable(request)
+            cache = self._cacheable(request)
+            # A prompt the cache holds enough of runs alone, on the kept KV cache.
+            batched = self._batchable(request) and not (
+                cache and self._cache_hit(input_ids, budget, request)
+            )
             self.admission.acquire(batched, cancelled)
         finally:
             self._arrive(-1)
@@ -340,7 +368,7 @@ class Service:
             else:
                 options, guidance = request.options, request.guidance
                 tokens = engine.decode(
-                    input_ids, budget, options, guidance, logprobs=request.logprobs
+                    input_ids, budget, options, guidance, logprobs=request.logprobs, cache=cache
                 )
         except BaseException:
             release()
@@ -416,8 +444,10 @@ class Service:
                 item = sequence.out.get()
                 if isinstance(item, Alone):  # a batch of one: run it in this thread
                     alone = self.engine.decode(
-                        sequence.input_ids, sequence.max_new, request.options, sequence=sequence
-                    )
+                        sequence.input_ids, sequence.max_new, request.options, sequence=sequence,
+                        cache=self._cacheable(request),
+                    )  # fmt: skip
+                    tokens.cached = alone.cached
                     try:
                         yield from alone
                     finally:
@@ -526,5 +556,6 @@ class Service:
                     completion_tokens=count,
                     timings=Timings(ttft_s=first, decode_s=decode_s, decode_tokens_per_s=speed),
                     logprobs=ledger.within(len(text)) if ledger is not None else None,
+                    cached_tokens=tokens.cached,
                 )
             )

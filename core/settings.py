@@ -29,6 +29,9 @@ class EngineSettings(BaseSettings):
             batching): greedy ones and sampled ones without a seed and with the same
             sampling options. A seeded or guided request runs alone and counts as a batch.
         request_timeout_s: A generation running longer is stopped with a timeout error.
+        prompt_cache_slots: KV caches of recent greedy requests kept for a next request
+            that begins the same way (0: no prompt cache); each holds up to 4,096 tokens
+            (the context, if shorter) of fp32 KV cache.
         warmup: Run one short generation after the load, before the model is ready (the
             first inference pays one-time costs; a user's first request should not).
         batch_window_ms: How long a batch waits for companions after its first request
@@ -55,6 +58,7 @@ class EngineSettings(BaseSettings):
     batch_window_ms: float = Field(default=5.0, ge=0, le=1000)
     request_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     warmup: bool = True
+    prompt_cache_slots: int = Field(default=1, ge=0, le=64)
     chat_plain_control_tokens: bool = False
 
     def provider_order(self) -> list[str]:

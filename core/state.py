@@ -245,6 +245,9 @@ class ModelState:
             "warmup_seconds": None if self.warmup_s is None else round(self.warmup_s, 3),
             "quality": quality.model_dump() if (quality := engine.manifest.quality) else None,
             "architecture_warning": arch_mismatch(engine.manifest, platform.machine()),
+            "prompt_cache": cache.describe(engine.kv_bytes_per_token)
+            if (cache := engine.prompt_cache) is not None
+            else None,
             **reload,
         }
 
@@ -296,6 +299,14 @@ def _log_ready(service: Service, warmup_s: float | None) -> None:
         engine.model_name, probe.provider, probe.load_seconds, warm, probe.threads,
         skipped or "none",
     )  # fmt: skip
+    cache = engine.prompt_cache
+    if cache is not None:
+        size = cache.describe(engine.kv_bytes_per_token)
+        log.info(
+            "prompt cache: %d slot(s) of up to %d tokens, %.0f MiB of KV cache each "
+            "(ORTSERVE_PROMPT_CACHE_SLOTS)", size["slots"], size["tokens_per_slot"],
+            size["mib_per_slot"],
+        )  # fmt: skip
 
 
 def _retire(old: Service) -> None:

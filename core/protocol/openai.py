@@ -95,12 +95,14 @@ class _OpenAIBody(GenerationBody):
         return base if include else None
 
 
-def _usage(dones: Sequence[Completion]) -> dict[str, int]:
+def _usage(dones: Sequence[Completion]) -> dict[str, Any]:
     """Usage of one request: its prompt once, every choice's new tokens."""
     prompt = dones[0].prompt_tokens
     completion = sum(d.completion_tokens for d in dones)
+    cached = max(d.cached_tokens for d in dones)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}  # fmt: skip
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
 
 
 def _finish(done: Completion) -> str:

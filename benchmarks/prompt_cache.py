@@ -1,0 +1,101 @@
+"""A multi-turn chat with and without the prompt cache: `python -m benchmarks.prompt_cache`.
+
+Two edge daemons on the same model, ORTSERVE_PROMPT_CACHE_SLOTS=1 and 0. Each repetition
+plays one 6-turn greedy chat with a ~1,000-token system prompt against each (the order
+alternates), streaming every turn and timing its TTFT (request sent → first SSE event);
+the answers are fed back as the conversation goes. Prints the median TTFT per turn, the
+ratio, and whether both daemons gave the same answers (they must). Not a test: figures
+for the README, from one run on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.bakes import baked
+from benchmarks.support.servers import daemon
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEM = " ".join(
+    ["You are the assistant of an edge board that serves a small language model."] * 70
+)
+
+
+def _turn(client: httpx.Client, base: str, messages: list[dict[str, Any]],
+          tokens: int) -> tuple[float, str, int]:  # fmt: skip
+    body = {"messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    start = time.perf_counter()
+    first = 0.0
+    text, cached = "", 0
+    with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event["choices"] and event["choices"][0]["delta"].get("content"):
+                first = first or time.perf_counter() - start
+                text += event["choices"][0]["delta"]["content"]
+            if event.get("usage"):
+                cached = event["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return first, text, cached
+
+
+def _chat(client: httpx.Client, base: str, turns: int, tokens: int) -> list[tuple[float, str, int]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    out = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Question {turn + 1}: what can you do?"})
+        out.append(_turn(client, base, messages, tokens))
+        messages.append({"role": "assistant", "content": out[-1][1]})
+    return out
+
+
+def main() -> None:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="builtin:smollm2-135m-shape")
+    parser.add_argument("--model-dir", type=Path, help="a baked model folder (default: bake)")
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--tokens", type=int, default=32, help="new tokens per turn")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench")
+    args = parser.parse_args()
+    model_dir = (
+        args.model_dir or baked(args.work, args.model, "edge-x86_64", package=False) / "model"
+    )
+    env = {**os.environ, "ORTSERVE_THREADS": str(args.threads), "ORTSERVE_PROVIDERS": "cpu"}
+    runs: dict[str, list[list[tuple[float, str, int]]]] = {"cache": [], "none": []}
+    with (daemon(model_dir, {**env, "ORTSERVE_PROMPT_CACHE_SLOTS": "1"}) as (on, _),
+          daemon(model_dir, {**env, "ORTSERVE_PROMPT_CACHE_SLOTS": "0"}) as (off, _),
+          httpx.Client(timeout=600) as client):  # fmt: skip
+        for rep in range(args.reps):
+            order = [("cache", on), ("none", off)]
+            for name, base in order if rep % 2 == 0 else order[::-1]:
+                runs[name].append(_chat(client, base, args.turns, args.tokens))
+    same = all(
+        [t[1] for t in a] == [t[1] for t in b]
+        for a, b in zip(runs["cache"], runs["none"], strict=True)
+    )
+    print(f"{args.model}: {args.turns} turns, {args.tokens} new tokens each, "
+          f"{args.threads} threads, medians of {args.reps}; same answers: {same}")  # fmt: skip
+    print("turn  cached tokens  TTFT with cache  without  ratio")
+    for turn in range(args.turns):
+        with_cache = statistics.median(r[turn][0] for r in runs["cache"]) * 1000
+        without = statistics.median(r[turn][0] for r in runs["none"]) * 1000
+        cached = runs["cache"][-1][turn][2]
+        print(f"{turn + 1:>4}  {cached:>13}  {with_cache:>12.0f} ms  {without:>6.0f} ms"
+              f"  {with_cache / without:5.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

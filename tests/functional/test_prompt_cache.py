@@ -1,0 +1,85 @@
+"""The prompt cache: a multi-turn chat re-reads only its new tokens, and the output never
+changes (greedy, with the cache and without it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.generation import Completion, GenerationRequest, SamplingOptions
+from core.service import Service
+from core.settings import EngineSettings
+from tests import models
+
+SYSTEM = {"role": "system", "content": " ".join(["Edge boards answer quickly."] * 60)}
+
+
+def _service(model_dir: Path, slots: int) -> Service:
+    return Service.load(EngineSettings(model_dir=model_dir, providers="cpu",
+                                       prompt_cache_slots=slots))  # fmt: skip
+
+
+def _chat(service: Service, turns: int, options: SamplingOptions) -> list[Completion]:
+    messages: list[dict[str, Any]] = [SYSTEM]
+    done = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Question {turn}: what do boards do?"})
+        done.append(service.generate(GenerationRequest(messages=messages, options=options)))
+        messages.append({"role": "assistant", "content": done[-1].text})
+    return done
+
+
+@pytest.mark.slow
+def test_greedy_turns_equal_without_the_cache_on_the_135m_shape() -> None:
+    folder = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    greedy = SamplingOptions(max_new_tokens=12)
+    cached = _chat(_service(folder, 1), 4, greedy)
+    fresh = _chat(_service(folder, 0), 4, greedy)
+    assert [c.text for c in cached] == [c.text for c in fresh]
+    # Each turn reuses the whole previous prompt: only the last answer and question are new.
+    assert [c.cached_tokens for c in cached] == [0] + [c.prompt_tokens for c in cached[:-1]]
+    assert all(c.cached_tokens == 0 for c in fresh)
+
+
+@pytest.mark.slow
+def test_the_same_prompt_again_equals_its_first_answer() -> None:
+    """A prompt the cache holds whole is still prefilled for its last two tokens: one
+    alone goes through the decode step's kernel (M = 1), which rounds differently from a
+    prefill, and on this prompt the 22nd greedy token flipped."""
+    folder = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    system = " ".join(
+        ["You are the assistant of an edge board that serves a small language model."] * 70
+    )
+    messages = [{"role": "system", "content": system},
+                {"role": "user", "content": "Question 1: what can you do?"}]  # fmt: skip
+    request = GenerationRequest(messages=messages, options=SamplingOptions(max_new_tokens=32))
+    service = _service(folder, 1)
+    first, again = service.generate(request), service.generate(request)
+    assert again.cached_tokens == again.prompt_tokens - 2
+    assert again.text == first.text == _service(folder, 0).generate(request).text
+
+
+def test_slots_bound_the_cache_and_sampling_bypasses_it(tiny_model_dir: Path) -> None:
+    greedy = SamplingOptions(max_new_tokens=4)
+
+    def ask(service: Service, who: str) -> Completion:
+        messages = [SYSTEM, {"role": "user", "content": f"I am {who}, hello there"}]
+        return service.generate(GenerationRequest(messages=messages, options=greedy))
+
+    one, two = _service(tiny_model_dir, 1), _service(tiny_model_dir, 2)
+    for service in (one, two):
+        first = ask(service, "Ann"), ask(service, "Bob")
+        again = ask(service, "Ann"), ask(service, "Bob")
+        assert [a.text for a in again] == [f.text for f in first]
+        held = [a.cached_tokens for a in again]
+        if service is one:  # one slot: Bob's turn pushed Ann's out; only the system part
+            assert held[0] < again[0].prompt_tokens - 5
+        else:  # two slots: each finds its own conversation
+            assert held == [a.prompt_tokens - 2 for a in again]  # 2: see PromptCache
+    sampled = SamplingOptions(max_new_tokens=4, temperature=0.8, seed=3)
+    request = GenerationRequest(messages=[SYSTEM, {"role": "user", "content": "hi"}],
+                                options=sampled)  # fmt: skip
+    runs = [two.generate(request) for _ in range(2)]
+    assert runs[0].text == runs[1].text and runs[1].cached_tokens == 0
