@@ -460,6 +460,8 @@ class Engine:
             InvalidRequestError: The guidance is invalid.
             GenerationError: og cannot start the generation.
         """
+        if options.num_beams > 1:
+            return self._beams(input_ids, max_new, options)
         if cache and self.prompt_cache is not None:
             return self._cached(input_ids, max_new, options, sequence, logprobs)
         prompt_len = len(input_ids)
@@ -487,6 +489,36 @@ class Engine:
         return Tokens(
             lambda tokens: self._tokens(generator, input_ids, tokens, sequence, guided, logprobs)
         )
+
+    def _beams(self, input_ids: list[int], max_new: int, options: SamplingOptions) -> Tokens:
+        """Beam search (og's, CPU): the best beam's tokens, all at the end."""
+        prompt_len = len(input_ids)
+        params = og.GeneratorParams(self._model)
+        params.set_search_options(
+            max_length=prompt_len + max_new,
+            min_length=prompt_len + min(options.min_new_tokens, max_new),
+            num_beams=options.num_beams, num_return_sequences=1, do_sample=False,
+            length_penalty=options.length_penalty, early_stopping=options.early_stopping,
+            repetition_penalty=options.repetition_penalty,
+        )  # fmt: skip
+        try:
+            generator = og.Generator(self._model, params)
+        except RuntimeError as exc:
+            raise GenerationError(f"cannot start beam search: {_first_line(exc)}") from exc
+
+        def best(tokens: Tokens) -> Generator[int, None, None]:
+            try:
+                generator.append_tokens(input_ids)
+                while not generator.is_done():
+                    generator.generate_next_token()
+                sequence = [int(t) for t in generator.get_sequence(0)][prompt_len:]
+            except RuntimeError as exc:
+                raise GenerationError(f"beam search failed: {_first_line(exc)}") from exc
+            ended = next((i for i, t in enumerate(sequence) if t in self.eos_ids), None)
+            tokens.eos = ended is not None
+            yield from sequence[:ended]
+
+        return Tokens(best)
 
     def _cached(
         self,

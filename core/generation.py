@@ -26,6 +26,10 @@ class SamplingOptions:
         top_k: Keep the k best tokens (0: no limit).
         repetition_penalty: 1.0 means none.
         seed: Random seed for sampling (same seed, same output).
+        num_beams: Above 1: beam search with that many beams (deterministic: the
+            sampling knobs do not apply; the text comes whole at the end).
+        length_penalty: Beam search's exponent on a beam's length (above 1: longer).
+        early_stopping: Beam search ends once `num_beams` beams have ended.
     """
 
     max_new_tokens: int = 64
@@ -35,6 +39,9 @@ class SamplingOptions:
     top_k: int = 0
     repetition_penalty: float = 1.0
     seed: int | None = None
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool = True
 
 
 @dataclass(frozen=True)

@@ -264,6 +264,7 @@ class Service:
             and options.temperature == 0
             and request.guidance is None
             and options.min_new_tokens == 0
+            and options.num_beams == 1
         )
 
     def _cache_hit(self, input_ids: list[int], budget: int, request: GenerationRequest) -> bool:
@@ -287,8 +288,9 @@ class Service:
         MatMulNBits (accuracy level 4: int8 compute) rounds those differently from a lone
         request's M = 1 row (x86-64 with AVX2, no AVX-512: logits off by up to ~2.5, so
         near-ties flip; bit-identical with AVX-512 VNNI). So a request with a seed keeps
-        a generator of its own, as does one with a grammar or a minimum length, and one
-        that asks for log probabilities (read from its own generator's logits).
+        a generator of its own, as does one with a grammar or a minimum length, one that
+        asks for log probabilities (read from its own generator's logits), and a beam
+        search.
         """
         options = request.options
         return (
@@ -297,6 +299,7 @@ class Service:
             and options.min_new_tokens == 0
             and options.seed is None
             and request.logprobs is None
+            and options.num_beams == 1
         )
 
     def _fits(self, batch: list[Sequence]) -> bool:

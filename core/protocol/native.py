@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from core.generation import (
     Completion,
@@ -32,6 +32,7 @@ from core.protocol import (
 )
 
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar")
+MAX_BEAMS = 8
 DEFAULT_MAX_NEW_TOKENS = 128
 
 
@@ -42,6 +43,15 @@ class GenerateBody(GenerationBody):
     `guided_regex` or `guided_grammar` (a Lark grammar, as onnxruntime-genai's
     llguidance reads it); at most one.
     """
+
+    # The schema says the rule between fields: a beam search takes no guidance.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"num_beams": {"type": "integer", "minimum": 2}},
+                   "required": ["num_beams"]},
+            "then": {"properties": {name: {"type": "null"} for name in _GUIDED}},
+        }
+    )  # fmt: skip
 
     prompt: str = Field(min_length=1)
     max_new_tokens: TokenLimit | None = Field(
@@ -55,6 +65,17 @@ class GenerateBody(GenerationBody):
     stop: Stop = None
     min_tokens: TokenCount = Field(default=0, description=MIN_TOKENS_DOC)
     ignore_eos: bool = Field(default=False, description=IGNORE_EOS_DOC)
+    num_beams: Int = Field(
+        default=1, ge=1, le=MAX_BEAMS,
+        description="beam search with this many beams (above 1; deterministic: temperature, "
+        "top_p, top_k and seed do not apply; no guidance; streamed, the text comes whole)",
+    )  # fmt: skip
+    length_penalty: float = Field(
+        default=1.0, ge=-10.0, le=10.0, description="beam search: above 1 favours longer beams"
+    )
+    early_stopping: bool = Field(
+        default=True, description="beam search: end once num_beams beams have ended"
+    )
     guided_json: dict[str, Any] | None = Field(
         default=None, description="the output is JSON valid against this schema"
     )
@@ -70,6 +91,8 @@ class GenerateBody(GenerationBody):
         given = [name for name in _GUIDED if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"give at most one of {', '.join(_GUIDED)}, not {' and '.join(given)}")
+        if given and self.num_beams > 1:
+            raise ValueError(f"a beam search (num_beams {self.num_beams}) takes no {given[0]}")
         return self
 
     def _guidance(self) -> Guidance | None:
@@ -89,7 +112,8 @@ class GenerateBody(GenerationBody):
         minimum = minimum_tokens(self.min_tokens, self.ignore_eos, limit)
         options = SamplingOptions(
             max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, seed=self.seed, min_new_tokens=minimum,
+            top_k=self.top_k, seed=self.seed, min_new_tokens=minimum, num_beams=self.num_beams,
+            length_penalty=self.length_penalty, early_stopping=self.early_stopping,
         )  # fmt: skip
         return GenerationRequest(
             prompt=self.prompt, options=options, stop=tuple(self.stop or ()),

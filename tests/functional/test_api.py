@@ -417,6 +417,26 @@ def test_ollama_routes(target: Target) -> None:
     assert bad.status == 400 and isinstance(bad.json()["error"], str)
 
 
+def test_generate_beam_search(target: Target) -> None:
+    """/generate's num_beams: og's beam search, deterministic, the text whole at the end;
+    stop strings still cut it; no guidance with it."""
+    body = {"prompt": "Serverless functions", "max_new_tokens": 12, "num_beams": 4}
+    first = target.call("POST", "/generate", body).json()
+    again = target.call("POST", "/generate", {**body, "temperature": 1.5, "seed": 9}).json()
+    assert first["generated_text"] == again["generated_text"]  # sampling knobs do not apply
+    greedy = target.call("POST", "/generate", {**body, "num_beams": 1}).json()
+    assert 0 < first["tokens_generated"] <= 12 and greedy["tokens_generated"] > 0
+    events = target.call("POST", "/generate", {**body, "stream": True}).events()
+    assert "".join(e.get("text", "") for e in events) == first["generated_text"]
+    cut = first["generated_text"][3:6]
+    if cut:
+        stopped = target.call("POST", "/generate", {**body, "stop": [cut]}).json()
+        assert stopped["generated_text"] == first["generated_text"][: first[
+            "generated_text"].index(cut)]  # fmt: skip
+    guided = target.call("POST", "/generate", {**body, "guided_regex": "[a-z]+"})
+    assert "beam search" in str(_error(guided, 400)["message"])
+
+
 def test_same_bytes_as_the_reference(target: Target, reference: Target) -> None:
     """Parity: every target answers like the core itself, streamed bytes included."""
     requests = [
