@@ -109,7 +109,7 @@ class GenerateBody(GenerationBody):
         if limit is None:
             default = max(DEFAULT_MAX_NEW_TOKENS, self.min_tokens)
             limit = min(default, served.max_new_tokens)
-        minimum = minimum_tokens(self.min_tokens, self.ignore_eos, limit)
+        minimum = minimum_tokens(self.min_tokens, self.ignore_eos, limit, served)
         options = SamplingOptions(
             max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p,
             top_k=self.top_k, seed=self.seed, min_new_tokens=minimum, num_beams=self.num_beams,

@@ -80,9 +80,10 @@ class _OpenAIBody(GenerationBody):
             limit = max(default_limit, min(self.min_tokens, served.max_new_tokens))
         else:
             limit = max_tokens
+        minimum = minimum_tokens(self.min_tokens, self.ignore_eos, limit, served)
         options = SamplingOptions(
             max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p,
-            seed=self.seed, min_new_tokens=minimum_tokens(self.min_tokens, self.ignore_eos, limit),
+            seed=self.seed, min_new_tokens=minimum,
         )  # fmt: skip
         return options, field
 
@@ -181,6 +182,12 @@ class _OpenAIReply(MultiChoiceReply):
 _Prompt = Annotated[str, Field(min_length=1)]
 
 
+def _a_boolean(value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise ValueError("Input should be a valid boolean")
+    return value
+
+
 class CompletionBody(_OpenAIBody):
     """POST /v1/completions."""
 
@@ -192,7 +199,10 @@ class CompletionBody(_OpenAIBody):
         description="each token's log probability and this many most likely alternatives "
         "(of the model's distribution, before temperature, top_p and penalties)",
     )
-    echo: Literal[False] = Field(default=False, description="not supported")
+    # Literal[False] alone takes 0 and 0.0 (equal to False in Python): a boolean first.
+    echo: Annotated[Literal[False], BeforeValidator(_a_boolean)] = Field(
+        default=False, description="not supported"
+    )
 
     def text(self) -> str:
         """The single prompt."""

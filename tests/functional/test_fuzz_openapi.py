@@ -34,6 +34,7 @@ _GUIDES = ("guided_regex", "guided_grammar")
 # The 400s a schema cannot rule out (see the module's docstring).
 _SEMANTIC = re.compile(
     r"invalid guidance|the guidance cannot be followed|the prompt has \d+ tokens"
+    r"|is not one of the tools"
 )
 
 
