@@ -308,38 +308,26 @@ class Api:
         return route
 
     def _stream(self, stream: GenerationStream, reply: Reply, ctx: _Context) -> Response:
-        """A generation's events, as SSE or NDJSON (the reply's framing); an error after
-        the first byte is sent as a final event."""
-        encode = sse_event if reply.framing == "sse" else ndjson_line
+        """A generation's events, as SSE or NDJSON (the reply's framing)."""
 
-        def chunks() -> Iterator[bytes]:
-            try:
-                for event in reply.first_events():
-                    yield encode(event)
-                for delta in stream:
-                    delta_event = reply.delta(delta, stream.take_logprobs())
-                    if delta_event is not None:
-                        yield encode(delta_event)
-                done = stream.completion
-                assert done is not None  # the stream ended
-                ctx.completion = done
-                for event in reply.final_events(done):
-                    yield encode(event)
-            except OrtServeError as exc:
-                yield encode(reply.error_event(exc))
-                return
-            except Exception:
-                log.exception("error while streaming %s", ctx.request_id)
-                yield encode(reply.error_event(OrtServeError("internal error")))
-                return
-            finally:
-                stream.close()
-                # A stream closed early (client gone, drain timeout) still counts its tokens.
-                ctx.completion = ctx.completion or stream.completion
-            if reply.done_marker:
-                yield SSE_DONE
+        def events() -> Iterator[dict[str, Any]]:
+            yield from reply.first_events()
+            for delta in stream:
+                delta_event = reply.delta(delta, stream.take_logprobs())
+                if delta_event is not None:
+                    yield delta_event
+            done = stream.completion
+            assert done is not None  # the stream ended
+            ctx.completion = done
+            yield from reply.final_events(done)
 
-        return sse_response(chunks()) if reply.framing == "sse" else ndjson_response(chunks())
+        def close() -> None:
+            stream.close()
+            # A stream closed early (client gone, drain timeout) still counts its tokens.
+            ctx.completion = ctx.completion or stream.completion
+
+        body = self._guarded(events(), reply, ctx, close)
+        return sse_response(body) if reply.framing == "sse" else ndjson_response(body)
 
     def _choices(
         self, choices: Choices, reply: MultiChoiceReply, ctx: _Context, stream: bool
@@ -351,39 +339,55 @@ class Api:
             ctx.completion = _merged(dones)
             return json_response(200, reply.bodies(dones))
 
-        def chunks() -> Iterator[bytes]:
+        def events() -> Iterator[dict[str, Any]]:
             started: set[int] = set()
-            try:
-                for item in choices:
-                    if isinstance(item, int):  # choice `item` ended
-                        done = choices.completions[item]
-                        assert done is not None
-                        events = reply.finish_events(done, item)
-                    else:
-                        events = [] if item.index in started else reply.first_events(item.index)
-                        started.add(item.index)
-                        event = reply.delta(item.text, item.logprobs, item.index)
-                        events += [event] if event is not None else []
-                    for event in events:
-                        yield sse_event(event)
-                dones = [c for c in choices.completions if c is not None]
-                ctx.completion = _merged(dones)
-                for event in reply.usage_events(dones):
-                    yield sse_event(event)
-            except OrtServeError as exc:
-                yield sse_event(reply.error_event(exc))
-                return
-            except Exception:
-                log.exception("error while streaming %s", ctx.request_id)
-                yield sse_event(reply.error_event(OrtServeError("internal error")))
-                return
-            finally:
-                choices.close()
-                done_so_far = [c for c in choices.completions if c is not None]
-                ctx.completion = ctx.completion or (_merged(done_so_far) if done_so_far else None)
-            yield SSE_DONE
+            for item in choices:
+                if isinstance(item, int):  # choice `item` ended
+                    done = choices.completions[item]
+                    assert done is not None
+                    yield from reply.finish_events(done, item)
+                    continue
+                if item.index not in started:
+                    started.add(item.index)
+                    yield from reply.first_events(item.index)
+                delta_event = reply.delta(item.text, item.logprobs, item.index)
+                if delta_event is not None:
+                    yield delta_event
+            dones = [c for c in choices.completions if c is not None]
+            ctx.completion = _merged(dones)
+            yield from reply.usage_events(dones)
 
-        return sse_response(chunks())
+        def close() -> None:
+            choices.close()
+            so_far = [c for c in choices.completions if c is not None]
+            ctx.completion = ctx.completion or (_merged(so_far) if so_far else None)
+
+        return sse_response(self._guarded(events(), reply, ctx, close))
+
+    def _guarded(
+        self,
+        events: Iterator[dict[str, Any]],
+        reply: Reply,
+        ctx: _Context,
+        close: Callable[[], None],
+    ) -> Iterator[bytes]:
+        """`events`, encoded in the reply's framing; an error after the first byte is sent
+        as a final error event (and no `[DONE]`); `close` runs however it ends."""
+        encode = sse_event if reply.framing == "sse" else ndjson_line
+        try:
+            for event in events:
+                yield encode(event)
+        except OrtServeError as exc:
+            yield encode(reply.error_event(exc))
+            return
+        except Exception:
+            log.exception("error while streaming %s", ctx.request_id)
+            yield encode(reply.error_event(OrtServeError("internal error")))
+            return
+        finally:
+            close()
+        if reply.done_marker:
+            yield SSE_DONE
 
     # -- other routes -----------------------------------------------------------------
 
