@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from importlib.metadata import distribution
 from pathlib import Path
@@ -27,7 +26,7 @@ from bake.package import GCF_PYTHON, package
 from bake.package_cloudrun import package_cloudrun, sizing, sizing_for
 from bake.targets import get_target
 from benchmarks.support.dockerfile import env_of, final_stage, parse
-from benchmarks.support.servers import free_port, wait_ready
+from benchmarks.support.servers import free_port, serve_process
 from tests.functional.harness import AUTH, SERVER_ENV
 
 APP = "/app"  # the image's code and model folder (the Dockerfile's WORKDIR)
@@ -254,15 +253,9 @@ def service(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     assert env["ORTSERVE_PORT"] != str(port)  # PORT wins over the image's ORTSERVE_PORT
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable if cmd[0] == "python3" else cmd[0], *cmd[1:]]
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(command, cwd=task, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        try:
-            wait_ready(base, proc, log)
-            yield base
-        finally:
-            proc.terminate()
-            assert proc.wait(30) == 0  # drained and stopped on SIGTERM, as Cloud Run sends it
+    with serve_process(command, env, base, task) as proc:
+        yield base
+    assert proc.returncode == 0  # drained and stopped on SIGTERM, as Cloud Run sends it
 
 
 def test_the_service_is_ready_on_port(service: str) -> None:

@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from benchmarks.support.dockerfile import (
     parse,
     run_compile_steps,
 )
-from benchmarks.support.servers import free_port, wait_ready
+from benchmarks.support.servers import free_port, serve_process
 from core.api import Api
 from core.settings import ServerSettings
 from core.state import ModelState
@@ -257,15 +256,9 @@ def stream_server(bundle: Path) -> Iterator[str]:
                ORTSERVE_HOST="127.0.0.1", ORTSERVE_PORT=str(port))  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable if entry[0] == "python3" else entry[0], *entry[1:]]
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(command, cwd=bundle, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        try:
-            wait_ready(base, proc, log)
-            yield base
-        finally:
-            proc.terminate()
-            assert proc.wait(30) == 0  # drained and stopped on SIGTERM, as Lambda sends it
+    with serve_process(command, env, base, bundle) as proc:
+        yield base
+    assert proc.returncode == 0  # drained and stopped on SIGTERM, as Lambda sends it
 
 
 def test_the_streaming_image_streams_the_same_sse_bytes(
