@@ -83,3 +83,18 @@ def test_slots_bound_the_cache_and_sampling_bypasses_it(tiny_model_dir: Path) ->
                                 options=sampled)  # fmt: skip
     runs = [two.generate(request) for _ in range(2)]
     assert runs[0].text == runs[1].text and runs[1].cached_tokens == 0
+
+
+def test_the_warm_up_allocates_the_slot_the_first_request_reuses(tiny_model_dir: Path) -> None:
+    """With the cache on, the warm-up goes through it: the kept generator's KV buffer is
+    allocated at load, and a first request that shares nothing with it reuses it from
+    position 0, with the output of a fresh generator."""
+    service = _service(tiny_model_dir, 1)
+    service.warm_up()
+    cache = service.engine.prompt_cache
+    assert cache is not None and cache.describe(0)["held"] == 1
+    request = GenerationRequest(messages=[{"role": "user", "content": "Tell me a story"}],
+                                options=SamplingOptions(max_new_tokens=12))  # fmt: skip
+    done = service.generate(request)
+    assert done.cached_tokens == 0 and cache.describe(0)["held"] == 1  # reused, not added
+    assert done.text == _service(tiny_model_dir, 0).generate(request).text
