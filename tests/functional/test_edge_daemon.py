@@ -233,12 +233,16 @@ def test_sigterm_drains_an_in_flight_stream_then_exits_0(start: Any) -> None:
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_slot_at_once(start: Any) -> None:
-    # One slot and no queue: a slot still held would make the next request a 503.
-    daemon = start(MAX_NEW_TOKENS=str(LONG), MAX_CONCURRENCY="1", MAX_QUEUE="0")
+    # One slot and no queue: a slot still held would make the next request a 503. On the
+    # 135M shape: the tiny model's 2,000 tokens took 0.14 s in a fresh clone, about the
+    # time a disconnect takes to be seen, so "mid-stream" was not certain.
+    shape = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    n = 600  # about 4 s on this shape
+    daemon = start(shape, MAX_NEW_TOKENS=str(n), MAX_CONCURRENCY="1", MAX_QUEUE="0")
     daemon.wait_for("READY=1")
-    body = {"prompt": PROMPT, "max_new_tokens": LONG}
+    body = {"prompt": PROMPT, "max_new_tokens": n, "ignore_eos": True}
     full = daemon.http.post("/generate", json=body, headers={"x-request-id": "full"})
-    assert full.json()["tokens_generated"] == LONG
+    assert full.json()["tokens_generated"] == n
     full_s = daemon.record("full")["duration_s"]
     with (
         httpx.Client(base_url=daemon.url) as leaving,
