@@ -34,13 +34,14 @@ demo: $(VENV)/.bake-installed
 
 # Debian tools the tests use: systemd-analyze (the unit file), qemu-user-static (the
 # aarch64 bundle under emulation), shellcheck (install.sh), chromium (the playground's
-# browser test), promtool from prometheus (the /metrics exposition).
+# browser test), promtool from prometheus (the /metrics exposition), strace (nothing
+# leaves the daemon: tests/functional/test_privacy.py).
 system-deps:
 	@command -v systemd-analyze >/dev/null && command -v qemu-aarch64-static >/dev/null \
 	  && command -v shellcheck >/dev/null && command -v chromium >/dev/null \
-	  && command -v promtool >/dev/null \
+	  && command -v promtool >/dev/null && command -v strace >/dev/null \
 	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd \
-	       qemu-user-static shellcheck chromium prometheus; }
+	       qemu-user-static shellcheck chromium prometheus strace; }
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .

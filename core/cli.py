@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from core.errors import OrtServeError
-from core.settings import EngineSettings
+from core.settings import EngineSettings, disable_telemetry
 
 _DESCRIPTION = """\
 Serve small language models with ONNX Runtime GenAI on CPUs: bake a model into a
@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ortserve` console script."""
+    # First: every command's own imports (onnxruntime in the bake's quantizer,
+    # huggingface_hub) and children (the bake's model builder) see it (core.settings).
+    disable_telemetry()
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)

@@ -11,6 +11,20 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_PROVIDER_ORDER = ("cuda", "coreml", "qnn", "openvino", "dml", "webgpu", "cpu")
 
+# What keeps every ortserve process private: onnxruntime (1.2x, Linux included since its
+# "POSIX telemetry") sends usage events to a Microsoft collector unless
+# ORT_DISABLE_TELEMETRY=1 is in the environment when its library loads
+# (`og.disable_telemetry_events()` and ORT_TELEMETRY_DISABLED do not stop it);
+# huggingface_hub reports downloads unless HF_HUB_DISABLE_TELEMETRY=1. Forced, not
+# defaulted: a private endpoint has no opt-in. Generated artefacts set the same.
+PRIVACY_ENVIRONMENT = {"ORT_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def disable_telemetry() -> None:
+    """Set `PRIVACY_ENVIRONMENT` in this process (and so in every child it starts); call
+    it before onnxruntime or huggingface_hub is imported (core.engine does, at import)."""
+    os.environ.update(PRIVACY_ENVIRONMENT)
+
 
 class EngineSettings(BaseSettings):
     """Settings of the engine; one object per process, passed down explicitly.

@@ -210,6 +210,7 @@ set_link() {
 }
 
 ENVFILE_PORT=$(sed -n 's/^ORTSERVE_PORT=//p' "$ENVFILE" 2>/dev/null | tail -n 1)
+ENVFILE_HOST=$(sed -n 's/^ORTSERVE_HOST=//p' "$ENVFILE" 2>/dev/null | tail -n 1)
 
 # --rollback: swap current and previous, then (systemd) a blue/green reload that waits
 # for /readyz; `ortserve rollback` puts the links back if the daemon cannot load it.
@@ -507,6 +508,12 @@ else
     printf '  ORTSERVE_MODEL_DIR=%s sh -c %s\n' "$CURRENT" \
         "'set -a; . $ENVFILE; set +a; exec $VENV/bin/ortserve serve'"
 fi
+# The unit lets loopback traffic through only (IPAddressDeny=any): a listener for the LAN
+# also needs the LAN's addresses allowed, in a drop-in that survives reinstalls.
+case ${ENVFILE_HOST:-127.0.0.1} in
+127.* | localhost | ::1) ;;
+*) say "ORTSERVE_HOST=$ENVFILE_HOST, but the unit allows loopback traffic only (IPAddressDeny=any): to serve the LAN, allow its addresses in a drop-in (systemctl edit ortserve; [Service] IPAddressAllow=192.168.1.0/24, say)" ;;
+esac
 if [ "$CHANGED" = 0 ]; then
     say "already installed: nothing changed"
 elif [ "$DRY_RUN" = 1 ]; then

@@ -24,6 +24,7 @@ from bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_tar
 from bake.text import record_text
 from bake.upstream import builder_input
 from core.manifest import Manifest, QualityCheck, list_files, write_manifest
+from core.settings import PRIVACY_ENVIRONMENT, disable_telemetry
 
 if TYPE_CHECKING:
     from core.engine import Engine
@@ -137,7 +138,8 @@ def _run_builder(
     say(f"converting with the onnxruntime-genai builder: {precision}, -e {target.builder_ep}, "
          f"{' '.join(f'{k}={v}' for k, v in options.items()) or 'default options'}")  # fmt: skip
     cache.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, HF_HUB_OFFLINE="1")  # the builder reads the local folder only
+    # The builder reads the local folder only, and sends no telemetry (core.settings).
+    env = dict(os.environ, HF_HUB_OFFLINE="1", **PRIVACY_ENVIRONMENT)
     started = time.monotonic()
     proc = run_step(cmd, "the model builder", env=env)
     say(f"the model builder finished in {time.monotonic() - started:.0f} s")
@@ -369,6 +371,9 @@ def bake(request: BakeRequest) -> BakeResult:
     Raises:
         BakeError: With a one-line reason.
     """
+    # Before a source is fetched (huggingface_hub) or quantized in this process
+    # (onnxruntime), for a bake run from Python as from the CLI (core.settings).
+    disable_telemetry()
     target = get_target(request.target)
     precision = request.precision or "int4"
     options = builder_options(target, precision, request.options)

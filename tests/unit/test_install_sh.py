@@ -98,6 +98,28 @@ def test_dry_run_checks_and_plans_but_changes_nothing(bundle: Path, tmp_path: Pa
     assert not prefix.exists()
 
 
+@pytest.mark.parametrize(
+    ("host", "hinted"),
+    [(None, False), ("127.0.0.1", False), ("0.0.0.0", True), ("192.168.1.20", True)],
+)
+def test_a_lan_listener_is_told_the_unit_allows_loopback_only(
+    bundle: Path, tmp_path: Path, host: str | None, hinted: bool
+) -> None:
+    """The unit drops every packet but loopback's (IPAddressDeny=any): a settings file that
+    listens on the LAN gets the drop-in that lets the LAN in."""
+    prefix = tmp_path / "prefix"
+    if host is not None:
+        env_file = prefix / ENV_REL
+        env_file.parent.mkdir(parents=True)
+        env_file.write_text(f"ORTSERVE_HOST={host}\n", encoding="utf-8")
+    python = fake_python(tmp_path / "bin", host_report())
+    proc = install(bundle, "--prefix", str(prefix), "--python", str(python), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert ("IPAddressAllow=" in proc.stdout) is hinted, proc.stdout
+    if hinted:
+        assert f"ORTSERVE_HOST={host}" in proc.stdout and "systemctl edit ortserve" in proc.stdout
+
+
 def test_a_bundle_for_another_architecture_is_refused(tmp_path: Path) -> None:
     bundle = synthetic_bundle(tmp_path / "bundle", arch="aarch64")
     prefix = tmp_path / "prefix"
