@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime_genai as og
 
 from core.batcher import End, Sequence
 from core.cpu import usable_cpus
@@ -30,14 +29,21 @@ from core.errors import (
 )
 from core.generation import GenerationRequest, Guidance, SamplingOptions, TokenLogprob, Tokens
 from core.manifest import Manifest, manifest_digest, verify_folder
-from core.settings import EngineSettings
+from core.memory import return_freed_memory
+from core.prefill import prefill_parts
+from core.settings import EngineSettings, disable_telemetry
 from core.text import TextCodec
+
+# Before onnxruntime's library loads: it reads ORT_DISABLE_TELEMETRY then (core.settings).
+disable_telemetry()
+import onnxruntime_genai as og  # noqa: E402 (telemetry must be off before it loads)
 
 __all__ = ["Engine", "ProbeReport", "Sampling", "SamplingOptions"]
 
-# A private endpoint sends no telemetry. (This does not stop onnxruntime-genai 0.18's
-# telemetry worker thread: a process forked after a model was created hangs at exit
-# joining it, so models must be created after any fork; see functions/gcp/main.py.)
+# og's own switch, beside ORT_DISABLE_TELEMETRY (which is what stops the events). Neither
+# stops onnxruntime-genai 0.18's telemetry worker thread: a process forked after a model
+# was created hangs at exit joining it, so models must be created after any fork; see
+# functions/gcp/main.py.
 og.disable_telemetry_events()
 
 # ortserve's provider names → onnxruntime-genai's names and availability checks.
@@ -78,6 +84,8 @@ class ProbeReport:
 
 _SEED_RANGE = 2**31
 _MIN_APPENDED = 2  # prompt tokens a reused generator prefills at least (see PromptCache)
+# A kept generator holds at most this many positions of logits besides its KV cache.
+_TAIL_AFTER = 64
 # A kept generator's token room (prompt + new tokens; capped by the context): its KV
 # cache is allocated for all of it at once.
 _CACHE_ROOM = 4096
@@ -283,9 +291,11 @@ class PromptCache:
             self._entries.append(_Slot(prompt, generator, max_length, sampling))
             del self._entries[: max(0, len(self._entries) - self.slots)]
 
-    def describe(self, kv_bytes_per_token: int) -> dict[str, Any]:
-        """Its size, for /readyz and the load's log line: slots, tokens and memory each."""
-        mib = kv_bytes_per_token * self.max_tokens / 2**20
+    def describe(self, kv_bytes_per_token: int, vocab_size: int) -> dict[str, Any]:
+        """Its size, for /readyz and the load's log line: slots, tokens and memory each
+        (a slot's KV cache, and the logits of its last prompt part: 64 positions at most)."""
+        logits = _TAIL_AFTER * vocab_size * 4
+        mib = (kv_bytes_per_token * self.max_tokens + logits) / 2**20
         return {"slots": self.slots, "tokens_per_slot": self.max_tokens,
                 "mib_per_slot": round(mib, 1), "held": len(self._entries)}  # fmt: skip
 
@@ -359,6 +369,7 @@ class Engine:
             ProviderUnavailableError: No allowed execution provider could load it.
         """
         start = time.perf_counter()
+        return_freed_memory()  # before the model's buffers exist (core.memory)
         folder = settings.model_dir
         manifest = verify_folder(folder, full_hash=settings.verify_sha256)
         genai_config = _genai_config(folder)
@@ -514,6 +525,8 @@ class Engine:
 
         def best(tokens: Tokens) -> Generator[int, None, None]:
             try:
+                # In one append: og 0.18 crashes (SIGSEGV) on a beam search's second
+                # append_tokens; core.service bounds beams x prompt by a prefill chunk.
                 generator.append_tokens(input_ids)
                 while not generator.is_done():
                     generator.generate_next_token()
@@ -559,7 +572,10 @@ class Engine:
                 raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
 
         def keep() -> None:  # the prompt's prefill is in its cache: keep it for the next
-            cache.put(list(input_ids), generator, max_length, sampling)
+            # ... unless its KV buffer is larger than a slot's bound (a slot holds what
+            # /readyz states, never more).
+            if max_length <= cache.max_tokens:
+                cache.put(list(input_ids), generator, max_length, sampling)
 
         tokens = Tokens(
             lambda t: self._tokens(
@@ -606,7 +622,11 @@ class Engine:
         produced = 0
         appended = False
         try:
-            generator.append_tokens(input_ids)
+            # A generator keeps its last part's logits until its next step, and a kept one
+            # may have none (max_tokens 1, or EOS first): a longer prompt ends on a part
+            # of two tokens (one more og call: ~1/32 of the prefill at most).
+            tail = _MIN_APPENDED if prefilled is not None and len(input_ids) > _TAIL_AFTER else 0
+            self._prefill(generator, input_ids, tokens, sequence, tail)
             appended = True
             count = generator.token_count()
             while not generator.is_done() and (limit is None or produced < limit):
@@ -641,6 +661,32 @@ class Engine:
             if appended and prefilled is not None:
                 prefilled()
 
+    def _prefill(
+        self,
+        generator: Any,
+        input_ids: list[int],
+        tokens: Tokens,
+        sequence: Sequence | None,
+        tail: int = 0,
+    ) -> None:
+        """Append a prompt to `generator` in parts of PREFILL_CHUNK_TOKENS (core.prefill),
+        calling `tokens.checkpoint` between them (it raises to stop there). A lone batched
+        `sequence` counts as paused while it prefills in parts, so the batcher may start
+        requests that came meanwhile beside it (their steps then run between its parts)."""
+        parts = prefill_parts(len(input_ids), self.settings.prefill_chunk_tokens, tail)
+        if sequence is not None and len(parts) > 1:
+            sequence.paused_at = time.monotonic()
+        start = 0
+        for i, size in enumerate(parts):
+            if i:
+                # The GIL is free here: health checks, other requests and signals run.
+                time.sleep(0)
+                tokens.checkpoint()
+            generator.append_tokens(input_ids[start : start + size])
+            start += size
+        if sequence is not None:
+            sequence.paused_at = None
+
     def run_batch(self, batch: list[Sequence]) -> None:
         """Decode `batch` as one Generator; feed each sequence until its EOS or limit.
 
@@ -664,6 +710,9 @@ class Engine:
         params = og.GeneratorParams(self._model)
         params.set_search_options(batch_size=len(batch), max_length=max_length, **sampling.search())
         generator = og.Generator(self._model, params)
+        # og 0.18 takes a batch's prompts in one append ("AppendTokens can only be called
+        # once for batch_size > 1"): the batching rule keeps rows x longest within a
+        # prefill chunk (core.service).
         generator.append_tokens(tokens)
         counts = [0] * len(batch)
         active = set(range(len(batch)))

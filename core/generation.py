@@ -151,6 +151,10 @@ class Completion:
     cached_tokens: int = 0
 
 
+def _nothing() -> None:
+    pass
+
+
 class Tokens:
     """New token ids of one sequence, as an iterator; `eos` turns True when the model (or
     its grammar) ended the sequence, rather than its token limit. Closing it stops the
@@ -167,6 +171,9 @@ class Tokens:
         self.eos = False
         self.logprobs: list[TokenLogprob] = []
         self.cached = 0  # prompt tokens a kept KV cache already held
+        # Called by the source between the parts of a prompt's prefill; it raises to end
+        # the generation there (its client left, its time is up, the server drains).
+        self.checkpoint: Callable[[], None] = _nothing
         self._source = source(self)
         self._on_close = on_close
 

@@ -253,6 +253,17 @@ class Service:
                 f"the prompt has {prompt_len} tokens; the model's context is {context} "
                 "tokens, which leaves no room for new tokens"
             )
+        beams = request.options.num_beams
+        chunk = self.settings.prefill_chunk_tokens
+        if beams > 1 and beams * prompt_len > chunk:
+            # og 0.18 prefills a beam search's beams x prompt in one pass (a second
+            # append crashes it): its memory is bounded by refusing more than a chunk.
+            raise InvalidRequestError(
+                f"a beam search prefills num_beams x prompt tokens at once: {beams} x "
+                f"{prompt_len} is above this server's {chunk} (a shorter prompt or fewer "
+                "beams)",
+                "num_beams",
+            )
         return min(wanted, context - prompt_len) if context else wanted
 
     # -- the prompt cache ----------------------------------------------------------------
@@ -315,10 +326,17 @@ class Service:
         ones decode as if the prompt had lost that token. And every sequence must get its
         whole token limit: a batch's prompts are padded to the longest, and the longest
         prompt plus the largest limit must fit the context (else a short request would be
-        cut short by a long one)."""
+        cut short by a long one).
+
+        A batch's padded prompts go into the model in one pass (og 0.18 cannot append a
+        batch in parts), so rows x longest prompt must fit a prefill chunk: its logits
+        and its stall are then bounded as a lone prompt's part is. Longer prompts run
+        alone, in parts."""
         engine = self.engine
         if len(batch) > 1 and any(s.input_ids[-1] == engine.pad_id for s in batch):
             return False
+        if len(batch) * max(len(s.input_ids) for s in batch) > self.settings.prefill_chunk_tokens:
+            return len(batch) == 1
         if not engine.context_length:
             return True
         longest = max(len(s.input_ids) for s in batch)
@@ -447,12 +465,17 @@ class Service:
         try:
             while True:
                 sequence.paused_at = None
-                item = sequence.out.get()
+                try:  # waiting for a batch, e.g. behind a long prefill: checked as it goes
+                    item = sequence.out.get(timeout=_CANCEL_POLL_S)
+                except queue.Empty:
+                    tokens.checkpoint()
+                    continue
                 if isinstance(item, Alone):  # a batch of one: run it in this thread
                     alone = self.engine.decode(
                         sequence.input_ids, sequence.max_new, request.options, sequence=sequence,
                         cache=self._cacheable(request),
                     )  # fmt: skip
+                    alone.checkpoint = tokens.checkpoint
                     tokens.cached = alone.cached
                     try:
                         yield from alone
@@ -523,6 +546,8 @@ class Service:
                 count += 1
                 yield token
 
+        # Between the parts of a long prompt's prefill, too.
+        tokens.checkpoint = lambda: self._check(cancelled, deadline, by_platform)
         ids = counted()
         generated = 0  # characters of text the tokens so far make, before any stop cut
         recorded = 0  # tokens whose log probability is in the ledger

@@ -50,6 +50,14 @@ class EngineSettings(BaseSettings):
             first inference pays one-time costs; a user's first request should not).
         batch_window_ms: How long a batch waits for companions after its first request
             (a lone request starts this much later).
+        prefill_chunk_tokens: The most prompt tokens one forward pass takes. A longer
+            prompt goes into the model in parts of this size: between them the process
+            answers health checks, serves other requests and handles signals, and the
+            request's cancellation, timeout and the drain are checked; a part's logits
+            (part x vocabulary x 4 bytes) are all that is held, never the whole prompt's.
+            onnxruntime-genai 0.18 takes a batch's (or a beam search's) prompts in one
+            pass, so those fit it whole: rows x longest prompt at most (longer ones run
+            alone; a beam search beyond it is refused).
         chat_plain_control_tokens: Control-token strings in chat messages (such as
             `<|im_start|>`) are tokenized as plain text, so a user cannot forge a turn
             (transformers' `sanitize_control_tokens`); off: they become control tokens, as
@@ -73,6 +81,7 @@ class EngineSettings(BaseSettings):
     request_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     warmup: bool = True
     prompt_cache_slots: int = Field(default=1, ge=0, le=64)
+    prefill_chunk_tokens: int = Field(default=256, ge=16, le=16384)
     chat_plain_control_tokens: bool = False
 
     def provider_order(self) -> list[str]:

@@ -245,7 +245,7 @@ class ModelState:
             "warmup_seconds": None if self.warmup_s is None else round(self.warmup_s, 3),
             "quality": quality.model_dump() if (quality := engine.manifest.quality) else None,
             "architecture_warning": arch_mismatch(engine.manifest, platform.machine()),
-            "prompt_cache": cache.describe(engine.kv_bytes_per_token)
+            "prompt_cache": cache.describe(engine.kv_bytes_per_token, engine.vocab_size)
             if (cache := engine.prompt_cache) is not None
             else None,
             **reload,
@@ -301,9 +301,9 @@ def _log_ready(service: Service, warmup_s: float | None) -> None:
     )  # fmt: skip
     cache = engine.prompt_cache
     if cache is not None:
-        size = cache.describe(engine.kv_bytes_per_token)
+        size = cache.describe(engine.kv_bytes_per_token, engine.vocab_size)
         log.info(
-            "prompt cache: %d slot(s) of up to %d tokens, %.0f MiB of KV cache each "
+            "prompt cache: %d slot(s) of up to %d tokens, %.0f MiB each (KV cache, last logits) "
             "(ORTSERVE_PROMPT_CACHE_SLOTS)", size["slots"], size["tokens_per_slot"],
             size["mib_per_slot"],
         )  # fmt: skip

@@ -92,9 +92,9 @@ def test_the_warm_up_allocates_the_slot_the_first_request_reuses(tiny_model_dir:
     service = _service(tiny_model_dir, 1)
     service.warm_up()
     cache = service.engine.prompt_cache
-    assert cache is not None and cache.describe(0)["held"] == 1
+    assert cache is not None and cache.describe(0, 0)["held"] == 1
     request = GenerationRequest(messages=[{"role": "user", "content": "Tell me a story"}],
                                 options=SamplingOptions(max_new_tokens=12))  # fmt: skip
     done = service.generate(request)
-    assert done.cached_tokens == 0 and cache.describe(0)["held"] == 1  # reused, not added
+    assert done.cached_tokens == 0 and cache.describe(0, 0)["held"] == 1  # reused, not added
     assert done.text == _service(tiny_model_dir, 0).generate(request).text

@@ -1,0 +1,237 @@
+"""Long prompts (issue 23) on the real edge daemon: a prompt of thousands of tokens goes
+into the model in parts (ORTSERVE_PREFILL_CHUNK_TOKENS), so the process keeps answering
+during its prefill, stops it at the drain's deadline, and holds one part's logits rather
+than the whole prompt's; a prompt-cache slot holds what /readyz says.
+
+These assert what a user sees (answers during the prefill, an exit within the drain,
+memory within the stated bounds), never a speed: the speed figures come from
+`python -m benchmarks.long_prompt`.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from core.generation import GenerationRequest, SamplingOptions
+from core.service import Service
+from core.settings import EngineSettings
+from tests import models
+from tests.functional.test_edge_daemon import start  # noqa: F401 (the daemon fixture)
+
+MIB = 1 << 20
+# The 135M shape (SmolLM2: 30 layers, 3 KV heads of 64): fp32 keys and values a token.
+KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4
+
+
+def _shape() -> Path:
+    return models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+
+
+def _prompt(tokens: int) -> str:
+    """About `tokens` tokens of text (" edge" is four tokens in this shape's vocabulary)."""
+    return " ".join(["edge"] * (tokens // 4))
+
+
+def _status_mib(pid: int, key: str) -> float:
+    """A size from /proc/PID/status (VmRSS, VmHWM), in MiB."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        line = next(line for line in status if line.startswith(f"{key}:"))
+    return int(line.split()[1]) / 1024
+
+
+def _reset_peak(pid: int) -> None:
+    """Start VmHWM afresh from the current RSS (Linux 4.0+: clear_refs 5)."""
+    with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as refs:
+        refs.write("5")
+
+
+def test_a_prompt_in_parts_decodes_as_a_prompt_at_once(tiny_model_dir: Path) -> None:
+    """Greedy output and logits do not depend on the chunk (one sequence, bit for bit)."""
+    request = GenerationRequest(prompt=" ".join(["Hello world"] * 150),
+                                options=SamplingOptions(max_new_tokens=24))  # fmt: skip
+    texts = []
+    for chunk in (16, 100, 16384):
+        settings = EngineSettings(model_dir=tiny_model_dir, providers="cpu",
+                                  prefill_chunk_tokens=chunk, prompt_cache_slots=0)  # fmt: skip
+        done = Service.load(settings).generate(request)
+        assert done.prompt_tokens > 200
+        texts.append(done.text)
+    assert texts[0] == texts[1] == texts[2]
+    assert texts[0]
+
+
+@pytest.mark.slow
+def test_health_and_a_short_request_answer_during_a_long_prefill(start: Any) -> None:  # noqa: F811
+    """A 4,000-token prompt no longer freezes the process: /healthz answers all along,
+    and a short request that comes during the prefill is answered before it ends."""
+    daemon = start(_shape(), MAX_NEW_TOKENS="16", PROMPT_CACHE_SLOTS="0")
+    daemon.wait_for("READY=1")
+    ended: dict[str, float] = {}
+
+    def ask(name: str, prompt: str, tokens: int) -> None:
+        with httpx.Client(base_url=daemon.url, timeout=600) as client:
+            reply = client.post("/generate", json={"prompt": prompt, "max_new_tokens": tokens})
+            assert reply.status_code == 200, reply.text
+        ended[name] = time.monotonic()
+
+    started = time.monotonic()
+    long = threading.Thread(target=ask, args=("long", _prompt(4000), 1))
+    long.start()
+    latencies = []
+    short = None
+    with httpx.Client(base_url=daemon.url, timeout=600) as client:
+        while long.is_alive():
+            sent = time.monotonic()
+            assert client.get("/healthz").status_code == 200
+            latencies.append((sent, time.monotonic() - sent))
+            if short is None and sent - started > 0.5:
+                short = threading.Thread(target=ask, args=("short", "Hello", 2))
+                short.start()
+            time.sleep(0.05)
+    assert short is not None
+    short.join(60)
+    took = ended["long"] - started
+    during = [latency for sent, latency in latencies if sent < ended["long"] - 0.2]
+    # Answered all along: many times, and never held for a large part of the prefill
+    # (at once, the first /healthz waited for all of it).
+    assert len(during) >= 10, (took, latencies)
+    assert max(during) < took / 3, (took, max(during))
+    assert ended["short"] < ended["long"], (ended, started)
+
+
+@pytest.mark.slow
+def test_sigterm_during_long_prefills_exits_within_the_drain(start: Any) -> None:  # noqa: F811
+    """With a 1 s drain, two requests in the middle of 7,000-token prefills end with
+    `shutting_down` and the process exits within the drain, the stop grace (2 s) and a
+    part: not when the prefills end (they would take tens of seconds here)."""
+    daemon = start(_shape(), MAX_NEW_TOKENS="64", MAX_CONCURRENCY="2", MAX_BATCH="1",
+                   PROMPT_CACHE_SLOTS="0", DRAIN_TIMEOUT_S="1")  # fmt: skip
+    daemon.wait_for("READY=1")
+    replies: dict[str, httpx.Response] = {}
+
+    def ask(name: str, path: str, body: dict[str, Any]) -> None:
+        with httpx.Client(base_url=daemon.url, timeout=120) as client:
+            replies[name] = client.post(path, json=body)
+
+    buffered_body = {"prompt": _prompt(7000), "max_new_tokens": 64}
+    stream_body = {"prompt": _prompt(7000) + " more", "max_tokens": 64, "stream": True,
+                   "min_tokens": 64}  # fmt: skip
+    askers = [
+        threading.Thread(target=ask, args=("buffered", "/generate", buffered_body)),
+        threading.Thread(target=ask, args=("stream", "/v1/completions", stream_body)),
+    ]
+    for asker in askers:
+        asker.start()
+    deadline = time.monotonic() + 30
+    while daemon.http.get("/healthz").json()["active"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)  # both are prefilling now
+    sent = time.monotonic()
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(60) == 0
+    exited = time.monotonic() - sent
+    for asker in askers:
+        asker.join(30)
+    assert exited < 1 + 2 + 3, exited
+    buffered = replies["buffered"]
+    assert buffered.status_code == 503, buffered.text
+    assert buffered.json()["error"]["code"] == "shutting_down"
+    assert "shutting_down" in replies["stream"].text, replies["stream"].text
+    log = daemon.stderr()
+    assert "Traceback" not in log, log
+
+
+@pytest.mark.slow
+def test_a_long_prompt_holds_its_kv_cache_and_one_part(start: Any) -> None:  # noqa: F811
+    """Peak RSS of one 4,000-token request: at most idle + its KV cache + 150 MiB (at
+    once, its logits alone were 4,000 x 49,152 x 4 B = 750 MiB)."""
+    daemon = start(_shape(), PROMPT_CACHE_SLOTS="0")
+    daemon.wait_for("READY=1")
+    pid = daemon.proc.pid
+    idle = _status_mib(pid, "VmRSS")
+    _reset_peak(pid)
+    reply = daemon.http.post("/generate", json={"prompt": _prompt(4000), "max_new_tokens": 4},
+                             timeout=600)  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    prompt = reply.json()["prompt_tokens"]
+    assert prompt > 3900
+    kv_mib = (prompt + 4) * KV_BYTES_PER_TOKEN / MIB
+    peak = _status_mib(pid, "VmHWM")
+    assert peak - idle <= kv_mib + 150, (idle, peak, kv_mib)
+
+
+@pytest.mark.slow
+def test_a_prompt_cache_slot_holds_what_readyz_states(start: Any) -> None:  # noqa: F811
+    """Slots keep KV caches only, of at most `tokens_per_slot` tokens: after a kept
+    3,500-token prompt and an unkept 5,000-token one (both `max_tokens` 1, so nothing
+    replaced their prefill's logits), the process holds one more slot than before, and
+    the memory the longer one used is given back."""
+    daemon = start(_shape(), PROMPT_CACHE_SLOTS="2", MAX_NEW_TOKENS="16")
+    daemon.wait_for("READY=1")
+    pid = daemon.proc.pid
+    cache = daemon.http.get("/readyz").json()["prompt_cache"]
+    assert cache["held"] == 1  # the warm-up's
+    before = _status_mib(pid, "VmRSS")
+    for tokens in (3500, 5000):
+        body = {"prompt": _prompt(tokens), "max_tokens": 1, "temperature": 0}
+        reply = daemon.http.post("/v1/completions", json=body, timeout=600)
+        assert reply.status_code == 200, reply.text
+    after = _status_mib(pid, "VmRSS")
+    cache = daemon.http.get("/readyz").json()["prompt_cache"]
+    assert cache["held"] == 2
+    assert cache["tokens_per_slot"] == 4096
+    assert after - before <= cache["mib_per_slot"] + 64, (before, after, cache)
+
+
+@pytest.mark.slow
+def test_the_declared_concurrency_of_longest_prompts_fits_the_declared_memory(
+    start: Any,  # noqa: F811
+) -> None:
+    """The Cloud Run sizing of the 135M shape (`bake.sizing`): its concurrency of prompts
+    of the longest length it allows, each with room for the most new tokens, all
+    prefilling at once, keep the process's peak RSS (VmHWM, load included) under the
+    memory the bake declares."""
+    from bake.package_cloudrun import sizing
+    from bake.sizing import MAX_NEW_TOKENS
+
+    shape = _shape()
+    size = sizing(shape)
+    assert size.max_prompt_tokens == 4096 - MAX_NEW_TOKENS
+    daemon = start(shape, THREADS=str(size.cpu), MAX_BATCH=str(size.concurrency),
+                   MAX_PROMPT_TOKENS=str(size.max_prompt_tokens))  # fmt: skip
+    daemon.wait_for("READY=1")
+    first_tokens = threading.Barrier(size.concurrency + 1, timeout=900)
+    counts: list[int] = []
+
+    def ask(index: int) -> None:
+        # The longest prompt allowed, different for each (no shared cache), with room for
+        # the most new tokens; batchable (no seed, no min_tokens), as most requests are.
+        body = {"prompt": f"{index} " + _prompt(size.max_prompt_tokens - 8),
+                "max_tokens": MAX_NEW_TOKENS, "stream": True}  # fmt: skip
+        try:
+            with (httpx.Client(base_url=daemon.url, timeout=900) as client,
+                  client.stream("POST", "/v1/completions", json=body) as reply):  # fmt: skip
+                assert reply.status_code == 200, reply.read()
+                next(reply.iter_lines())  # the first token: its KV room and prefill are done
+                counts.append(index)
+                first_tokens.wait()
+        except BaseException:
+            first_tokens.abort()
+            raise
+
+    askers = [threading.Thread(target=ask, args=(i,)) for i in range(size.concurrency)]
+    for asker in askers:
+        asker.start()
+    first_tokens.wait()
+    peak = _status_mib(daemon.proc.pid, "VmHWM")
+    for asker in askers:
+        asker.join(60)
+    assert len(counts) == size.concurrency
+    assert peak <= size.memory_mib, (peak, size)
