@@ -84,6 +84,8 @@ class ProbeReport:
 
 _SEED_RANGE = 2**31
 _MIN_APPENDED = 2  # prompt tokens a reused generator prefills at least (see PromptCache)
+# The pause between prefill parts (~1.5% of a 64-token part here).
+_BETWEEN_PARTS_S = 0.002
 # A kept generator holds at most this many positions of logits besides its KV cache.
 _TAIL_AFTER = 64
 # A kept generator's token room (prompt + new tokens; capped by the context): its KV
@@ -526,7 +528,7 @@ class Engine:
         def best(tokens: Tokens) -> Generator[int, None, None]:
             try:
                 # In one append: og 0.18 crashes (SIGSEGV) on a beam search's second
-                # append_tokens; core.service bounds beams x prompt by a prefill chunk.
+                # append_tokens; core.service bounds beams x prompt (one_pass_tokens).
                 generator.append_tokens(input_ids)
                 while not generator.is_done():
                     generator.generate_next_token()
@@ -679,8 +681,10 @@ class Engine:
         start = 0
         for i, size in enumerate(parts):
             if i:
-                # The GIL is free here: health checks, other requests and signals run.
-                time.sleep(0)
+                # The GIL is free here: health checks, other requests and signals run. A
+                # request takes the event loop and a worker thread several turns each;
+                # time.sleep(0) would give them one, so a /healthz waited ~3 parts.
+                time.sleep(_BETWEEN_PARTS_S)
                 tokens.checkpoint()
             generator.append_tokens(input_ids[start : start + size])
             start += size
@@ -711,8 +715,8 @@ class Engine:
         params.set_search_options(batch_size=len(batch), max_length=max_length, **sampling.search())
         generator = og.Generator(self._model, params)
         # og 0.18 takes a batch's prompts in one append ("AppendTokens can only be called
-        # once for batch_size > 1"): the batching rule keeps rows x longest within a
-        # prefill chunk (core.service).
+        # once for batch_size > 1"): the batching rule bounds rows x longest
+        # (core.service, one_pass_tokens).
         generator.append_tokens(tokens)
         counts = [0] * len(batch)
         active = set(range(len(batch)))

@@ -42,6 +42,10 @@ if TYPE_CHECKING:  # onnxruntime-genai comes with the first load, not with this 
 
 _CANCEL_POLL_S = 0.05  # how often a reader of several choices looks at its cancellation
 _CACHE_HIT_TOKENS = 64  # prompt tokens the cache must hold for a request to skip batching
+# A prefill og takes in one pass (a batch's prompts, a beam search's) may be this many
+# prefill parts: batches of short prompts still form, and one pass still stalls the
+# process and holds logits for no more than that many parts.
+ONE_PASS_PARTS = 4
 
 
 @dataclass(frozen=True)
@@ -254,17 +258,22 @@ class Service:
                 "tokens, which leaves no room for new tokens"
             )
         beams = request.options.num_beams
-        chunk = self.settings.prefill_chunk_tokens
-        if beams > 1 and beams * prompt_len > chunk:
+        if beams > 1 and beams * prompt_len > self.one_pass_tokens:
             # og 0.18 prefills a beam search's beams x prompt in one pass (a second
-            # append crashes it): its memory is bounded by refusing more than a chunk.
+            # append crashes it): its stall and memory are bounded by refusing more.
             raise InvalidRequestError(
                 f"a beam search prefills num_beams x prompt tokens at once: {beams} x "
-                f"{prompt_len} is above this server's {chunk} (a shorter prompt or fewer "
-                "beams)",
+                f"{prompt_len} is above this server's {self.one_pass_tokens} (a shorter "
+                "prompt or fewer beams)",
                 "num_beams",
             )
         return min(wanted, context - prompt_len) if context else wanted
+
+    @property
+    def one_pass_tokens(self) -> int:
+        """The most prompt tokens (rows x length) og may take in one pass: a batch's, a
+        beam search's (`ONE_PASS_PARTS` prefill parts)."""
+        return ONE_PASS_PARTS * self.settings.prefill_chunk_tokens
 
     # -- the prompt cache ----------------------------------------------------------------
 
@@ -329,13 +338,13 @@ class Service:
         cut short by a long one).
 
         A batch's padded prompts go into the model in one pass (og 0.18 cannot append a
-        batch in parts), so rows x longest prompt must fit a prefill chunk: its logits
-        and its stall are then bounded as a lone prompt's part is. Longer prompts run
-        alone, in parts."""
+        batch in parts), so rows x longest prompt must fit `one_pass_tokens`: its logits
+        and its stall are then bounded by a few parts'. Longer prompts run alone, in
+        parts (side by side: the batcher starts others beside a prefill in parts)."""
         engine = self.engine
         if len(batch) > 1 and any(s.input_ids[-1] == engine.pad_id for s in batch):
             return False
-        if len(batch) * max(len(s.input_ids) for s in batch) > self.settings.prefill_chunk_tokens:
+        if len(batch) * max(len(s.input_ids) for s in batch) > self.one_pass_tokens:
             return len(batch) == 1
         if not engine.context_length:
             return True

@@ -56,8 +56,8 @@ class EngineSettings(BaseSettings):
             request's cancellation, timeout and the drain are checked; a part's logits
             (part x vocabulary x 4 bytes) are all that is held, never the whole prompt's.
             onnxruntime-genai 0.18 takes a batch's (or a beam search's) prompts in one
-            pass, so those fit it whole: rows x longest prompt at most (longer ones run
-            alone; a beam search beyond it is refused).
+            pass, which may be up to 4 parts: rows x longest prompt at most that (longer
+            ones run alone; a beam search beyond it is refused).
         chat_plain_control_tokens: Control-token strings in chat messages (such as
             `<|im_start|>`) are tokenized as plain text, so a user cannot forge a turn
             (transformers' `sanitize_control_tokens`); off: they become control tokens, as
@@ -81,7 +81,7 @@ class EngineSettings(BaseSettings):
     request_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     warmup: bool = True
     prompt_cache_slots: int = Field(default=1, ge=0, le=64)
-    prefill_chunk_tokens: int = Field(default=256, ge=16, le=16384)
+    prefill_chunk_tokens: int = Field(default=64, ge=16, le=16384)
     chat_plain_control_tokens: bool = False
 
     def provider_order(self) -> list[str]:

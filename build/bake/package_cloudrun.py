@@ -12,19 +12,17 @@ Sizing rule (`sizing`), from the model's manifest and genai_config.json:
 - concurrency = ORTSERVE_MAX_BATCH (4): the requests one instance decodes as one batch
   (decode is memory-bandwidth bound, so a batch is where a CPU's throughput comes from);
   Cloud Run sends an instance at most that many and starts another for more.
-- memory = 512 MiB (Python, onnxruntime, tokenizer, server) + 1.5 x the model's files
-  (the loaded weights plus what onnxruntime holds while it prepares them) + the KV cache
-  of `concurrency` sequences of min(context length, 4096) tokens (2 x layers x KV heads x
-  head size x 4 bytes a token: fp32 on CPU), rounded up to 256 MiB, at least 1 GiB.
-  Where the context is longer than 4096 tokens, prompts are capped so that a sequence
-  fits (ORTSERVE_MAX_PROMPT_TOKENS = 4096 - ORTSERVE_MAX_NEW_TOKENS).
+- memory = `bake.sizing.memory_for` (runtime + model + the KV caches and prefill parts of
+  `concurrency` sequences + the prompt cache; its terms measured, see there), rounded up
+  to 256 MiB, at least 1 GiB; `sizing.json` states every term. Where the context is
+  longer than 4096 tokens, prompts are capped so that a sequence fits
+  (ORTSERVE_MAX_PROMPT_TOKENS = 4096 - ORTSERVE_MAX_NEW_TOKENS).
 - CPU = 2, or more where Cloud Run requires it for the memory (more than 8 GiB: 4, 16:
   6, 24: 8); the engine's threads follow the CPUs (ORTSERVE_THREADS).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shutil
@@ -41,8 +39,8 @@ from bake.packaging_common import (
     pinned_closure,
     write_lines,
 )
+from bake.sizing import Memory, memory_for, model_memory, write_record
 from bake.targets import Target
-from core.manifest import read_manifest
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "cloudrun"
 # What the template folder holds, as written into the bundle (same relative paths).
@@ -52,19 +50,13 @@ TEMPLATE_FILES = ("Dockerfile", "service.yaml", "k8s/deployment.yaml", "k8s/serv
 IMAGE_DISTRIBUTIONS = (*RUNTIME_DISTRIBUTIONS, "onnxruntime", "uvicorn", "h11", "click",
                        "prometheus-client")  # fmt: skip
 
-MIB = 1 << 20
-_OVERHEAD_MIB = 512
-_MODEL_FACTOR = 1.5
-_KV_TOKENS = 4096
-_FP32_BYTES = 4
 _ROUND_MIB = 256
 _MIN_MIB = 1024
 _MAX_MIB = 32 * 1024  # Cloud Run's largest instance
 # Cloud Run: more than this much memory needs at least that many CPUs.
 _CPU_FOR_MEMORY = ((24 * 1024, 8), (16 * 1024, 6), (8 * 1024, 4), (0, 2))
-# ORTSERVE_MAX_BATCH and ORTSERVE_MAX_NEW_TOKENS at their defaults (core.settings).
+# ORTSERVE_MAX_BATCH at its default (core.settings).
 _MAX_BATCH = 4
-_MAX_NEW_TOKENS = 512
 # Instances at most (Cloud Run maxScale, KEDA maxReplicaCount): a bound on the bill.
 _MAX_SCALE = 10
 # KEDA: one more replica per this many requests waiting, summed over the pods.
@@ -110,8 +102,9 @@ class Sizing:
         cpu: vCPUs of an instance; also the engine's threads.
         memory_mib: Memory of an instance.
         max_prompt_tokens: ORTSERVE_MAX_PROMPT_TOKENS (0: only the context limits).
-        model_mib: The model's files, for the record.
+        model_mib: The loaded model (its files x the measured factor), for the record.
         kv_mib: The KV cache of `concurrency` sequences, for the record.
+        memory: The formula's terms (`bake.sizing`).
     """
 
     concurrency: int
@@ -120,13 +113,12 @@ class Sizing:
     max_prompt_tokens: int
     model_mib: int
     kv_mib: int
+    memory: Memory
 
 
 def sizing(model_dir: Path) -> Sizing:
     """Concurrency, CPU and memory for the baked model in `model_dir` (the module's rule)."""
-    model_bytes = sum(f.size for f in read_manifest(model_dir).files)
-    config = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))
-    return sizing_for(model_bytes, config["model"])
+    return _sized(model_memory(model_dir, sequences=_MAX_BATCH))
 
 
 def sizing_for(model_bytes: int, config: dict[str, Any]) -> Sizing:
@@ -135,14 +127,11 @@ def sizing_for(model_bytes: int, config: dict[str, Any]) -> Sizing:
     Raises:
         BakeError: The model needs more memory than a Cloud Run instance has.
     """
-    decoder = config["decoder"]
-    context = int(config.get("context_length") or _KV_TOKENS)
-    tokens = min(context, _KV_TOKENS)
-    per_token = (2 * int(decoder["num_hidden_layers"]) * int(decoder["num_key_value_heads"])
-                 * int(decoder["head_size"]) * _FP32_BYTES)  # fmt: skip
-    kv_bytes = _MAX_BATCH * tokens * per_token
-    need = _OVERHEAD_MIB * MIB + _MODEL_FACTOR * model_bytes + kv_bytes
-    memory = max(_MIN_MIB, math.ceil(need / (_ROUND_MIB * MIB)) * _ROUND_MIB)
+    return _sized(memory_for(model_bytes, config, sequences=_MAX_BATCH))
+
+
+def _sized(terms: Memory) -> Sizing:
+    memory = max(_MIN_MIB, math.ceil(terms.total_mib / _ROUND_MIB) * _ROUND_MIB)
     if memory > _MAX_MIB:
         raise BakeError(
             f"the model needs about {memory} MiB per instance, more than Cloud Run's "
@@ -153,9 +142,10 @@ def sizing_for(model_bytes: int, config: dict[str, Any]) -> Sizing:
         concurrency=_MAX_BATCH,
         cpu=cpu,
         memory_mib=memory,
-        max_prompt_tokens=_KV_TOKENS - _MAX_NEW_TOKENS if context > _KV_TOKENS else 0,
-        model_mib=math.ceil(model_bytes / MIB),
-        kv_mib=math.ceil(kv_bytes / MIB),
+        max_prompt_tokens=terms.max_prompt_tokens,
+        model_mib=terms.model_mib,
+        kv_mib=terms.kv_mib,
+        memory=terms,
     )
 
 
@@ -201,5 +191,6 @@ def package_cloudrun(target: Target, bundle: Path) -> None:
         dest = bundle / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(render((TEMPLATES / name).read_text(encoding="utf-8"), values), "utf-8")
-    record = {**asdict(size), "memory": values["memory"], "max_scale": _MAX_SCALE}
-    (bundle / "sizing.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    record = {k: v for k, v in asdict(size).items() if k != "memory"}
+    write_record(bundle / "sizing.json", size.memory, **record, memory=values["memory"],
+                 max_scale=_MAX_SCALE)  # fmt: skip

@@ -4,7 +4,8 @@
 
     install.sh               the installer (POSIX sh; `sh install.sh --help`)
     README.md                the board step-by-step (edge/README-board.md)
-    ortserve.service         the systemd unit
+    ortserve.service         the systemd unit, its MemoryMax= from the model (bake.sizing)
+    sizing.json              the memory formula's terms for this model, and MemoryMax
     ortserve.env             the unit's settings file (installed once, never overwritten)
     wheels/                  every runtime wheel for the target's arch and Python 3.11 to 3.14,
                              plus the ortserve wheel and pip
@@ -24,6 +25,7 @@ nor cache fails with one line that says so. The board never downloads anything.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -37,6 +39,7 @@ from pathlib import Path
 
 from bake.errors import BakeError, run_step, say
 from bake.packaging_common import MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, pinned, write_lines
+from bake.sizing import Memory, model_memory, write_record
 from bake.targets import Target
 from core.manifest import sha256_file
 
@@ -288,6 +291,26 @@ def write_bundle_manifest(bundle: Path) -> Path:
     return manifest
 
 
+def unit_memory_max(terms: Memory) -> str:
+    """The unit's MemoryMax for the formula's `terms` (whole MiB, rounded up to 64)."""
+    return f"{math.ceil(terms.total_mib / 64) * 64}M"
+
+
+def with_memory_max(unit: str, limit: str) -> str:
+    """The unit file `unit` with its MemoryMax= line set to `limit`.
+
+    Raises:
+        BakeError: The unit has no single MemoryMax= line.
+    """
+    lines = unit.splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if line.startswith("MemoryMax=")]
+    if len(at) != 1:
+        raise BakeError("edge/ortserve.service changed shape: update bake.package_edge")
+    lines[at[0]] = (f"# Set by the bake from the model (sizing.json: the terms of the sum).\n"
+                    f"MemoryMax={limit}\n")  # fmt: skip
+    return "".join(lines)
+
+
 def package_edge(target: Target, bundle: Path, cache: Path | None = None) -> None:
     """Add the offline install bundle for an edge target around `bundle/model`.
 
@@ -317,6 +340,11 @@ def package_edge(target: Target, bundle: Path, cache: Path | None = None) -> Non
     edge = project_root() / "edge"
     for name, source in _EDGE_FILES.items():
         shutil.copy2(edge / source, bundle / name)
+    unit = bundle / "ortserve.service"
+    terms = model_memory(bundle / MODEL_SUBDIR, reloads=True)
+    limit = unit_memory_max(terms)
+    unit.write_text(with_memory_max(unit.read_text(encoding="utf-8"), limit), encoding="utf-8")
+    write_record(bundle / "sizing.json", terms, memory_max=limit)
     # Executable for `./install.sh`; it is a public script (and `sh install.sh` works too).
     os.chmod(bundle / "install.sh", 0o755)  # noqa: S103
     (bundle / INFO_NAME).write_text(

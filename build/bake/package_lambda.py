@@ -24,7 +24,8 @@ from pathlib import Path
 
 from bake.errors import BakeError
 from bake.lock import lock
-from bake.packaging_common import IGNORE, RUNTIME_DISTRIBUTIONS, package_dir
+from bake.packaging_common import IGNORE, MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, package_dir
+from bake.sizing import Memory, model_memory, write_record
 from bake.targets import Target
 
 DOCKERFILES = ("Dockerfile", "Dockerfile.stream")
@@ -36,7 +37,10 @@ STACK_NAME = "ortserve"
 # Where the repository's template builds from (the README's `--out dist/lambda`).
 REPO_DOCKER_CONTEXT = "dist/lambda"
 # What the Docker context must not send: SAM's own files (its build folder lands in DIR).
-DOCKERIGNORE = (".aws-sam/", "template.yaml", "samconfig.toml", ".dockerignore")
+DOCKERIGNORE = (".aws-sam/", "template.yaml", "samconfig.toml", "sizing.json", ".dockerignore")
+# The template's MemorySize default (about 1.7 vCPUs) and Lambda's largest.
+DEFAULT_MEMORY_MB = 3008
+MAX_MEMORY_MB = 10240
 
 
 def lambda_architecture(target: Target) -> str:
@@ -74,16 +78,34 @@ def bake_template(text: str, architecture: str) -> str:
     return arch.sub(lambda m: f"{m[1]}{architecture}\n", text)
 
 
-def samconfig(architecture: str) -> str:
+def memory_size(model_dir: Path) -> tuple[int, Memory]:
+    """The function's MemorySize for the model in `model_dir`: what one request at a
+    time needs (`bake.sizing`; an instance serves one invoke at a time), at least the
+    template's default (Lambda's CPU share comes with the memory), and the terms.
+
+    Raises:
+        BakeError: It needs more than Lambda's 10,240 MB.
+    """
+    terms = model_memory(model_dir, sequences=1)
+    if terms.total_mib > MAX_MEMORY_MB:
+        raise BakeError(
+            f"the model needs about {terms.total_mib} MB per instance, more than Lambda's "
+            f"{MAX_MEMORY_MB} MB: bake a smaller model or precision"
+        )
+    return max(DEFAULT_MEMORY_MB, terms.total_mib), terms
+
+
+def samconfig(architecture: str, memory_mb: int = DEFAULT_MEMORY_MB) -> str:
     """samconfig.toml for the bake output (SAM CLI's configuration file, version 0.1)."""
-    overrides = f'"Architecture={architecture}"'
+    overrides = f'"Architecture={architecture} MemorySize={memory_mb}"'
     return f"""# Written by `ortserve bake --target lambda-{architecture}`.
 # `sam build && sam deploy` deploys this folder without questions. Give an API key
 # source (or the explicit opt-out) on the command line, which replaces the
 # parameter_overrides below (the template's Architecture default is the same), e.g.
-#   sam deploy --parameter-overrides Architecture={architecture} \\
+#   sam deploy --parameter-overrides Architecture={architecture} MemorySize={memory_mb} \\
 #     ApiKeysSecretArn=arn:aws:secretsmanager:REGION:ACCOUNT:secret:ortserve/api-keys-XXXXXX
-# or add the keys to both parameter_overrides lines here.
+# or add the keys to both parameter_overrides lines here. MemorySize is what the model
+# needs (sizing.json: its terms), at least the template's default.
 version = 0.1
 
 [default.global.parameters]
@@ -141,5 +163,7 @@ def package_lambda(target: Target, bundle: Path, cache: Path | None = None) -> N
     (bundle / "requirements-stream.txt").write_text("\n".join(stream) + "\n", encoding="utf-8")
     text = repo_template().read_text(encoding="utf-8")
     (bundle / "template.yaml").write_text(bake_template(text, architecture), encoding="utf-8")
-    (bundle / "samconfig.toml").write_text(samconfig(architecture), encoding="utf-8")
+    memory_mb, terms = memory_size(bundle / MODEL_SUBDIR)
+    (bundle / "samconfig.toml").write_text(samconfig(architecture, memory_mb), encoding="utf-8")
+    write_record(bundle / "sizing.json", terms, memory_size_mb=memory_mb)
     (bundle / ".dockerignore").write_text("\n".join(DOCKERIGNORE) + "\n", encoding="utf-8")

@@ -30,10 +30,10 @@ from benchmarks.support.servers import free_port, serve_process
 from tests.functional.harness import AUTH, SERVER_ENV
 
 APP = "/app"  # the image's code and model folder (the Dockerfile's WORKDIR)
-SMOLLM2_135M = {"context_length": 8192, "decoder": {"num_hidden_layers": 30,
-                "num_key_value_heads": 3, "head_size": 64}}  # fmt: skip
-QWEN25_05B = {"context_length": 32768, "decoder": {"num_hidden_layers": 24,
-              "num_key_value_heads": 2, "head_size": 64}}  # fmt: skip
+SMOLLM2_135M = {"context_length": 8192, "vocab_size": 49152, "decoder": {
+    "num_hidden_layers": 30, "num_key_value_heads": 3, "head_size": 64}}  # fmt: skip
+QWEN25_05B = {"context_length": 32768, "vocab_size": 151936, "decoder": {
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "head_size": 64}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +202,10 @@ def test_keda_scales_the_deployment_on_the_queue_depth(bundle: Path) -> None:
 
 def test_sizing_of_real_model_shapes() -> None:
     small = sizing_for(150 << 20, SMOLLM2_135M)
-    # 512 MiB + 1.5 x 150 MiB + 4 x 4096 tokens x 46 KiB (fp32 KV) = 1457 MiB -> 1536 MiB
+    # bake.sizing at parts of 64 tokens: 256 MiB + 1.25 x 150 MiB + 4 x 4096 tokens x
+    # 45 KiB (fp32 KV) + 4 parts of 64 x 49,152 x 4 B x 1.25 + a cache slot (180 MiB + 64
+    # positions of logits) = 1416 MiB -> 1536 MiB
+    assert small.memory.total_mib == 256 + 188 + 720 + 60 + 192
     assert (small.concurrency, small.cpu, small.memory_mib, small.kv_mib) == (4, 2, 1536, 720)
     assert small.max_prompt_tokens == 4096 - 512  # the KV cache is sized for 4096 tokens
     qwen = sizing_for(500 << 20, QWEN25_05B)

@@ -80,11 +80,12 @@ def test_the_bundle_holds_only_what_the_images_copy(bundle: Path) -> None:
                     for match in bundle.glob(source.rstrip("/")):
                         found = match.rglob("*") if match.is_dir() else [match]
                         copied |= {f for f in found if f.is_file()}
-    sam = {"template.yaml", "samconfig.toml", ".dockerignore", "Dockerfile", "Dockerfile.stream"}
+    sam = {"template.yaml", "samconfig.toml", "sizing.json", ".dockerignore", "Dockerfile",
+           "Dockerfile.stream"}  # fmt: skip
     every = {f.relative_to(bundle).as_posix() for f in bundle.rglob("*") if f.is_file()}
     assert every - {f.relative_to(bundle).as_posix() for f in copied} - sam == set()
     ignored = (bundle / ".dockerignore").read_text().split()
-    assert {".aws-sam/", "template.yaml", "samconfig.toml"} <= set(ignored)
+    assert {".aws-sam/", "template.yaml", "samconfig.toml", "sizing.json"} <= set(ignored)
 
 
 @pytest.mark.parametrize("target", ["lambda-x86_64", "lambda-arm64"])
@@ -103,8 +104,11 @@ def test_the_bake_writes_a_deployable_sam_project(
     assert f"  Architecture:\n    Type: String\n    Default: {arch}\n" in template
     config = tomllib.loads((bundle / "samconfig.toml").read_text())
     assert config["default"]["global"]["parameters"]["stack_name"] == "ortserve"
+    # MemorySize from the memory formula (sizing.json), at least the template's default.
+    size = json.loads((bundle / "sizing.json").read_text())
+    assert size["memory_size_mb"] == max(3008, size["terms"]["total_mib"])
     assert config["default"]["deploy"]["parameters"]["parameter_overrides"] == (
-        f"Architecture={arch}"
+        f"Architecture={arch} MemorySize={size['memory_size_mb']}"
     )
     sam = shutil.which("sam", path=str(Path(sys.executable).parent)) or shutil.which("sam")
     if sam is not None:  # the SAM CLI is not a test dependency; run it where it is there

@@ -180,7 +180,7 @@ def test_the_samconfig_deploys_without_questions(arch: str) -> None:
     assert deploy["resolve_image_repos"] is True and deploy["resolve_s3"] is True
     for command in ("build", "deploy"):
         overrides = config["default"][command]["parameters"]["parameter_overrides"]
-        assert overrides == f"Architecture={arch}"
+        assert overrides == f"Architecture={arch} MemorySize=3008"
 
 
 def _evaluate(node: Any, parameters: dict[str, str]) -> Any:

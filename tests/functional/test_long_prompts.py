@@ -235,3 +235,42 @@ def test_the_declared_concurrency_of_longest_prompts_fits_the_declared_memory(
         asker.join(60)
     assert len(counts) == size.concurrency
     assert peak <= size.memory_mib, (peak, size)
+
+
+def test_prompts_that_do_not_fit_one_part_together_run_alone(tiny_model_dir: Path) -> None:
+    """og 0.18 appends a batch's prompts once: a batch's rows x longest prompt must fit one
+    pass (4 parts), so two prompts of more than 32 tokens batch at parts of 256 and run
+    alone at parts of 16 (with the same text either way)."""
+    from tests.functional.batching import concurrently
+
+    requests = [GenerationRequest(prompt=f"{who} " + " ".join(["Hello world"] * 12),
+                                  options=SamplingOptions(max_new_tokens=8))
+                for who in ("Ann", "Bob")]  # fmt: skip
+    runs = []
+    for chunk in (256, 16):
+        settings = EngineSettings(model_dir=tiny_model_dir, providers="cpu", max_batch=4,
+                                  max_concurrency=2, prefill_chunk_tokens=chunk,
+                                  prompt_cache_slots=0, batch_window_ms=200)  # fmt: skip
+        runs.append(concurrently(Service.load(settings), requests))
+    (texts, batches, sequences), (alone_texts, alone_batches, alone_sequences) = runs
+    assert (batches, sequences) == (1, 2)
+    assert (alone_batches, alone_sequences) == (2, 2)
+    assert texts == alone_texts
+
+
+def test_a_beam_search_beyond_one_part_is_refused(tiny_model_dir: Path) -> None:
+    """A beam search prefills beams x prompt at once (og 0.18 crashes on a second append):
+    beyond one pass (4 parts) it is a 400 naming num_beams, within it it runs."""
+    from core.errors import InvalidRequestError
+
+    settings = EngineSettings(model_dir=tiny_model_dir, providers="cpu", prefill_chunk_tokens=16)
+    service = Service.load(settings)
+    prompt = " ".join(["Hello world"] * 12)
+    assert len(service.engine.encode(prompt)) * 4 > 4 * 16
+    with pytest.raises(InvalidRequestError, match="beam search prefills") as refused:
+        service.generate(GenerationRequest(prompt=prompt, options=SamplingOptions(8, num_beams=4)))
+    assert refused.value.param == "num_beams"
+    done = service.generate(
+        GenerationRequest(prompt="Hello world", options=SamplingOptions(8, num_beams=4))
+    )
+    assert done.completion_tokens > 0

@@ -1,0 +1,171 @@
+"""The memory a serving process needs: one formula for every generated limit.
+
+Cloud Run's `service.yaml` and `sizing.json`, the Kubernetes Deployment, the Lambda
+`MemorySize` (samconfig.toml) and the edge unit's `MemoryMax` all come from `memory_for`,
+whose terms were measured on the served process (the real `ortserve serve`, VmRSS and
+VmHWM, 2026-12-02, onnxruntime-genai 0.18, the 135M shape: 109 MiB of int4 files):
+
+- runtime: Python, onnxruntime, the tokenizer and the server. Idle with the model loaded:
+  276 MiB of RSS, so 167 MiB besides the model's files: `RUNTIME_MIB` rounds it up.
+- model: the loaded weights; the load's peak (VmHWM, 286 MiB) was 1.09 x the files above
+  the runtime: `MODEL_FACTOR`.
+- KV cache: fp32 keys and values (2 x layers x KV heads x head size x 4 B a token) of
+  every sequence that may run at once, each up to its token room (prompt + new tokens;
+  og allocates the whole room when a sequence starts).
+- one prefill part per sequence: a sequence keeps the logits of the last part it
+  computed (part x vocabulary x 4 B) until its next step; with the part's other
+  activations, the peak above the KV cache was 59 MiB (4,000-token prompt) and 54 MiB
+  (7,000) for a 48 MiB part of logits (256 tokens): `PART_FACTOR`.
+- the prompt cache: its slots' KV caches (`PROMPT_CACHE_TOKENS` tokens each) and the
+  logits of each one's last prompt part (`PROMPT_CACHE_LOGITS` positions at most).
+- a reload (the edge daemon's blue/green SIGHUP): the new model and its cache load
+  beside the serving one.
+
+`tests/functional/test_long_prompts.py` holds the declared concurrency of max-length
+prompts on the 135M shape under the declared limit (peak RSS).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from core.manifest import read_manifest
+from core.service import ONE_PASS_PARTS
+from core.settings import EngineSettings
+
+MIB = 1 << 20
+RUNTIME_MIB = 256
+MODEL_FACTOR = 1.25
+PART_FACTOR = 1.25
+FP32_BYTES = 4
+# A prompt-cache slot's room (core.engine._CACHE_ROOM) and a sequence's default room
+# where the model's context is longer: prompts are capped so that prompt + new tokens fit.
+PROMPT_CACHE_TOKENS = 4096
+PROMPT_CACHE_LOGITS = 64  # (core.engine._TAIL_AFTER)
+SEQUENCE_TOKENS = 4096
+
+_DEFAULTS = EngineSettings.model_fields
+
+
+def _default(name: str) -> int:
+    value = _DEFAULTS[name].default
+    assert isinstance(value, int)
+    return value
+
+
+# The engine's defaults, which the generated artefacts do not change.
+MAX_NEW_TOKENS = _default("max_new_tokens")
+# Sequences one process runs at once by default: MAX_CONCURRENCY generations, a batch
+# (MAX_BATCH sequences) being one; long prompts run alone but side by side, as many.
+SEQUENCES = _default("max_concurrency") * _default("max_batch")
+PREFILL_CHUNK_TOKENS = _default("prefill_chunk_tokens")
+PROMPT_CACHE_SLOTS = _default("prompt_cache_slots")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The terms of one process's memory and their sum, in MiB (rounded up).
+
+    Attributes:
+        total_mib: What the process may use at most: the sum of the terms.
+        runtime_mib: Python, onnxruntime, the tokenizer, the server.
+        model_mib: The loaded weights (the model's files x `MODEL_FACTOR`).
+        kv_mib: The KV caches of `sequences` sequences of `tokens_per_sequence` tokens.
+        parts_mib: One prefill part's logits and activations for each sequence (at
+            least `ONE_PASS_PARTS`: a batch's or a beam search's one pass).
+        cache_mib: The prompt cache's slots.
+        reload_mib: A second model and its cache during a reload (0: no reloads).
+        sequences: Sequences that may run at once.
+        tokens_per_sequence: A sequence's room: prompt + new tokens.
+        max_prompt_tokens: ORTSERVE_MAX_PROMPT_TOKENS that keeps a sequence in its room
+            (0: the model's context does that).
+        kv_bytes_per_token: Keys and values of one token, every layer.
+        prefill_chunk_tokens: The part size the sum assumes.
+    """
+
+    total_mib: int
+    runtime_mib: int
+    model_mib: int
+    kv_mib: int
+    parts_mib: int
+    cache_mib: int
+    reload_mib: int
+    sequences: int
+    tokens_per_sequence: int
+    max_prompt_tokens: int
+    kv_bytes_per_token: int
+    prefill_chunk_tokens: int
+
+    def record(self) -> dict[str, Any]:
+        """The terms as `sizing.json` states them."""
+        return {**asdict(self), "formula": "runtime + model + kv + parts + cache + reload"}
+
+
+def kv_bytes_per_token(config: dict[str, Any]) -> int:
+    """Bytes of fp32 keys and values one token takes in every layer (genai_config's
+    `model` section)."""
+    decoder = config["decoder"]
+    return (2 * int(decoder["num_hidden_layers"]) * int(decoder["num_key_value_heads"])
+            * int(decoder["head_size"]) * FP32_BYTES)  # fmt: skip
+
+
+def memory_for(
+    model_bytes: int,
+    config: dict[str, Any],
+    sequences: int,
+    chunk: int = PREFILL_CHUNK_TOKENS,
+    cache_slots: int = PROMPT_CACHE_SLOTS,
+    reloads: bool = False,
+) -> Memory:
+    """The memory of a process serving a model of `model_bytes` (genai_config's `model`
+    section `config`) to `sequences` sequences at once, each with room for the model's
+    context up to `SEQUENCE_TOKENS` tokens (prompts capped to fit, see
+    `Memory.max_prompt_tokens`); with `reloads`, room for a second model beside it."""
+    context = int(config.get("context_length") or SEQUENCE_TOKENS)
+    tokens = min(context, SEQUENCE_TOKENS)
+    per_token = kv_bytes_per_token(config)
+    vocab = int(config.get("vocab_size") or 0)
+
+    def mib(value: float) -> int:
+        return math.ceil(value / MIB)
+
+    model = mib(MODEL_FACTOR * model_bytes)
+    kv = mib(sequences * tokens * per_token)
+    # A pass og takes at once (a batch's, a beam search's) may be ONE_PASS_PARTS parts.
+    passes = max(sequences, ONE_PASS_PARTS)
+    parts = mib(passes * PART_FACTOR * min(chunk, tokens) * vocab * FP32_BYTES)
+    slot = min(context, PROMPT_CACHE_TOKENS) * per_token + PROMPT_CACHE_LOGITS * vocab * FP32_BYTES
+    cache = mib(cache_slots * slot)
+    reload = model + cache if reloads else 0
+    return Memory(
+        total_mib=RUNTIME_MIB + model + kv + parts + cache + reload,
+        runtime_mib=RUNTIME_MIB,
+        model_mib=model,
+        kv_mib=kv,
+        parts_mib=parts,
+        cache_mib=cache,
+        reload_mib=reload,
+        sequences=sequences,
+        tokens_per_sequence=tokens,
+        max_prompt_tokens=tokens - MAX_NEW_TOKENS if context > SEQUENCE_TOKENS else 0,
+        kv_bytes_per_token=per_token,
+        prefill_chunk_tokens=chunk,
+    )
+
+
+def model_memory(model_dir: Path, sequences: int = SEQUENCES, reloads: bool = False) -> Memory:
+    """`memory_for` the baked model in `model_dir` (its manifest's files, its
+    genai_config.json)."""
+    model_bytes = sum(f.size for f in read_manifest(model_dir).files)
+    config = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))
+    return memory_for(model_bytes, config["model"], sequences, reloads=reloads)
+
+
+def write_record(path: Path, terms: Memory, **derived: Any) -> None:
+    """`sizing.json`: what a target `derived` from the formula, and its terms."""
+    record = {**derived, "terms": terms.record()}
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

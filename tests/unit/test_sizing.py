@@ -1,0 +1,67 @@
+"""The memory formula every generated limit comes from (bake.sizing), and where the
+targets put it: the Lambda MemorySize (samconfig.toml) and the edge unit's MemoryMax."""
+
+from __future__ import annotations
+
+import pytest
+
+from bake.errors import BakeError
+from bake.package_edge import unit_memory_max, with_memory_max
+from bake.package_lambda import samconfig
+from bake.sizing import memory_for
+
+SMOLLM2_135M = {"context_length": 8192, "vocab_size": 49152, "decoder": {
+    "num_hidden_layers": 30, "num_key_value_heads": 3, "head_size": 64}}  # fmt: skip
+QWEN25_05B = {"context_length": 32768, "vocab_size": 151936, "decoder": {
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "head_size": 64}}  # fmt: skip
+
+
+def test_the_terms_of_smollm2_135m() -> None:
+    terms = memory_for(150 << 20, SMOLLM2_135M, sequences=4, chunk=256, cache_slots=1)
+    assert terms.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4  # 45 KiB a token, fp32
+    assert terms.runtime_mib == 256
+    assert terms.model_mib == 188  # 1.25 x 150 MiB
+    assert terms.kv_mib == 720  # 4 sequences x 4,096 tokens x 45 KiB
+    assert terms.parts_mib == 240  # 4 x 1.25 x 256 tokens x 49,152 x 4 B
+    assert terms.cache_mib == 180 + 12  # one slot: 4,096 tokens, 64 positions of logits
+    assert terms.reload_mib == 0
+    assert terms.total_mib == 256 + 188 + 720 + 240 + 192
+    # The context (8,192) is longer than a sequence's room: prompts are capped to fit.
+    assert (terms.tokens_per_sequence, terms.max_prompt_tokens) == (4096, 4096 - 512)
+
+
+def test_the_vocabulary_and_the_chunk_size_the_parts() -> None:
+    qwen = memory_for(500 << 20, QWEN25_05B, sequences=4, chunk=256)
+    assert qwen.parts_mib == 742  # 151,936 tokens: 3.1 x SmolLM2's part
+    half = memory_for(500 << 20, QWEN25_05B, sequences=4, chunk=128)
+    assert half.parts_mib == 371
+    assert qwen.total_mib - half.total_mib == 371
+
+
+def test_a_reload_has_room_for_a_second_model_and_its_cache() -> None:
+    alone = memory_for(150 << 20, SMOLLM2_135M, sequences=4)
+    both = memory_for(150 << 20, SMOLLM2_135M, sequences=4, reloads=True)
+    assert both.reload_mib == alone.model_mib + alone.cache_mib
+    assert both.total_mib == alone.total_mib + both.reload_mib
+
+
+def test_a_short_context_needs_no_prompt_cap() -> None:
+    short = {**SMOLLM2_135M, "context_length": 2048}
+    terms = memory_for(150 << 20, short, sequences=1)
+    assert (terms.tokens_per_sequence, terms.max_prompt_tokens) == (2048, 0)
+
+
+def test_the_edge_unit_gets_the_formulas_memory_max() -> None:
+    terms = memory_for(150 << 20, SMOLLM2_135M, sequences=4, reloads=True)
+    limit = unit_memory_max(terms)
+    assert limit.endswith("M") and int(limit[:-1]) % 64 == 0
+    assert 0 <= int(limit[:-1]) - terms.total_mib < 64
+    unit = "[Service]\nMemoryMax=2G\nTasksMax=64\n"
+    assert with_memory_max(unit, limit).splitlines()[-2:] == [f"MemoryMax={limit}", "TasksMax=64"]
+    with pytest.raises(BakeError, match="changed shape"):
+        with_memory_max("[Service]\n", limit)
+
+
+def test_samconfig_deploys_the_memory_size() -> None:
+    text = samconfig("arm64", 4096)
+    assert text.count('parameter_overrides = "Architecture=arm64 MemorySize=4096"') == 2
