@@ -24,11 +24,11 @@ Daemon variants: one `ortserve serve` on loopback per `ORTSERVE_PREFILL_CHUNK_TO
 `--chunks` (16384 = "whole", the prompt appended at once: the behaviour before chunked
 prefill), all with `ORTSERVE_THREADS=2`, `ORTSERVE_PROVIDERS=cpu`,
 `ORTSERVE_PROMPT_CACHE_SLOTS=0` and the other settings at their defaults (so
-`ORTSERVE_MAX_CONCURRENCY=1`: a second request waits for the first one's slot, or joins
-its batch if it comes within the batch window). Each daemon is started once and warmed up
+`ORTSERVE_MAX_CONCURRENCY=1` with `ORTSERVE_MAX_BATCH=4`: a batchable request that comes
+during another's prefill in parts starts beside it). Each daemon is started once and warmed up
 with one request on a 1,000-token prompt of another seed. One measurement = one streamed
 `/v1/completions` request on the long prompt (16 new tokens, temperature 0,
-`ignore_eos`), with, meanwhile:
+batchable: no `ignore_eos`, no seed), with, meanwhile:
 
 - TTFT: request sent -> the first SSE event that carries a choice; prefill tokens/s =
   prompt tokens / TTFT (so it includes HTTP, tokenization and the first decode step);
@@ -223,7 +223,9 @@ class Stream:
 def stream_completion(client: httpx.Client, base: str, text: str, new_tokens: int,
                       out: Stream, first: threading.Event | None = None) -> None:  # fmt: skip
     """POST a streamed /v1/completions and fill `out`; set `first` at the first token."""
-    body = {"prompt": text, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True,
+    # Plain greedy requests, batchable as most are (an `ignore_eos` or seeded one takes a
+    # whole generation slot, and with MAX_CONCURRENCY=1 a second request waits for it).
+    body = {"prompt": text, "max_tokens": new_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     out.sent = time.perf_counter()
     try:
@@ -333,9 +335,9 @@ def measure_daemon(base: str, pid: int, chunk: int, length: int, rep: int, long:
     errors = [f"{name}: {s.error}" for name, s in (("long", main), ("short", side)) if s.error]
     if main.prompt_tokens != len(long.ids):
         errors.append(f"long: usage.prompt_tokens {main.prompt_tokens} != {len(long.ids)}")
-    if main.completion_tokens != NEW_TOKENS:
-        errors.append(f"long: usage.completion_tokens {main.completion_tokens} != {NEW_TOKENS}")
-    if side.prompt_tokens != len(short.ids) or side.completion_tokens != SHORT_NEW:
+    if not 1 <= main.completion_tokens <= NEW_TOKENS:
+        errors.append(f"long: usage.completion_tokens {main.completion_tokens} > {NEW_TOKENS}")
+    if side.prompt_tokens != len(short.ids) or not 1 <= side.completion_tokens <= SHORT_NEW:
         errors.append(f"short: usage {side.prompt_tokens}/{side.completion_tokens}")
     return DaemonRun(
         chunk=chunk, length=length, rep=rep, ttft_s=main.ttft_s,

@@ -27,6 +27,11 @@ Send = Callable[[Message], Awaitable[None]]
 # while every generation thread is busy or waiting for a slot.
 _CHEAP_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _CHEAP_THREADS = 4
+# The probes are answered in the event loop itself: they never wait, and a thread of
+# their own would take several more turns of the GIL, which a prefill in parts gives only
+# between its parts (a /healthz then waited ~3 parts instead of at most one).
+_INLINE = frozenset({("GET", "/healthz"), ("GET", "/readyz"), ("HEAD", "/healthz"),
+                     ("HEAD", "/readyz")})  # fmt: skip
 _MAX_WORK_THREADS = 256
 
 
@@ -85,7 +90,9 @@ class EdgeApp:
         request = _request(scope, method, body)
         gate = self._cheap if method in _CHEAP_METHODS else self._work
         # An oversize body (answered 413 at once) is not watched: that would read its rest.
-        if len(body) <= self.max_body_bytes:
+        if (method, request.path) in _INLINE:
+            response = self.api.handle(request)
+        elif len(body) <= self.max_body_bytes:
             response = await _watched(self._handle(request, gate), receive, request.cancelled)
         else:
             response = await self._handle(request, gate)
