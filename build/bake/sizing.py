@@ -14,8 +14,9 @@ VmHWM, 2026-12-02, onnxruntime-genai 0.18, the 135M shape: 109 MiB of int4 files
   og allocates the whole room when a sequence starts).
 - one prefill part per sequence: a sequence keeps the logits of the last part it
   computed (part x vocabulary x 4 B) until its next step; with the part's other
-  activations, the peak above the KV cache was 59 MiB (4,000-token prompt) and 54 MiB
-  (7,000) for a 48 MiB part of logits (256 tokens): `PART_FACTOR`.
+  activations, the peak above the KV cache was 18-19 MiB (prompts of 1,000, 4,000 and
+  8,000 tokens) for 12 MiB of logits at parts of 64, and 54-59 MiB for 48 MiB at parts of
+  256 (`benchmarks.long_prompt`): `PART_FACTOR`.
 - the prompt cache: its slots' KV caches (`PROMPT_CACHE_TOKENS` tokens each) and the
   logits of each one's last prompt part (`PROMPT_CACHE_LOGITS` positions at most).
 - a reload (the edge daemon's blue/green SIGHUP): the new model and its cache load
@@ -40,7 +41,7 @@ from core.settings import EngineSettings
 MIB = 1 << 20
 RUNTIME_MIB = 256
 MODEL_FACTOR = 1.25
-PART_FACTOR = 1.25
+PART_FACTOR = 1.5
 FP32_BYTES = 4
 # A prompt-cache slot's room (core.engine._CACHE_ROOM) and a sequence's default room
 # where the model's context is longer: prompts are capped so that prompt + new tokens fit.

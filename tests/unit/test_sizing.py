@@ -22,20 +22,20 @@ def test_the_terms_of_smollm2_135m() -> None:
     assert terms.runtime_mib == 256
     assert terms.model_mib == 188  # 1.25 x 150 MiB
     assert terms.kv_mib == 720  # 4 sequences x 4,096 tokens x 45 KiB
-    assert terms.parts_mib == 240  # 4 x 1.25 x 256 tokens x 49,152 x 4 B
+    assert terms.parts_mib == 288  # 4 x 1.5 x 256 tokens x 49,152 x 4 B
     assert terms.cache_mib == 180 + 12  # one slot: 4,096 tokens, 64 positions of logits
     assert terms.reload_mib == 0
-    assert terms.total_mib == 256 + 188 + 720 + 240 + 192
+    assert terms.total_mib == 256 + 188 + 720 + 288 + 192
     # The context (8,192) is longer than a sequence's room: prompts are capped to fit.
     assert (terms.tokens_per_sequence, terms.max_prompt_tokens) == (4096, 4096 - 512)
 
 
 def test_the_vocabulary_and_the_chunk_size_the_parts() -> None:
     qwen = memory_for(500 << 20, QWEN25_05B, sequences=4, chunk=256)
-    assert qwen.parts_mib == 742  # 151,936 tokens: 3.1 x SmolLM2's part
+    assert qwen.parts_mib == 891  # 151,936 tokens: 3.1 x SmolLM2's part
     half = memory_for(500 << 20, QWEN25_05B, sequences=4, chunk=128)
-    assert half.parts_mib == 371
-    assert qwen.total_mib - half.total_mib == 371
+    assert half.parts_mib == 446
+    assert qwen.total_mib - half.total_mib == 445
 
 
 def test_a_reload_has_room_for_a_second_model_and_its_cache() -> None:
