@@ -368,8 +368,6 @@ def ensure_llama_cpp_source(work: Path, version: str) -> Path:
 
 def ensure_gguf(model: str, work: Path, threads: int, llama_src: Path | None) -> Path:
     """The Q4_0 GGUF of `model`'s weights, converted and quantized when missing."""
-    import ctypes
-
     import llama_cpp
 
     out = work / f"{_slug(model)}-q4_0.gguf"
@@ -391,15 +389,24 @@ def ensure_gguf(model: str, work: Path, threads: int, llama_src: Path | None) ->
             [sys.executable, "-c", _CONVERT, str(src), str(hf_dir), str(partial)], check=True
         )
         partial.rename(f32)
-    print(f"quantizing {f32} to {out} (Q4_0)", flush=True)
+    return quantize_gguf(f32, out, "Q4_0", threads)
+
+
+def quantize_gguf(f32: Path, out: Path, ftype: str, threads: int) -> Path:
+    """`f32` quantized by llama.cpp to `out` as `ftype` (a LLAMA_FTYPE_MOSTLY_* suffix)."""
+    import ctypes
+
+    import llama_cpp
+
+    print(f"quantizing {f32} to {out} ({ftype})", flush=True)
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.nthread = threads
     partial = out.with_suffix(".partial")
     if llama_cpp.llama_model_quantize(
         str(f32).encode(), str(partial).encode(), ctypes.byref(params)
     ):
-        raise SystemExit(f"llama_model_quantize failed for {f32}")
+        raise SystemExit(f"llama_model_quantize to {ftype} failed for {f32}")
     partial.rename(out)
     return out
 

@@ -67,7 +67,6 @@ the quiet runs only (others <= `--max-other-load`), and stores both;
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import json
 import math
@@ -91,7 +90,7 @@ from typing import Any
 import httpx
 
 from benchmarks.bakes import baked
-from benchmarks.engine_bench import ensure_gguf, llama_cpp_version
+from benchmarks.engine_bench import ensure_gguf, llama_cpp_version, quantize_gguf
 from benchmarks.machine_load import wait_quiet
 from benchmarks.support.servers import daemon
 
@@ -419,8 +418,6 @@ def spawn_llama(path: Path, ids_file: Path, flash_attn: bool, threads: int) -> d
 
 def ensure_quantized(model: str, work: Path, threads: int, ftype: str) -> Path:
     """The GGUF of `model` quantized to `ftype` (Q4_0 by engine_bench, others from its f32)."""
-    import llama_cpp
-
     q4_0 = ensure_gguf(model, work, threads, None)  # also makes the f32 GGUF
     if ftype == "Q4_0":
         return q4_0
@@ -428,17 +425,7 @@ def ensure_quantized(model: str, work: Path, threads: int, ftype: str) -> Path:
     out = q4_0.with_name(q4_0.name.replace("q4_0", ftype.lower()))
     if out.is_file():
         return out
-    print(f"quantizing {f32} to {out} ({ftype})", flush=True)
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    params.nthread = threads
-    partial = out.with_suffix(".partial")
-    if llama_cpp.llama_model_quantize(
-        str(f32).encode(), str(partial).encode(), ctypes.byref(params)
-    ):
-        raise SystemExit(f"llama_model_quantize to {ftype} failed for {f32}")
-    partial.rename(out)
-    return out
+    return quantize_gguf(f32, out, ftype, threads)
 
 
 # -- the run -----------------------------------------------------------------------------
