@@ -77,6 +77,19 @@ def folder_digest(folder: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def serving_folder(state_dir: Path, digest: str) -> str | None:
+    """The link target (`models/NAME`) of the model folder whose digest is `digest`, or
+    None when no folder under `state_dir/models` has it."""
+    models = state_dir / MODELS
+    for folder in sorted(models.iterdir()) if models.is_dir() else []:
+        try:
+            if folder_digest(folder) == digest:
+                return f"{MODELS}/{folder.name}"
+        except OSError:
+            continue  # an incomplete folder: not what serves
+    return None
+
+
 def swap(state_dir: Path) -> tuple[str, str]:
     """Swap `current` and `previous`; returns (new current, new previous) targets."""
     current, previous = link_target(state_dir, CURRENT), link_target(state_dir, PREVIOUS)
@@ -203,7 +216,9 @@ def switch(
 
     Raises:
         SwitchError: Nothing to switch to, the daemon is unreachable, or it could not load
-            the model (a rollback's links are then put back as they were).
+            the model: a rollback's links are then put back as they were, and a reload's
+            `current` names the folder that still serves again (so that a restart does not
+            load the broken one).
     """
     if rollback and link_target(state_dir, PREVIOUS) is None:
         raise SwitchError(f"no previous model to roll back to ({state_dir / PREVIOUS} is absent)")
@@ -212,7 +227,8 @@ def switch(
         digest = folder_digest(target)
     except OSError as exc:
         raise SwitchError(f"no model at {target}: {exc.strerror or exc}") from None
-    count_before = reload_count(readyz(url)) if reload else 0
+    before = readyz(url) if reload else {}
+    count_before = reload_count(before)
     start = time.monotonic()
     if rollback:
         swap(state_dir)
@@ -221,8 +237,15 @@ def switch(
     try:
         signal_reload(pid, unit)
         payload = wait_served(url, digest, count_before, timeout)
-    except SwitchError:
+    except SwitchError as exc:
         if rollback:
             swap(state_dir)  # the links name what serves again
-        raise
+            raise
+        served = before.get("manifest_digest")
+        back = serving_folder(state_dir, served) if isinstance(served, str) else None
+        if back is None or back == link_target(state_dir, CURRENT):
+            raise
+        set_link(state_dir / CURRENT, back)
+        raise SwitchError(f"{exc}; {state_dir / CURRENT} names the serving model again "
+                          f"({back})") from None  # fmt: skip
     return Outcome(digest, time.monotonic() - start, payload.get("model"))

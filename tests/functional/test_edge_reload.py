@@ -194,6 +194,19 @@ def test_a_failed_reload_keeps_the_old_model_serving_and_says_why(
     assert "still serving ortserve/tiny-llama-random-weights" in status
     assert "reload of" in daemon.stderr() and "model.onnx.data" in daemon.stderr()
 
+    # `ortserve reload` of a model that cannot load points `current` back at the model
+    # that serves (a restart would otherwise load the broken one) and says why.
+    assert os.readlink(state / "current") == "models/broken"
+    proc = subprocess.run(
+        [*ORTSERVE, "reload", "--state-dir", str(state), "--url", daemon.url,
+         "--pid", str(daemon.proc.pid), "--timeout", "30"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "could not load it" in proc.stderr and "names the serving model again" in proc.stderr
+    assert os.readlink(state / "current") == "models/blue"
+    assert _served(daemon)["manifest_digest"] == blue
+
     # `ortserve rollback` to a model that cannot load puts the links back and says why.
     set_link(state / "current", "models/blue")
     set_link(state / "previous", "models/broken")
