@@ -78,6 +78,18 @@ def test_the_example_env_file_names_only_real_settings() -> None:
     ServerSettings.model_validate(values)
 
 
+def test_the_example_env_file_says_which_routes_stay_open_with_keys() -> None:
+    """What the file calls always open is what the API leaves open (`/` aside: the
+    playground page), and it says /metrics needs a key unless METRICS_PUBLIC."""
+    from core.api import PUBLIC_ROUTES
+
+    text = (EDGE / "ortserve.env").read_text(encoding="utf-8")
+    match = re.search(r"Always open: ([^.]+)\.", text)
+    assert match, text
+    assert set(re.findall(r"/\w+", match.group(1))) == PUBLIC_ROUTES - {"/"}
+    assert "/metrics needs one too" in text and "#ORTSERVE_METRICS_PUBLIC=false" in text
+
+
 def test_it_orders_after_the_network_stack_not_an_online_network() -> None:
     """A 127.0.0.1 listener must not delay boot on an offline board."""
     text = UNIT.read_text(encoding="utf-8")
