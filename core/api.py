@@ -217,6 +217,18 @@ class Api:
     # -- routing, auth, limits --------------------------------------------------------
 
     def _dispatch(self, request: Request, ctx: _Context) -> Response:
+        public = request.path in PUBLIC_ROUTES or (
+            request.path == METRICS_ROUTE and self.settings.metrics_public
+        )
+        # The key is checked before the route: without one, an unknown route or a wrong
+        # method answers as a real route does (401), so routes cannot be discovered. A CORS
+        # preflight carries no key by design: without one, every path answers it alike.
+        if not public and not self._authorized(request):
+            if request.method == "OPTIONS":
+                return Response(204, [("allow", "GET, HEAD, OPTIONS, POST")])
+            raise AuthenticationError(
+                "missing or invalid API key: send 'Authorization: Bearer KEY' or 'x-api-key'"
+            )
         methods = self._routes.get(request.path)
         if methods is None and request.path.startswith(_MODEL_PREFIX):
             methods = {"GET": self._model}  # /v1/models/{id}: the id may hold slashes
@@ -231,11 +243,6 @@ class Api:
                 f"{request.method} is not allowed on {request.path}; use {', '.join(allowed)}",
                 allowed,
             )
-        public = request.path in PUBLIC_ROUTES or (
-            request.path == METRICS_ROUTE and self.settings.metrics_public
-        )
-        if not public:
-            self._authenticate(request)
         if len(request.body) > self.settings.max_body_bytes:
             # An adapter may stop reading at limit + 1 bytes: say only what is certain.
             raise PayloadTooLargeError(
@@ -250,24 +257,17 @@ class Api:
             return response
         return methods[request.method](request, ctx)
 
-    def _authenticate(self, request: Request) -> None:
-        """Check the request's API key (none needed when no keys are set).
-
-        Raises:
-            AuthenticationError: A key is needed and the request has no valid one.
-        """
+    def _authorized(self, request: Request) -> bool:
+        """Whether the request has a valid API key (always, when no keys are set)."""
         if not self._keys:
-            return
+            return True
         auth = request.headers.get("authorization", "")
         supplied = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         supplied = supplied or request.headers.get("x-api-key", "").strip()
         # Compare with every key, in constant time, whatever matches first.
         given = supplied.encode()
         matches = [hmac.compare_digest(given, key) for key in self._keys]
-        if not supplied or not any(matches):
-            raise AuthenticationError(
-                "missing or invalid API key: send 'Authorization: Bearer KEY' or 'x-api-key'"
-            )
+        return bool(supplied) and any(matches)
 
     def _service(self, request: Request) -> Service:
         """The model's service for a new generation (none while draining)."""

@@ -545,6 +545,21 @@ def test_unknown_route_and_method(target: Target) -> None:
     assert reply.headers["allow"] == "OPTIONS, POST"
 
 
+def test_without_a_key_routes_cannot_be_discovered(target: Target) -> None:
+    """The key is checked before the route: an unknown route and a wrong method answer 401
+    as a real route does (with the key: 404 and 405, above), and a preflight without a
+    key is answered alike on every path; the public routes stay open."""
+    nokey = {"authorization": ""}
+    for method, path in (("GET", "/v2/nothing"), ("GET", "/v1/chat/completions"),
+                         ("DELETE", "/v1/models"), ("GET", "/v1/models")):  # fmt: skip
+        _error(target.call(method, path, headers=nokey), 401, "invalid_api_key")
+    preflights = [target.call("OPTIONS", path, headers=nokey)
+                  for path in ("/v2/nothing", "/v1/chat/completions")]  # fmt: skip
+    assert [r.status for r in preflights] == [204, 204]
+    assert preflights[0].headers["allow"] == preflights[1].headers["allow"]
+    assert target.call("GET", "/healthz", headers=nokey).status == 200
+
+
 @pytest.mark.parametrize(
     "headers",
     [{"authorization": ""}, {"authorization": "Bearer wrong"}, {"authorization": "Basic x"}],
