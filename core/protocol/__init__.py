@@ -31,6 +31,7 @@ from pydantic import (
 from core.errors import InvalidRequestError, OrtServeError
 from core.generation import Completion, GenerationRequest, Guidance, TokenLogprob
 from core.http import error_payload
+from core.protocol.patterns import ecma_schema
 from core.stops import MAX_STOP_STRINGS
 
 
@@ -227,7 +228,9 @@ def minimum_tokens(min_tokens: int, ignore_eos: bool, limit: int, served: Served
 def json_guidance(schema: dict[str, Any]) -> Guidance:
     """Constrained decoding to JSON valid against `schema`, compact unless the schema's
     `x-guidance` says otherwise: flexible whitespace lets small models wander into
-    endless newlines."""
+    endless newlines. Its `pattern`s mean what JSON Schema says (ECMA-262: `\\d` is
+    [0-9]; core.protocol.patterns)."""
+    schema = ecma_schema(schema)
     return Guidance(
         "json_schema", json.dumps({"x-guidance": {"whitespace_flexible": False}, **schema})
     )

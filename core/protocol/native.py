@@ -30,6 +30,7 @@ from core.protocol import (
     json_guidance,
     minimum_tokens,
 )
+from core.protocol.patterns import ecma_classes
 
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar")
 MAX_BEAMS = 8
@@ -99,7 +100,7 @@ class GenerateBody(GenerationBody):
         if self.guided_json is not None:
             return json_guidance(self.guided_json)
         if self.guided_regex is not None:
-            return Guidance("regex", self.guided_regex)
+            return Guidance("regex", ecma_classes(self.guided_regex))
         if self.guided_grammar is not None:
             return Guidance("lark_grammar", self.guided_grammar)
         return None

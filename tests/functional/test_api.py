@@ -252,6 +252,22 @@ def test_response_format_json_schema_and_object(target: Target) -> None:
         assert isinstance(json.loads(content), dict)
 
 
+def test_regex_classes_mean_what_json_schema_says(target: Target) -> None:
+    """`\\d` and `\\w` are ECMA-262's ASCII classes in guided_regex and in JSON schema
+    patterns (llguidance's Unicode `\\d` made `\\d{1,20}` a 400 on a byte vocabulary)."""
+    body = {"prompt": "Year:", "max_new_tokens": 12, "seed": 1, "guided_regex": r"\d{1,12}"}
+    reply = target.call("POST", "/generate", body)
+    assert reply.status == 200, reply.body
+    assert re.fullmatch("[0-9]{1,12}", reply.json()["generated_text"]), reply.json()
+    schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": r"^\w\d$"}},
+              "required": ["id"], "additionalProperties": False}  # fmt: skip
+    reply = target.call("POST", "/generate", {"prompt": "id?", "max_new_tokens": 16, "seed": 2,
+                                              "guided_json": schema})  # fmt: skip
+    assert reply.status == 200, reply.body
+    text = reply.json()["generated_text"]
+    assert re.fullmatch(r'\{"id":"[A-Za-z0-9_][0-9]"\}', text), text
+
+
 def test_generate_guided_regex_grammar_and_json(target: Target) -> None:
     """/generate's constrained decoding (vLLM's field names), on every target."""
     body = {"prompt": "Code:", "max_new_tokens": 20, "seed": 1, "guided_regex": "[A-Z]{3}-[0-9]{2}"}
