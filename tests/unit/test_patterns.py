@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,7 +28,7 @@ def test_other_escapes_are_kept() -> None:
 
 
 def test_schemas_are_translated_wherever_a_pattern_is() -> None:
-    schema = {"type": "object",
+    schema: dict[str, Any] = {"type": "object",
               "properties": {"year": {"type": "string", "pattern": r"^\d{4}$"},
                              "pattern": {"type": "string"}},
               "patternProperties": {r"^\w+$": {"pattern": r"\d"}},
