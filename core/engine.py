@@ -30,7 +30,7 @@ from core.errors import (
 from core.generation import GenerationRequest, Guidance, SamplingOptions, TokenLogprob, Tokens
 from core.manifest import Manifest, manifest_digest, verify_folder
 from core.memory import return_freed_memory
-from core.prefill import prefill_parts
+from core.prefill import KEPT_LOGITS_TOKENS, prefill_parts
 from core.settings import EngineSettings, disable_telemetry
 from core.text import TextCodec
 
@@ -86,8 +86,6 @@ _SEED_RANGE = 2**31
 _MIN_APPENDED = 2  # prompt tokens a reused generator prefills at least (see PromptCache)
 # The pause between prefill parts (~1.5% of a 64-token part here).
 _BETWEEN_PARTS_S = 0.002
-# A kept generator holds at most this many positions of logits besides its KV cache.
-_TAIL_AFTER = 64
 # A kept generator's token room (prompt + new tokens; capped by the context): its KV
 # cache is allocated for all of it at once.
 _CACHE_ROOM = 4096
@@ -296,7 +294,7 @@ class PromptCache:
     def describe(self, kv_bytes_per_token: int, vocab_size: int) -> dict[str, Any]:
         """Its size, for /readyz and the load's log line: slots, tokens and memory each
         (a slot's KV cache, and the logits of its last prompt part: 64 positions at most)."""
-        logits = _TAIL_AFTER * vocab_size * 4
+        logits = KEPT_LOGITS_TOKENS * vocab_size * 4
         mib = (kv_bytes_per_token * self.max_tokens + logits) / 2**20
         return {"slots": self.slots, "tokens_per_slot": self.max_tokens,
                 "mib_per_slot": round(mib, 1), "held": len(self._entries)}  # fmt: skip
@@ -627,7 +625,8 @@ class Engine:
             # A generator keeps its last part's logits until its next step, and a kept one
             # may have none (max_tokens 1, or EOS first): a longer prompt ends on a part
             # of two tokens (one more og call: ~1/32 of the prefill at most).
-            tail = _MIN_APPENDED if prefilled is not None and len(input_ids) > _TAIL_AFTER else 0
+            kept = prefilled is not None and len(input_ids) > KEPT_LOGITS_TOKENS
+            tail = _MIN_APPENDED if kept else 0
             self._prefill(generator, input_ids, tokens, sequence, tail)
             appended = True
             count = generator.token_count()

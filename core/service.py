@@ -344,11 +344,11 @@ class Service:
         engine = self.engine
         if len(batch) > 1 and any(s.input_ids[-1] == engine.pad_id for s in batch):
             return False
-        if len(batch) * max(len(s.input_ids) for s in batch) > self.one_pass_tokens:
+        longest = max(len(s.input_ids) for s in batch)
+        if len(batch) * longest > self.one_pass_tokens:
             return len(batch) == 1
         if not engine.context_length:
             return True
-        longest = max(len(s.input_ids) for s in batch)
         return longest + max(s.max_new for s in batch) <= engine.context_length
 
     # -- generation ----------------------------------------------------------------------

@@ -18,7 +18,7 @@ VmHWM, 2026-12-02, onnxruntime-genai 0.18, the 135M shape: 109 MiB of int4 files
   8,000 tokens) for 12 MiB of logits at parts of 64, and 54-59 MiB for 48 MiB at parts of
   256 (`benchmarks.long_prompt`): `PART_FACTOR`.
 - the prompt cache: its slots' KV caches (`PROMPT_CACHE_TOKENS` tokens each) and the
-  logits of each one's last prompt part (`PROMPT_CACHE_LOGITS` positions at most).
+  logits of each one's last prompt part (`KEPT_LOGITS_TOKENS` positions at most).
 - a reload (the edge daemon's blue/green SIGHUP): the new model and its cache load
   beside the serving one.
 
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from core.manifest import read_manifest
+from core.prefill import KEPT_LOGITS_TOKENS
 from core.service import ONE_PASS_PARTS
 from core.settings import EngineSettings
 
@@ -46,7 +47,6 @@ FP32_BYTES = 4
 # A prompt-cache slot's room (core.engine._CACHE_ROOM) and a sequence's default room
 # where the model's context is longer: prompts are capped so that prompt + new tokens fit.
 PROMPT_CACHE_TOKENS = 4096
-PROMPT_CACHE_LOGITS = 64  # (core.engine._TAIL_AFTER)
 SEQUENCE_TOKENS = 4096
 
 _DEFAULTS = EngineSettings.model_fields
@@ -139,7 +139,7 @@ def memory_for(
     # A pass og takes at once (a batch's, a beam search's) may be ONE_PASS_PARTS parts.
     passes = max(sequences, ONE_PASS_PARTS)
     parts = mib(passes * PART_FACTOR * min(chunk, tokens) * vocab * FP32_BYTES)
-    slot = min(context, PROMPT_CACHE_TOKENS) * per_token + PROMPT_CACHE_LOGITS * vocab * FP32_BYTES
+    slot = min(context, PROMPT_CACHE_TOKENS) * per_token + KEPT_LOGITS_TOKENS * vocab * FP32_BYTES
     cache = mib(cache_slots * slot)
     reload = model + cache if reloads else 0
     return Memory(

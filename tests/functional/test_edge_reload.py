@@ -134,11 +134,7 @@ def test_reload_and_rollback_under_load_lose_no_request(start: Any, state: Path)
         during_green = load.total()
 
         # The rollback: the real CLI swaps the links, signals, waits for /readyz.
-        proc = subprocess.run(
-            [*ORTSERVE, "rollback", "--state-dir", str(state), "--url", daemon.url,
-             "--pid", str(daemon.proc.pid), "--timeout", "60"],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        proc = _switch_cli("rollback", state, daemon, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert f"rolled back to ortserve/tiny-llama-random-weights ({blue[:12]})" in proc.stdout
         rollback_s = float(re.search(r"\) (\d+\.\d+) s after", proc.stdout).group(1))  # type: ignore[union-attr]
@@ -162,6 +158,17 @@ def test_reload_and_rollback_under_load_lose_no_request(start: Any, state: Path)
           f"the new digest), rollback {rollback_s:.2f} s (ortserve rollback: links swapped "
           f"-> /readyz serves the old digest); {load.total()} requests, 0 failed")  # fmt: skip
     assert rollback_s <= 10
+
+
+def _switch_cli(
+    command: str, state: Path, daemon: Any, timeout: int = 30
+) -> subprocess.CompletedProcess[str]:
+    """`ortserve reload` / `ortserve rollback` against `daemon`, as an operator runs it."""
+    return subprocess.run(
+        [*ORTSERVE, command, "--state-dir", str(state), "--url", daemon.url,
+         "--pid", str(daemon.proc.pid), "--timeout", str(timeout)],
+        capture_output=True, text=True, timeout=2 * timeout, check=False,
+    )  # fmt: skip
 
 
 def test_a_failed_reload_keeps_the_old_model_serving_and_says_why(
@@ -197,11 +204,7 @@ def test_a_failed_reload_keeps_the_old_model_serving_and_says_why(
     # `ortserve reload` of a model that cannot load points `current` back at the model
     # that serves (a restart would otherwise load the broken one) and says why.
     assert os.readlink(state / "current") == "models/broken"
-    proc = subprocess.run(
-        [*ORTSERVE, "reload", "--state-dir", str(state), "--url", daemon.url,
-         "--pid", str(daemon.proc.pid), "--timeout", "30"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    proc = _switch_cli("reload", state, daemon)
     assert proc.returncode == 1
     assert "could not load it" in proc.stderr and "names the serving model again" in proc.stderr
     assert os.readlink(state / "current") == "models/blue"
@@ -210,11 +213,7 @@ def test_a_failed_reload_keeps_the_old_model_serving_and_says_why(
     # `ortserve rollback` to a model that cannot load puts the links back and says why.
     set_link(state / "current", "models/blue")
     set_link(state / "previous", "models/broken")
-    proc = subprocess.run(
-        [*ORTSERVE, "rollback", "--state-dir", str(state), "--url", daemon.url,
-         "--pid", str(daemon.proc.pid), "--timeout", "30"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    proc = _switch_cli("rollback", state, daemon)
     assert proc.returncode == 1
     assert "could not load it" in proc.stderr and "model.onnx.data" in proc.stderr
     assert os.readlink(state / "current") == "models/blue"
