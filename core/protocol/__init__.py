@@ -31,7 +31,7 @@ from pydantic import (
 from core.errors import InvalidRequestError, OrtServeError
 from core.generation import Completion, GenerationRequest, Guidance, TokenLogprob
 from core.http import error_payload
-from core.protocol.patterns import ecma_schema
+from core.protocol.patterns import closed_objects, ecma_schema
 from core.stops import MAX_STOP_STRINGS
 
 
@@ -225,12 +225,14 @@ def minimum_tokens(min_tokens: int, ignore_eos: bool, limit: int, served: Served
     return limit if ignore_eos else min(min_tokens, limit)
 
 
-def json_guidance(schema: dict[str, Any]) -> Guidance:
+def json_guidance(schema: dict[str, Any], closed: bool = True) -> Guidance:
     """Constrained decoding to JSON valid against `schema`, compact unless the schema's
     `x-guidance` says otherwise: flexible whitespace lets small models wander into
     endless newlines. Its `pattern`s mean what JSON Schema says (ECMA-262: `\\d` is
-    [0-9]; core.protocol.patterns)."""
-    schema = ecma_schema(schema)
+    [0-9]; core.protocol.patterns). `closed`: objects take only their declared
+    properties where the schema does not say otherwise (`closed_objects`; OpenAI's
+    `strict: true`); False (`strict: false`) keeps JSON Schema's open objects."""
+    schema = ecma_schema(closed_objects(schema) if closed else schema)
     return Guidance(
         "json_schema", json.dumps({"x-guidance": {"whitespace_flexible": False}, **schema})
     )

@@ -386,8 +386,9 @@ class JsonSchemaResponseFormat(Body):
     json_schema: JsonSchemaFormat
 
     def guidance(self) -> Guidance | None:
-        """JSON valid against the schema (compact, `json_guidance`)."""
-        return json_guidance(dict(self.json_schema.schema_))
+        """JSON valid against the schema (compact, `json_guidance`), its objects closed at
+        their declared properties unless `strict` is false."""
+        return json_guidance(dict(self.json_schema.schema_), self.json_schema.strict is not False)
 
 
 #: response_format: text, json_object or json_schema (which needs its `json_schema`).

@@ -1,4 +1,5 @@
-"""Regular expressions as JSON Schema and OpenAI users write them, for llguidance.
+"""JSON schemas and regular expressions as JSON Schema and OpenAI users write them, for
+llguidance.
 
 JSON Schema's `pattern` is an ECMA-262 regex, in which `\\d` is `[0-9]` and `\\w` is
 `[A-Za-z0-9_]`; llguidance (Rust's regex syntax) reads them as Unicode classes: `\\d` then
@@ -7,6 +8,10 @@ tokens the grammar cannot take (`\\d{1,1000}` failed every time, "token doesn't 
 grammar"), and a greedy `\\d+` on the real SmolLM2 wrote fullwidth zeros (U+FF10) where
 `[0-9]+` writes `1999`. They are translated to their ECMA (ASCII) meaning here; `\\s`
 keeps Rust's Unicode whitespace, which is ECMA's within a few rare code points.
+
+Objects are closed at their declared properties unless the schema says otherwise
+(`closed_objects`): JSON Schema leaves an object open, and a small model given the
+chance keeps adding keys until its token limit (OpenAI's `strict: true` means the same).
 """
 
 from __future__ import annotations
@@ -66,4 +71,48 @@ def ecma_schema(schema: Any) -> Any:
                     walk(value)
 
     walk(schema)
+    return schema
+
+
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas
+# (JSON Schema 2020-12 and draft 7): where `closed_objects` looks for object schemas.
+_SCHEMA = (
+    *("additionalProperties", "items", "contains", "not", "if", "then", "else"),
+    *("propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems"),
+)
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+# Any of these says what other keys an object may have: the schema's own choice, kept.
+_OPENNESS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of the JSON schema `schema` in which every object schema that declares
+    `properties` and says nothing of other keys gets `additionalProperties: false`.
+
+    Members of an `allOf` are left open (each would refuse the others' properties); an
+    object without `properties` (a free-form map) stays open; values that are data, not
+    schemas (`const`, `enum`, `default`, `examples`), are never touched."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node: Any, close: bool) -> None:
+        if not isinstance(node, dict):
+            return
+        declared = isinstance(node.get("properties"), dict)
+        if close and declared and not any(key in node for key in _OPENNESS):
+            node["additionalProperties"] = False
+        for key in _SCHEMA:
+            walk(node.get(key), True)
+        for key in _SCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                for item in node[key]:
+                    walk(item, True)
+        for item in node.get("allOf") or []:
+            walk(item, False)
+        for key in _SCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                for value in node[key].values():
+                    walk(value, True)
+
+    walk(schema, True)
     return schema

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from core.generation import Guidance
 from core.protocol import json_guidance
+from core.protocol.patterns import closed_objects
 
 ToolFamily = Literal["hermes", "generic"]
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -100,20 +101,18 @@ class ToolPlan:
         object naming a function and giving arguments valid against its parameters."""
         if self.choice == "auto":
             return None
-        chosen = [t for t in self.tools if self.choice in ("required", t["function"]["name"])]
+        chosen = [t["function"] for t in self.tools]
+        chosen = [f for f in chosen if self.choice in ("required", f["name"])]
         calls = [
             {
                 "type": "object",
-                "properties": {
-                    "name": {"const": t["function"]["name"]},
-                    "arguments": t["function"].get("parameters") or {"type": "object"},
-                },
+                "properties": {"name": {"const": f["name"]}, "arguments": _parameters(f)},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
             }
-            for t in chosen
+            for f in chosen
         ]
-        return json_guidance(calls[0] if len(calls) == 1 else {"anyOf": calls})
+        return json_guidance(calls[0] if len(calls) == 1 else {"anyOf": calls}, closed=False)
 
     def parse(self, text: str) -> list[ToolCall]:
         """The calls in the model's text (none: it answered in words)."""
@@ -139,6 +138,18 @@ class ToolPlan:
             return None
         encoded = json.dumps(arguments, ensure_ascii=False)
         return ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(data["name"]), encoded)
+
+
+def _parameters(function: dict[str, Any]) -> dict[str, Any]:
+    """A function's parameters as the constraint takes them: its objects closed at their
+    declared properties (`closed_objects`) unless the function says `strict: false`.
+
+    OpenAI's `strict: true` means `additionalProperties: false`; without `strict` this
+    server closes them too, because a small model allowed more keys keeps adding them
+    until its token limit. `strict: false` keeps the schema as written (JSON Schema's
+    open objects)."""
+    parameters: dict[str, Any] = function.get("parameters") or {"type": "object"}
+    return parameters if function.get("strict") is False else closed_objects(parameters)
 
 
 def _arguments(call: dict[str, Any]) -> Any:

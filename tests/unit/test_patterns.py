@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import jsonschema
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.protocol.patterns import ecma_classes, ecma_schema
+from core.protocol.patterns import closed_objects, ecma_classes, ecma_schema
 
 
 def test_digit_and_word_classes_are_ascii() -> None:
@@ -47,3 +49,41 @@ def test_the_translation_matches_as_ecma_does(text: str) -> None:
     for pattern in (r"^\d*$", r"^\w*$", r"^[\d.]*$", r"^\D*$", r"^[^\w]*$"):
         ecma = re.fullmatch(pattern, text, re.ASCII) is not None
         assert (re.fullmatch(ecma_classes(pattern), text) is not None) == ecma
+
+
+def test_objects_are_closed_at_their_declared_properties() -> None:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "default": {"properties": {"x": {}}}},
+            "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+            "tags": {"type": "array", "items": {"properties": {"k": {"type": "string"}}}},
+            "any": {"anyOf": [{"properties": {"a": {}}}, {"type": "string"}]},
+            "open": {"type": "object", "properties": {"b": {}}, "additionalProperties": True},
+            "map": {"type": "object", "additionalProperties": {"type": "number"}},
+            "free": {"type": "object"},
+            "both": {"allOf": [{"properties": {"c": {}}}, {"properties": {"d": {}}}]},
+        },
+        "$defs": {"point": {"properties": {"x": {"type": "number"}}}},
+    }
+    out = closed_objects(schema)
+    props = out["properties"]
+    assert out["additionalProperties"] is False
+    assert props["where"]["additionalProperties"] is False
+    assert props["tags"]["items"]["additionalProperties"] is False
+    assert props["any"]["anyOf"][0]["additionalProperties"] is False
+    assert out["$defs"]["point"]["additionalProperties"] is False
+    assert props["open"]["additionalProperties"] is True  # the schema's own choice
+    assert props["map"]["additionalProperties"] == {"type": "number"}
+    assert "additionalProperties" not in props["free"]  # no properties: a free-form map
+    assert all("additionalProperties" not in s for s in props["both"]["allOf"])
+    assert props["city"]["default"] == {"properties": {"x": {}}}  # data, not a schema
+    assert "additionalProperties" not in schema  # a copy
+
+
+def test_closed_objects_refuse_what_open_ones_take() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    extra = {"city": "Paris", "country": "France"}
+    jsonschema.validate(extra, schema)
+    with pytest.raises(jsonschema.ValidationError, match="country"):
+        jsonschema.validate(extra, closed_objects(schema))
