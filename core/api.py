@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.content_filter import ContentFilterError
 from core.errors import (
     AuthenticationError,
     DrainingError,
@@ -76,6 +77,9 @@ class _Context:
 
     request_id: str
     completion: Completion | None = None
+    reply: Reply | None = None  # a generation's: it says how the answer ended
+    ending: str = ""  # set where the answer ended otherwise (an error)
+    filtered: str = ""  # the content filter's rule that refused the request
 
 
 _Route = Callable[[Request, _Context], Response]
@@ -139,9 +143,13 @@ class Api:
             response = self._dispatch(request, ctx)
         except OrtServeError as exc:
             response = error_response(exc, ollama)
+            if isinstance(exc, ContentFilterError):
+                ctx.filtered = exc.rule
         except Exception:  # never a traceback in a body; the log has it
             log.exception("unhandled error in %s %s", request.method, request.path)
             response = error_response(OrtServeError("internal error"), ollama)
+        if ctx.reply is not None and response.status in (500, 504):
+            ctx.ending = "error"  # a generation that failed or ran out of time
         response.headers.append(("x-request-id", request_id))
         response.headers.extend(self._cors(request))
         record = RequestRecord(request_id, request.method, request.path, response.status)
@@ -196,8 +204,18 @@ class Api:
                 completion_tokens=done.completion_tokens,
                 ttft_s=done.timings.ttft_s,
                 tokens_per_s=done.timings.decode_tokens_per_s,
+                filtered=done.filtered,
+                redactions=done.redactions,
             )
-        record = replace(record, duration_s=time.perf_counter() - start)
+        ending = ctx.ending
+        if not ending and done is not None and ctx.reply is not None:
+            ending = ctx.reply.ending(done)
+        record = replace(
+            record,
+            duration_s=time.perf_counter() - start,
+            ending=ending,
+            filtered=record.filtered or ctx.filtered,
+        )
         try:
             self.on_record(record)
         except Exception:  # observers must not break requests
@@ -292,6 +310,7 @@ class Api:
             served = _served(service)
             generation = body.to_generation(served)
             reply = body.reply(ctx.request_id, served)
+            ctx.reply = reply
             if body.choices > 1:
                 assert isinstance(reply, MultiChoiceReply)  # only OpenAI's bodies have n
                 choices = service.stream_choices(
@@ -378,9 +397,11 @@ class Api:
             for event in events:
                 yield encode(event)
         except OrtServeError as exc:
+            ctx.ending = "error"
             yield encode(reply.error_event(exc))
             return
         except Exception:
+            ctx.ending = "error"
             log.exception("error while streaming %s", ctx.request_id)
             yield encode(reply.error_event(OrtServeError("internal error")))
             return

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from core.errors import InvalidRequestError
 from core.stops import MAX_STOP_STRINGS
 
-FinishReason = Literal["stop", "length", "cancelled"]
+FinishReason = Literal["stop", "length", "cancelled", "content_filter"]
 GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]
 
 
@@ -140,7 +140,8 @@ class LogprobLedger:
 @dataclass(frozen=True)
 class Completion:
     """The result of one generation (`logprobs` when the request asked for them;
-    `cached_tokens`: prompt tokens the prompt cache held)."""
+    `cached_tokens`: prompt tokens the prompt cache held; `filtered`: the content filter's
+    rule that ended the output; `redactions`: spans of personal data it replaced)."""
 
     text: str
     finish_reason: FinishReason
@@ -149,6 +150,8 @@ class Completion:
     timings: Timings
     logprobs: tuple[TokenLogprob, ...] | None = None
     cached_tokens: int = 0
+    filtered: str = ""
+    redactions: int = 0
 
 
 def _nothing() -> None:

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """What happened to one request, emitted once it is complete (streams: when they end)."""
+    """What happened to one request, emitted once it is complete (streams: when they end).
+
+    `ending`: how a generation's answer ended (`stop`, `length`, `tool_calls`,
+    `content_filter`, `cancelled` (its client left), `error` (a 500 or 504, or a stream
+    cut by an error event); empty for other requests and for refusals before any token).
+    `filtered`: the content filter's rule that refused the request or ended its output;
+    `redactions`: spans of personal data the filter replaced.
+    """
 
     request_id: str
     method: str
@@ -18,3 +25,6 @@ class RequestRecord:
     ttft_s: float = 0.0
     tokens_per_s: float = 0.0
     duration_s: float = 0.0
+    ending: str = ""
+    filtered: str = ""
+    redactions: int = 0

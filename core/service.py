@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from core.admission import Admission
 from core.batcher import Alone, Batcher, End, Sequence
+from core.content_filter import ContentFilter
 from core.errors import (
     ClientClosedError,
     DrainingError,
@@ -156,6 +157,36 @@ class Stats:
     batched_requests: int
 
 
+class _Cuts:
+    """What ends or changes a generation's text, in order: the stop strings (cut exactly),
+    then the content filter's output rules (deny: the end; redaction)."""
+
+    def __init__(self, stops: StopMatcher, content_filter: ContentFilter | None) -> None:
+        self.stops = stops
+        self.guard = content_filter.guard() if content_filter is not None else None
+
+    @property
+    def ended(self) -> bool:
+        """A stop string or a deny rule has ended the text."""
+        return self.stops.stopped or (self.guard is not None and self.guard.stopped)
+
+    def feed(self, piece: str) -> str:
+        """The text of `piece` that may go out now."""
+        text = self.stops.feed(piece)
+        return text if self.guard is None else self.guard.feed(text)
+
+    def flush(self) -> str:
+        """The text held back, once the tokens have ended."""
+        tail = self.stops.flush()
+        return tail if self.guard is None else self.guard.feed(tail) + self.guard.flush()
+
+    def finish(self, eos: bool) -> FinishReason:
+        """Why the text ended: the filter, a stop string or the model's end, or the limit."""
+        if self.guard is not None and self.guard.stopped:
+            return "content_filter"
+        return "stop" if self.stops.stopped or eos else "length"
+
+
 class Service:
     """The model's generations: every request passes here, whatever its route.
 
@@ -175,6 +206,9 @@ class Service:
             settings.queue_timeout_s,
             batch=settings.max_batch,
         )
+        # The operator's content filter (ORTSERVE_CONTENT_FILTER), if any.
+        path = settings.content_filter
+        self.content_filter = ContentFilter.load(path) if path is not None else None
         self._stopping = threading.Event()
         self._arriving = 0  # requests in `stream` not yet submitted or refused (batch hint)
         self._arriving_lock = threading.Lock()
@@ -195,6 +229,8 @@ class Service:
         """Load the model `settings.model_dir` names (see `Engine.load`) and serve it."""
         from core.engine import Engine
 
+        if settings.content_filter is not None:  # a bad filter file fails before the load
+            ContentFilter.load(settings.content_filter)
         return cls(Engine.load(settings), settings)
 
     def warm_up(self) -> float:
@@ -373,6 +409,10 @@ class Service:
             ClientClosedError: `cancelled` was set before a slot was taken.
         """
         engine = self.engine
+        redactions = 0
+        if self.content_filter is not None:
+            screened = self.content_filter.screen(request)
+            request, redactions = screened.request, screened.redactions
         self._arrive(1)
         try:
             input_ids = engine.prompt_ids(request)
@@ -409,7 +449,15 @@ class Service:
         result: list[Completion] = []
         ledger = LogprobLedger() if request.logprobs is not None else None
         deltas = self._deltas(
-            tokens, len(input_ids), request, cancelled, deadline, result, release, ledger
+            tokens,
+            len(input_ids),
+            request,
+            cancelled,
+            deadline,
+            result,
+            release,
+            ledger,
+            redactions,
         )
 
         def close_unstarted() -> None:
@@ -532,10 +580,13 @@ class Service:
         result: list[Completion],
         release: Callable[[], None],
         ledger: LogprobLedger | None = None,
+        redactions: int = 0,
     ) -> Generator[str, None, None]:
-        """Text deltas of `tokens`, cut at the stop strings; the completion (text, finish
-        reason, usage and timings) goes to `result` however the generation ends. With a
-        `ledger`, each token's log probability is recorded with where its text ends."""
+        """Text deltas of `tokens`, cut at the stop strings and by the content filter's
+        output rules; the completion (text, finish reason, usage and timings) goes to
+        `result` however the generation ends. With a `ledger`, each token's log
+        probability is recorded with where its text ends. `redactions`: spans the input
+        rules replaced (counted in the completion)."""
         start = time.perf_counter()
         deadline = time.monotonic() + self.settings.request_timeout_s
         by_platform = platform_deadline is not None and platform_deadline < deadline
@@ -544,7 +595,7 @@ class Service:
         first = 0.0
         count = 0
         finish: FinishReason = "cancelled"
-        stops = StopMatcher(request.stop)
+        cuts = _Cuts(StopMatcher(request.stop), self.content_filter)
         pieces: list[str] = []
 
         def counted() -> Generator[int, None, None]:
@@ -569,18 +620,18 @@ class Service:
                     recorded = count
                 elif ledger is not None:
                     ledger.extend_last(generated)
-                text = stops.feed(piece)
+                text = cuts.feed(piece)
                 if text:
                     pieces.append(text)
                     yield text
-                if stops.stopped:
+                if cuts.ended:
                     break
                 self._check(cancelled, deadline, by_platform)
-            tail = stops.flush()
+            tail = cuts.flush()
             if tail:
                 pieces.append(tail)
                 yield tail
-            finish = "stop" if stops.stopped or tokens.eos else "length"
+            finish = cuts.finish(tokens.eos)
         finally:
             ids.close()
             tokens.close()  # frees the og Generator (its KV cache) before the slot
@@ -597,5 +648,7 @@ class Service:
                     timings=Timings(ttft_s=first, decode_s=decode_s, decode_tokens_per_s=speed),
                     logprobs=ledger.within(len(text)) if ledger is not None else None,
                     cached_tokens=tokens.cached,
+                    filtered=cuts.guard.rule if cuts.guard is not None else "",
+                    redactions=redactions + (cuts.guard.redactions if cuts.guard else 0),
                 )
             )

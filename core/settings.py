@@ -62,6 +62,9 @@ class EngineSettings(BaseSettings):
             `<|im_start|>`) are tokenized as plain text, so a user cannot forge a turn
             (transformers' `sanitize_control_tokens`); off: they become control tokens, as
             in transformers and vLLM by default.
+        content_filter: A TOML file of content rules on prompts and outputs (deny
+            patterns and words, size and character rules, redaction of e-mail addresses,
+            phone and card numbers; `core.content_filter`). None: no filter.
     """
 
     # defer_build: each class builds its validator when first used (a process uses one).
@@ -83,6 +86,7 @@ class EngineSettings(BaseSettings):
     prompt_cache_slots: int = Field(default=1, ge=0, le=64)
     prefill_chunk_tokens: int = Field(default=64, ge=16, le=16384)
     chat_plain_control_tokens: bool = False
+    content_filter: Path | None = None
 
     def provider_order(self) -> list[str]:
         """The execution providers to try, best first."""

@@ -132,6 +132,23 @@ class Metrics:
             "Time from request to the end of the response (streams: their last chunk).",
             ["route"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        self.answers = Counter(
+            "ortserve_answers",
+            "Generations by how their answer ended: stop, length, tool_calls, content_filter, "
+            "cancelled (the client left), error (500, 504 or a stream's error event).",
+            ["route", "ending"], registry=r,
+        )  # fmt: skip
+        self.filtered = Counter(
+            "ortserve_content_filtered",
+            "Requests the content filter refused (input.*) or whose output it ended "
+            "(output.*), by rule (ORTSERVE_CONTENT_FILTER).",
+            ["rule"], registry=r,
+        )  # fmt: skip
+        self.redactions = Counter(
+            "ortserve_redactions",
+            "Spans of personal data the content filter replaced (prompts and outputs).",
+            registry=r,
+        )
         r.register(_ServiceCollector(state))
         # The process's CPU seconds and memory (process_cpu_seconds_total, ...), beside the
         # CPUs it may use: the alert rules' CPU saturation (edge/monitoring/).
@@ -164,6 +181,12 @@ class Metrics:
             self.tpot.labels(route).observe(1 / record.tokens_per_s)
         if record.prompt_tokens:
             self.prompt_tokens.inc(record.prompt_tokens)
+        if record.ending:
+            self.answers.labels(route, record.ending).inc()
+        if record.filtered:
+            self.filtered.labels(record.filtered).inc()
+        if record.redactions:
+            self.redactions.inc(record.redactions)
 
     def render(self) -> bytes:
         """The scrape body in Prometheus text format (see `CONTENT_TYPE`)."""

@@ -94,6 +94,11 @@ class Reply(ABC):
     def body(self, done: Completion) -> dict[str, Any]:
         """The whole answer of a request that is not streamed."""
 
+    def ending(self, done: Completion) -> str:
+        """How the answer ended, for the request's record: the finish reason (`stop`,
+        `length`, `cancelled`, `content_filter`; chat with tools: `tool_calls`)."""
+        return done.finish_reason
+
 
 class MultiChoiceReply(Reply):
     """A reply that can carry several choices of one request (OpenAI's `n`)."""

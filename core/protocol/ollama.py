@@ -176,7 +176,7 @@ class OllamaReply(Reply):
     def _figures(done: Completion) -> dict[str, Any]:
         timings = done.timings
         return {
-            "done_reason": "stop" if done.finish_reason == "stop" else "length",
+            "done_reason": _done_reason(done),
             "total_duration": round((timings.ttft_s + timings.decode_s) * _NS),
             "load_duration": 0,
             "prompt_eval_count": done.prompt_tokens,
@@ -249,3 +249,11 @@ def _details(served: Served) -> dict[str, Any]:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _done_reason(done: Completion) -> str:
+    """Ollama's `done_reason`: `stop`, `length`, or the content filter's end (which
+    Ollama itself does not have; OpenAI's name for it)."""
+    if done.finish_reason in ("stop", "content_filter"):
+        return done.finish_reason
+    return "length"

@@ -107,6 +107,8 @@ def _usage(dones: Sequence[Completion]) -> dict[str, Any]:
 
 
 def _finish(done: Completion) -> str:
+    if done.finish_reason == "content_filter":  # OpenAI's own reason for it
+        return "content_filter"
     return "stop" if done.finish_reason == "stop" else "length"
 
 
@@ -552,6 +554,11 @@ class ChatReply(_OpenAIReply):
                                            finish_reason=None))  # fmt: skip
         finish: dict[str, Any] = {"delta": {}, "logprobs": None, "finish_reason": "tool_calls"}
         return [*events, self._choice(index, **finish)]
+
+    def ending(self, done: Completion) -> str:
+        if self.tools is not None and done.finish_reason == "stop" and self.tools.parse(done.text):
+            return "tool_calls"
+        return done.finish_reason
 
     def first_events(self, index: int = 0) -> list[dict[str, Any]]:
         delta = {"role": "assistant", "content": ""}

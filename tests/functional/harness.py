@@ -177,12 +177,13 @@ def _server(cmd: list[str], env: dict[str, str], cwd: Path, port: int) -> Iterat
 
 
 @contextmanager
-def gcf_server(bundle: Path) -> Iterator[str]:
-    """The real functions-framework server on the baked gcf bundle, as gcloud would run it."""
+def gcf_server(bundle: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The real functions-framework server on the baked gcf bundle, as gcloud would run it
+    (`env`: extra settings)."""
     port = free_port()
     cmd = [str(Path(sys.executable).parent / "functions-framework"), "--source", "main.py",
            "--target", "ortserve", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    with _server(cmd, {"PYTHONPATH": str(bundle)}, bundle, port) as base:
+    with _server(cmd, {"PYTHONPATH": str(bundle), **(env or {})}, bundle, port) as base:
         yield base
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from core.logs import JsonLog
@@ -50,6 +51,25 @@ def test_records_are_counted_by_route_and_status(tmp_path: Path) -> None:
     assert metrics.render().startswith(b"# HELP ")
 
 
+def test_endings_refusals_and_redactions_are_counted(tmp_path: Path) -> None:
+    metrics = Metrics(ModelState(EngineSettings(model_dir=tmp_path)))
+    for ending in ("stop", "stop", "length", "tool_calls"):
+        metrics.observe(replace(GEN, ending=ending))
+    metrics.observe(replace(GEN, ending="content_filter", filtered="output.deny[1]"))
+    metrics.observe(RequestRecord("r4", "POST", "/api/chat", 400, filtered="input.deny_words"))
+    metrics.observe(replace(GEN, route="/api/chat", ending="cancelled", redactions=2))
+    s = _samples(metrics)
+    assert s["ortserve_answers_total{ending=stop,route=/generate}"] == 2
+    assert s["ortserve_answers_total{ending=length,route=/generate}"] == 1
+    assert s["ortserve_answers_total{ending=tool_calls,route=/generate}"] == 1
+    assert s["ortserve_answers_total{ending=content_filter,route=/generate}"] == 1
+    assert s["ortserve_answers_total{ending=cancelled,route=/api/chat}"] == 1
+    assert not any(k.startswith("ortserve_answers_total{ending=,") for k in s)  # the 400
+    assert s["ortserve_content_filtered_total{rule=output.deny[1]}"] == 1
+    assert s["ortserve_content_filtered_total{rule=input.deny_words}"] == 1
+    assert s["ortserve_redactions_total{}"] == 2
+
+
 def test_each_metrics_object_has_its_own_registry(tmp_path: Path) -> None:
     state = ModelState(EngineSettings(model_dir=tmp_path))
     first, second = Metrics(state), Metrics(state)  # would raise on a shared registry
@@ -69,5 +89,6 @@ def test_one_json_line_per_record() -> None:
                      "request_id": "r1", "method": "POST",
                      "route": "/generate", "status": 200, "prompt_tokens": 5,
                      "completion_tokens": 20, "ttft_s": 0.012, "tokens_per_s": 250.0,
-                     "duration_s": 0.09}  # fmt: skip
+                     "duration_s": 0.09, "ending": "", "filtered": "",
+                     "redactions": 0}  # fmt: skip
     assert json.loads(lines[1])["duration_s"] == 0.000123

@@ -1,0 +1,305 @@
+"""The operator's content filter: rules on what goes into the model and what comes out.
+
+Off unless `ORTSERVE_CONTENT_FILTER` names a TOML file (an example is in the README):
+
+    redaction = "[{kind}]"            # what a redacted span becomes
+
+    [input]                           # the prompt, each chat message's text
+    max_chars = 20000                 # longer texts are refused
+    control_characters = false        # C0/C1 controls other than tab, CR, LF refused
+    deny = ['(?i)ignore (all )?previous instructions']   # Python regexes
+    deny_words = ["password dump"]    # words or phrases: whole words, any case
+    redact = ["email", "phone", "card"]                  # personal data, replaced
+
+    [output]                          # the generated text, streamed or not
+    deny = ['(?i)\\bkill\\b']
+    deny_words = []
+    redact = ["email"]
+    hold_chars = 32                   # a stream holds this much back to cut exactly
+
+A refused request is an `InvalidRequestError` with code `content_filter` (the API's 400;
+the message names the rule, never the text). Output that meets a deny rule ends there:
+the text before the match is kept, the finish reason is `content_filter`. Redaction
+happens before the model sees the prompt (the model never reads the data) and on the
+output before it leaves. Rules see the texts as the client sent them, not the chat
+template around them. No onnxruntime-genai, no HTTP here.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from core.errors import InvalidRequestError
+from core.generation import GenerationRequest
+
+Kind = Literal["email", "phone", "card"]
+
+# Personal data, as found in free text (none is perfect: they err towards redacting).
+_EMAIL = r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+_CARD = r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"  # 13 to 19 digits, Luhn-checked
+_PHONE = r"(?<![\w+])\+?(?:\(\d{1,4}\)[ .-]?)?\d(?:[ ().-]{0,2}\d){6,14}(?!\w)"
+_DATE = re.compile(r"\d{4}([-./])\d{1,2}\1\d{1,2}|\d{1,2}([-./])\d{1,2}\2\d{4}")  # not phones
+# Controls a text may not hold when `control_characters` is false: C0 but tab, LF, CR;
+# DEL; C1.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, char in enumerate(reversed(digits)):
+        n = int(char) * (2 if i % 2 else 1)
+        total += n - 9 if n > 9 else n
+    return total % 10 == 0
+
+
+def _digits(text: str) -> str:
+    return "".join(c for c in text if c.isdigit())
+
+
+# Each kind: its pattern and a check of a match (None: every match counts). Order
+# matters: a card number is not also redacted as a phone number.
+_KINDS: dict[str, tuple[re.Pattern[str], Callable[[str], bool] | None]] = {
+    "email": (re.compile(_EMAIL), None),
+    "card": (re.compile(_CARD), lambda m: _luhn(_digits(m))),
+    "phone": (re.compile(_PHONE), lambda m: 7 <= len(_digits(m)) <= 15 and not _DATE.fullmatch(m)),
+}
+
+
+class _Rules(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    deny: list[str] = Field(default_factory=list, description="Python regexes")
+    deny_words: list[str] = Field(default_factory=list, description="words or phrases")
+    redact: list[Kind] = Field(default_factory=list)
+
+    @field_validator("deny")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"deny pattern {pattern!r} is not a regex: {exc}") from None
+        return patterns
+
+
+class InputRules(_Rules):
+    """Rules on the prompt and each chat message's text."""
+
+    max_chars: int | None = Field(default=None, ge=1)
+    control_characters: bool = True
+
+
+class OutputRules(_Rules):
+    """Rules on the generated text."""
+
+    hold_chars: int = Field(default=32, ge=0, le=4096)
+
+
+class FilterFile(BaseModel):
+    """The filter file's contents."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    redaction: str = "[{kind}]"
+    input: InputRules = Field(default_factory=InputRules)
+    output: OutputRules = Field(default_factory=OutputRules)
+
+
+class ContentFilterError(InvalidRequestError):
+    """A request the content filter refused: OpenAI's `content_filter` code."""
+
+    code = "content_filter"
+
+    def __init__(self, rule: str) -> None:
+        super().__init__(f"the request was refused by this server's content filter (rule {rule})")
+        self.rule = rule
+
+
+@dataclass(frozen=True)
+class Screened:
+    """A request as the model gets it, and what the input rules did to it."""
+
+    request: GenerationRequest
+    redactions: int = 0
+
+
+class _Compiled:
+    """One stage's rules, compiled: deny regexes (in order), then the redactors."""
+
+    def __init__(self, rules: _Rules, redaction: str) -> None:
+        deny = [(f"deny[{i}]", re.compile(p)) for i, p in enumerate(rules.deny)]
+        if rules.deny_words:
+            words = "|".join(re.escape(w) for w in rules.deny_words)
+            deny.append(("deny_words", re.compile(rf"(?<!\w)(?:{words})(?!\w)", re.IGNORECASE)))
+        self.deny = deny
+        self.redactors = [(kind, *_KINDS[kind]) for kind in _KINDS if kind in rules.redact]
+        self.redaction = redaction
+
+    def denied(self, text: str) -> tuple[str, re.Match[str]] | None:
+        """The earliest deny match in `text` (its rule's name and the match)."""
+        found = [(m.start(), name, m) for name, rx in self.deny if (m := rx.search(text))]
+        if not found:
+            return None
+        _, name, match = min(found, key=lambda f: f[0])
+        return name, match
+
+    def spans(self, text: str) -> list[tuple[int, int, str]]:
+        """Personal data in `text`: (start, end, kind), not overlapping, in order."""
+        spans: list[tuple[int, int, str]] = []
+        for kind, rx, check in self.redactors:
+            for m in rx.finditer(text):
+                overlaps = any(s < m.end() and m.start() < e for s, e, _ in spans)
+                if not overlaps and (check is None or check(m.group())):
+                    spans.append((m.start(), m.end(), kind))
+        return sorted(spans)
+
+    def redact(self, text: str) -> tuple[str, int]:
+        """`text` with its personal data replaced, and how many spans were."""
+        spans = self.spans(text)
+        out, at = [], 0
+        for start, end, kind in spans:
+            out += [text[at:start], self.redaction.format(kind=kind)]
+            at = end
+        return "".join([*out, text[at:]]), len(spans)
+
+
+class ContentFilter:
+    """The rules of one filter file, for the service: `screen` a request before the
+    model, `guard` each generation's output."""
+
+    def __init__(self, rules: FilterFile) -> None:
+        self.rules = rules
+        self._input = _Compiled(rules.input, rules.redaction)
+        self._output = _Compiled(rules.output, rules.redaction)
+
+    @classmethod
+    def load(cls, path: Path) -> ContentFilter:
+        """Read and check a filter file.
+
+        Raises:
+            ValueError: The file cannot be read, is not TOML, or breaks the schema.
+        """
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            return cls(FilterFile.model_validate(data))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"content filter {path}: {exc}") from None
+        except ValidationError as exc:
+            first = exc.errors(include_url=False, include_input=False)[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"content filter {path}: {where}: {first['msg']}") from None
+
+    @property
+    def filters_output(self) -> bool:
+        """Whether any output rule is set."""
+        return bool(self._output.deny or self._output.redactors)
+
+    def screen(self, request: GenerationRequest) -> Screened:
+        """The request with its texts checked and redacted.
+
+        Raises:
+            ContentFilterError: A text breaks a rule (the error names the rule).
+        """
+        if request.logprobs is not None and self.filters_output:
+            # Each token's text (and the alternatives) would show what the rules hide.
+            raise InvalidRequestError(
+                "log probabilities are not available on this server: it filters the output",
+                "logprobs",
+            )
+        count = 0
+
+        def check(text: str) -> str:
+            nonlocal count
+            rules = self.rules.input
+            if rules.max_chars is not None and len(text) > rules.max_chars:
+                raise ContentFilterError("input.max_chars")
+            if not rules.control_characters and _CONTROLS.search(text):
+                raise ContentFilterError("input.control_characters")
+            denied = self._input.denied(text)
+            if denied is not None:
+                raise ContentFilterError(f"input.{denied[0]}")
+            text, found = self._input.redact(text)
+            count += found
+            return text
+
+        if request.prompt is not None:
+            return Screened(replace(request, prompt=check(request.prompt)), count)
+        messages = [_screened_message(m, check) for m in request.messages or []]
+        return Screened(replace(request, messages=messages), count)
+
+    def guard(self) -> OutputGuard:
+        """A guard for one generation's output."""
+        return OutputGuard(self._output, self.rules.output.hold_chars)
+
+
+def _screened_message(message: dict[str, Any], check: Callable[[str], str]) -> dict[str, Any]:
+    out = dict(message)
+    for key in ("content", "reasoning_content"):
+        if isinstance(out.get(key), str):
+            out[key] = check(out[key])
+    return out
+
+
+class OutputGuard:
+    """The output rules over a stream of text deltas (after the stop strings).
+
+    Holds back the last `hold` characters (and any personal data the end of the text may
+    still extend), so that a deny match or a redacted span is cut exactly however the
+    text is split; a deny match longer than that, or beginning in text already sent, is
+    still caught, but its first part has gone out. `rule` names the deny rule that
+    ended the output; `redactions` counts the spans replaced.
+    """
+
+    def __init__(self, rules: _Compiled, hold: int) -> None:
+        self._rules = rules
+        self._hold = hold
+        self._held = ""
+        self._sent_tail = ""  # the last `hold` characters sent: context for deny rules
+        self.rule = ""
+        self.redactions = 0
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a deny rule ended the output."""
+        return bool(self.rule)
+
+    def feed(self, delta: str) -> str:
+        """Add a delta; return the text that may go out now."""
+        if self.stopped:
+            return ""
+        self._held += delta
+        return self._release(final=False)
+
+    def flush(self) -> str:
+        """The held text, once the generation has ended."""
+        return "" if self.stopped else self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        text, context = self._held, self._sent_tail
+        denied = self._rules.denied(context + text)
+        if denied is not None:
+            self.rule = f"output.{denied[0]}"
+            cut = max(0, denied[1].start() - len(context))
+            return self._out(text[:cut], "")
+        cut = len(text) if final else max(0, len(text) - self._hold)
+        if not final:
+            for start, end, _ in self._rules.spans(text):
+                if start < cut and (end > cut or end == len(text)):
+                    cut = start  # the span may go on: keep it whole for later
+        return self._out(text[:cut], text[cut:])
+
+    def _out(self, out: str, held: str) -> str:
+        self._held = held
+        self._sent_tail = (self._sent_tail + out)[-self._hold :] if self._hold else ""
+        if self._rules.redactors:
+            out, found = self._rules.redact(out)
+            self.redactions += found
+        return out
