@@ -22,11 +22,13 @@ import pytest
 import yaml
 
 from bake.errors import BakeError
-from bake.package import GCF_PYTHON, package
+from bake.package import GCF_DISTRIBUTIONS, GCF_GLIBC_MINOR, GCF_PYTHON, package
 from bake.package_cloudrun import package_cloudrun, sizing, sizing_for
+from bake.packaging_common import pinned_closure
 from bake.targets import get_target
 from benchmarks.support.dockerfile import env_of, final_stage, parse
 from benchmarks.support.servers import free_port, serve_process
+from tests.functional.bakehelp import hash_checked_install, locked_pins
 from tests.functional.harness import AUTH, SERVER_ENV
 
 APP = "/app"  # the image's code and model folder (the Dockerfile's WORKDIR)
@@ -221,14 +223,47 @@ def test_sizing_reads_the_baked_model(bundle: Path) -> None:
     assert size.memory_mib == 1024 and size.max_prompt_tokens == 0  # tiny: the floor
 
 
-# -- Cloud Functions bundle: the Python version ---------------------------------------------
+# -- Cloud Functions bundle: the Python version and the requirements ------------------------
 
 
-def test_the_gcf_bundle_names_its_python(tiny_model_dir: Path, tmp_path: Path) -> None:
-    shutil.copytree(tiny_model_dir, tmp_path / "model")
-    package(get_target("gcf"), tmp_path)
-    assert (tmp_path / ".python-version").read_text() == "3.12\n"
-    assert (tmp_path / "main.py").is_file()
+@pytest.fixture(scope="module")
+def gcf_bundle(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`ortserve bake --target gcf`'s packaging around a copy of the tiny model."""
+    dest = tmp_path_factory.mktemp("gcf")
+    shutil.copytree(tiny_model_dir, dest / "model")
+    package(get_target("gcf"), dest)
+    return dest
+
+
+def test_the_gcf_bundle_names_its_python(gcf_bundle: Path) -> None:
+    assert (gcf_bundle / ".python-version").read_text() == "3.12\n"
+    assert (gcf_bundle / "main.py").is_file()
+
+
+def test_the_gcf_requirements_pin_and_hash_the_whole_closure(gcf_bundle: Path) -> None:
+    """The buildpack's pip installs requirements.txt: every line hashed puts it in
+    hash-checking mode, so each distribution it installs must be pinned there (#26 item 5:
+    9 pins, 42 installed, the server's own floating)."""
+    pins = locked_pins(gcf_bundle / "requirements.txt")
+    floated = ("onnxruntime", "gunicorn", "flask", "werkzeug", "protobuf", "huggingface-hub",
+               "click", "watchdog", "cloudevents")  # fmt: skip
+    for name in (*floated, "onnxruntime-genai", "functions-framework", "pydantic"):
+        assert name in pins, name
+    for name, ver in pins.items():
+        assert distribution(name).version == ver  # the versions tested here
+    # The same closure as the installed distributions' own metadata names, transitively.
+    assert sorted(f"{n}=={v}" for n, v in pins.items()) == sorted(pinned_closure(GCF_DISTRIBUTIONS))
+
+
+@pytest.mark.slow
+def test_the_gcf_pins_install_in_hash_checking_mode_with_nothing_left_to_resolve(
+    gcf_bundle: Path, tmp_path: Path
+) -> None:
+    """pip as the python312 runtime's buildpack runs it (Ubuntu 22.04: glibc 2.35) installs
+    exactly the pinned set, every file checked against its hash."""
+    requirements = gcf_bundle / "requirements.txt"
+    installed = hash_checked_install(requirements, "x86_64", GCF_GLIBC_MINOR, tmp_path)
+    assert installed == locked_pins(requirements)
 
 
 # -- the image's command, run as its CMD says, with Cloud Run's PORT ---------------------
