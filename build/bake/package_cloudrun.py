@@ -4,8 +4,9 @@
 from here: `Dockerfile` (the edge daemon on `$PORT` on python:3.12-slim, non-root), the
 runtime code it copies (`core/`, `edge/`, `serve.py`), `requirements.txt` (the whole
 dependency closure pinned), `service.yaml` (a Cloud Run / Knative Service) and `k8s/` (a
-Deployment, a Service and a KEDA ScaledObject on `ortserve_queue_depth`). The templates
-are in `templates/cloudrun/`; values that depend on the model are filled in here.
+Deployment, a Service and a KEDA ScaledObject on the requests generating and waiting,
+`concurrency` of them per replica). The templates are in `templates/cloudrun/`; values
+that depend on the model are filled in here.
 
 Sizing rule (`sizing`), from the model's manifest and genai_config.json:
 
@@ -59,8 +60,9 @@ _CPU_FOR_MEMORY = ((24 * 1024, 8), (16 * 1024, 6), (8 * 1024, 4), (0, 2))
 _MAX_BATCH = 4
 # Instances at most (Cloud Run maxScale, KEDA maxReplicaCount): a bound on the bill.
 _MAX_SCALE = 10
-# KEDA: one more replica per this many requests waiting, summed over the pods.
-_QUEUE_THRESHOLD = 2
+# KEDA's HPA scales in only to the most replicas asked for over this window: at least
+# this, and twice the time a new pod may take to load its model.
+_MIN_SCALE_DOWN_WINDOW_S = 300
 _STARTUP_PROBE_PERIOD_S = 2
 _MIN_STARTUP_S = 60
 _MAX_STARTUP_S = 240
@@ -179,7 +181,9 @@ def package_cloudrun(target: Target, bundle: Path) -> None:
         "cpu": str(size.cpu),
         "memory": _memory(size.memory_mib),
         "max_scale": str(_MAX_SCALE),
-        "queue_threshold": str(_QUEUE_THRESHOLD),
+        # KEDA: replicas = (generating + waiting) / this, a batch per replica.
+        "scale_target": str(size.concurrency),
+        "scale_down_window_s": str(max(_MIN_SCALE_DOWN_WINDOW_S, 2 * startup_s)),
         "startup_s": str(startup_s),
         "startup_failures": str(startup_s // _STARTUP_PROBE_PERIOD_S),
     }

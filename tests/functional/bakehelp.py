@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from core.manifest import Manifest, read_manifest
 from tests.models import run_ortserve
@@ -42,3 +48,42 @@ def bake_ok_log(*args: str, out: Path, env: dict[str, str] | None = None) -> tup
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(out.resolve())
     return read_manifest(out / "model"), proc.stderr
+
+
+# A line of a locked requirements file (bake.lock): pinned and hashed.
+LOCKED = re.compile(r"(?P<name>[a-z0-9\-]+)==(?P<version>[0-9][^= ]*) --hash=sha256:[0-9a-f]{64}")
+
+
+def locked_pins(path: Path) -> dict[str, str]:
+    """name -> version of a locked requirements file, whose every line must be pinned and
+    hashed."""
+    lines = path.read_text().splitlines()
+    matches = [LOCKED.fullmatch(line) for line in lines]
+    assert all(matches), [line for line, m in zip(lines, matches, strict=True) if not m]
+    return {m["name"]: m["version"] for m in matches if m}
+
+
+def hash_checked_install(
+    requirements: Path, arch: str, glibc_minor: int, work: Path
+) -> dict[str, str]:
+    """What pip installs from `requirements` for CPython 3.12 on Linux `arch` with glibc
+    2.`glibc_minor` (name -> version), in hash-checking mode as an image's or a buildpack's
+    pip would (a dry run against the index; skips where the index is not reachable)."""
+    from bake.lock import manylinux_tags
+
+    report = work / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+         "--require-hashes", "--only-binary=:all:", "--quiet",
+         *(f"--platform={tag}" for tag in manylinux_tags(arch, glibc_minor)),
+         "--python-version=3.12", "--implementation=cp", "--abi=cp312",
+         "--target", str(work / "t"), "--report", str(report), "-r", str(requirements)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0 and "NewConnectionError" in proc.stderr:
+        pytest.skip("the package index is not reachable")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {
+        item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }

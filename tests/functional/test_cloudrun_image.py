@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 import shutil
@@ -22,11 +23,13 @@ import pytest
 import yaml
 
 from bake.errors import BakeError
-from bake.package import GCF_PYTHON, package
+from bake.package import GCF_DISTRIBUTIONS, GCF_GLIBC_MINOR, GCF_PYTHON, package
 from bake.package_cloudrun import package_cloudrun, sizing, sizing_for
+from bake.packaging_common import pinned_closure
 from bake.targets import get_target
 from benchmarks.support.dockerfile import env_of, final_stage, parse
 from benchmarks.support.servers import free_port, serve_process
+from tests.functional.bakehelp import hash_checked_install, locked_pins
 from tests.functional.harness import AUTH, SERVER_ENV
 
 APP = "/app"  # the image's code and model folder (the Dockerfile's WORKDIR)
@@ -182,7 +185,13 @@ def test_the_deployment_probes_and_resources_follow_the_model(bundle: Path) -> N
     assert service["spec"]["selector"] == data["spec"]["selector"]["matchLabels"]
 
 
-def test_keda_scales_the_deployment_on_the_queue_depth(bundle: Path) -> None:
+def test_the_pods_get_no_service_account_token(bundle: Path) -> None:
+    """The daemon never calls the Kubernetes API (checkov CKV_K8S_38)."""
+    pod = _yaml(bundle / "k8s/deployment.yaml")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_keda_scales_the_deployment_on_its_pods_metrics(bundle: Path) -> None:
     keda = pytest.importorskip("cloudcoil.models.keda.v1alpha1")
     data = _yaml(bundle / "k8s/scaledobject.yaml")
     _strictly(keda.ScaledObject, data)
@@ -190,11 +199,66 @@ def test_keda_scales_the_deployment_on_the_queue_depth(bundle: Path) -> None:
     assert data["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
     (trigger,) = data["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
-    assert "ortserve_queue_depth" in trigger["metadata"]["query"]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     for key, value in re.findall(r'(\w+)="([^"]*)"', trigger["metadata"]["query"]):
         assert labels.get(key) == value  # the query selects the Deployment's pods
-    assert float(trigger["metadata"]["threshold"]) > 0
+    size = json.loads((bundle / "sizing.json").read_text())
+    # A replica's share is what it decodes as one batch (Cloud Run's concurrency too).
+    assert float(trigger["metadata"]["threshold"]) == size["concurrency"]
+
+
+_SUM = re.compile(r"sum\((?P<metric>ortserve_\w+)\{[^}]*\}\)")
+
+
+def _keda_replicas(scaled_object: dict[str, Any], pods: list[dict[str, int]]) -> int:
+    """The replicas KEDA's HPA asks for when the Deployment's pods report `pods` (each:
+    metric name -> value): the query, a sum of `sum(metric{selector})` terms, evaluated over
+    them, and the HPA's rule for KEDA's AverageValue target, ceil(value / threshold) between
+    minReplicaCount and maxReplicaCount."""
+    spec = scaled_object["spec"]
+    (trigger,) = spec["triggers"]
+    terms = [_SUM.fullmatch(t.strip()) for t in trigger["metadata"]["query"].split(" + ")]
+    assert all(terms), trigger["metadata"]["query"]  # only what this evaluates
+    value = sum(pod.get(m["metric"], 0) for m in terms if m for pod in pods)
+    wanted = math.ceil(value / float(trigger["metadata"]["threshold"]))
+    return min(int(spec["maxReplicaCount"]), max(int(spec["minReplicaCount"]), wanted))
+
+
+def test_keda_counts_a_busy_replica_as_busy(bundle: Path) -> None:
+    """Replicas follow the requests generating plus those waiting (#26 item 6): on the queue
+    alone, two replicas each decoding a full batch with nothing queued were scaled in to one."""
+    data = _yaml(bundle / "k8s/scaledobject.yaml")
+    batch = json.loads((bundle / "sizing.json").read_text())["concurrency"]
+
+    def pod(active: int, waiting: int) -> dict[str, int]:
+        return {"ortserve_active_generations": active, "ortserve_queue_depth": waiting}
+
+    assert _keda_replicas(data, [pod(batch, 0), pod(batch, 0)]) == 2
+    assert _keda_replicas(data, [pod(batch, 0), pod(1, 0)]) == 2
+    assert _keda_replicas(data, [pod(batch, batch)]) == 2  # a batch waiting: one more
+    assert _keda_replicas(data, [pod(0, 0), pod(0, 0)]) == 1
+    assert _keda_replicas(data, [pod(batch, 100)]) == data["spec"]["maxReplicaCount"]
+
+
+def test_an_empty_query_is_an_error_not_zero(bundle: Path) -> None:
+    """KEDA's Prometheus scaler reads an empty result as 0 unless told (ignoreNullValues,
+    default true): a query that selects no pod would then scale in to one and never out."""
+    (trigger,) = _yaml(bundle / "k8s/scaledobject.yaml")["spec"]["triggers"]
+    assert trigger["metadata"]["ignoreNullValues"] == "false"
+
+
+def test_keda_scales_in_slowly_and_sets_nothing_without_effect(bundle: Path) -> None:
+    spec = _yaml(bundle / "k8s/scaledobject.yaml")["spec"]
+    # cooldownPeriod and activationThreshold act only at zero replicas (KEDA's scaling to
+    # and from zero); with a minimum of one they would only mislead.
+    assert spec["minReplicaCount"] == 1
+    assert "cooldownPeriod" not in spec
+    assert "activationThreshold" not in spec["triggers"][0]["metadata"]
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    down = behavior["scaleDown"]
+    assert down["stabilizationWindowSeconds"] >= 300  # a lull shorter than this drops nothing
+    assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0
 
 
 # -- the sizing rule -----------------------------------------------------------------------
@@ -221,14 +285,47 @@ def test_sizing_reads_the_baked_model(bundle: Path) -> None:
     assert size.memory_mib == 1024 and size.max_prompt_tokens == 0  # tiny: the floor
 
 
-# -- Cloud Functions bundle: the Python version ---------------------------------------------
+# -- Cloud Functions bundle: the Python version and the requirements ------------------------
 
 
-def test_the_gcf_bundle_names_its_python(tiny_model_dir: Path, tmp_path: Path) -> None:
-    shutil.copytree(tiny_model_dir, tmp_path / "model")
-    package(get_target("gcf"), tmp_path)
-    assert (tmp_path / ".python-version").read_text() == "3.12\n"
-    assert (tmp_path / "main.py").is_file()
+@pytest.fixture(scope="module")
+def gcf_bundle(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`ortserve bake --target gcf`'s packaging around a copy of the tiny model."""
+    dest = tmp_path_factory.mktemp("gcf")
+    shutil.copytree(tiny_model_dir, dest / "model")
+    package(get_target("gcf"), dest)
+    return dest
+
+
+def test_the_gcf_bundle_names_its_python(gcf_bundle: Path) -> None:
+    assert (gcf_bundle / ".python-version").read_text() == "3.12\n"
+    assert (gcf_bundle / "main.py").is_file()
+
+
+def test_the_gcf_requirements_pin_and_hash_the_whole_closure(gcf_bundle: Path) -> None:
+    """The buildpack's pip installs requirements.txt: every line hashed puts it in
+    hash-checking mode, so each distribution it installs must be pinned there (#26 item 5:
+    9 pins, 42 installed, the server's own floating)."""
+    pins = locked_pins(gcf_bundle / "requirements.txt")
+    floated = ("onnxruntime", "gunicorn", "flask", "werkzeug", "protobuf", "huggingface-hub",
+               "click", "watchdog", "cloudevents")  # fmt: skip
+    for name in (*floated, "onnxruntime-genai", "functions-framework", "pydantic"):
+        assert name in pins, name
+    for name, ver in pins.items():
+        assert distribution(name).version == ver  # the versions tested here
+    # The same closure as the installed distributions' own metadata names, transitively.
+    assert sorted(f"{n}=={v}" for n, v in pins.items()) == sorted(pinned_closure(GCF_DISTRIBUTIONS))
+
+
+@pytest.mark.slow
+def test_the_gcf_pins_install_in_hash_checking_mode_with_nothing_left_to_resolve(
+    gcf_bundle: Path, tmp_path: Path
+) -> None:
+    """pip as the python312 runtime's buildpack runs it (Ubuntu 22.04: glibc 2.35) installs
+    exactly the pinned set, every file checked against its hash."""
+    requirements = gcf_bundle / "requirements.txt"
+    installed = hash_checked_install(requirements, "x86_64", GCF_GLIBC_MINOR, tmp_path)
+    assert installed == locked_pins(requirements)
 
 
 # -- the image's command, run as its CMD says, with Cloud Run's PORT ---------------------
@@ -286,5 +383,7 @@ def test_the_service_exposes_the_metric_keda_scales_on(service: str, bundle: Pat
     metrics = httpx.get(f"{service}/metrics", headers=AUTH, timeout=10)
     assert metrics.status_code == 200
     query = _yaml(bundle / "k8s/scaledobject.yaml")["spec"]["triggers"][0]["metadata"]["query"]
-    (name,) = re.findall(r"ortserve_\w+", query)
-    assert re.search(rf"^{name} \d", metrics.text, re.MULTILINE), metrics.text[:2000]
+    names = re.findall(r"ortserve_\w+", query)
+    assert names
+    for name in names:
+        assert re.search(rf"^{name} \d", metrics.text, re.MULTILINE), metrics.text[:2000]

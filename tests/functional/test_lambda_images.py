@@ -28,6 +28,7 @@ from benchmarks.support.servers import free_port, serve_process
 from core.api import Api
 from core.settings import ServerSettings
 from core.state import ModelState
+from tests.functional.bakehelp import hash_checked_install, locked_pins
 from tests.functional.harness import API_KEY, SERVER_ENV, Http, InProcess, normalized
 from tests.functional.lambda_target import make_lambda_bundle
 
@@ -44,27 +45,17 @@ def bundle(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 # -- the bake output is the Docker context ------------------------------------------------
 
 
-PIN = re.compile(r"(?P<name>[a-z0-9\-]+)==(?P<version>[0-9][^= ]*) --hash=sha256:[0-9a-f]{64}")
-
-
-def _pins(path: Path) -> dict[str, str]:
-    lines = path.read_text().splitlines()
-    matches = [PIN.fullmatch(line) for line in lines]
-    assert all(matches), [line for line, m in zip(lines, matches, strict=True) if not m]
-    return {m["name"]: m["version"] for m in matches if m}
-
-
 def test_the_bundle_holds_what_the_images_need(bundle: Path) -> None:
     for name in ("Dockerfile", "Dockerfile.stream"):
         assert (bundle / name).read_bytes() == (AWS / name).read_bytes()
     assert (bundle / "model" / "manifest.json").is_file()
     assert (bundle / "functions" / "aws" / "handler.py").is_file()
     assert (bundle / "edge" / "daemon.py").is_file()
-    pins = _pins(bundle / "requirements.txt")
+    pins = locked_pins(bundle / "requirements.txt")
     assert pins["onnxruntime-genai"].startswith("0.18")
     # Every transitive dependency is pinned, these among them (they floated before).
     assert {"protobuf", "packaging", "flatbuffers", "markupsafe", "typing-extensions"} <= set(pins)
-    stream = _pins(bundle / "requirements-stream.txt")
+    stream = locked_pins(bundle / "requirements-stream.txt")
     assert pins.items() < stream.items() and "uvicorn" in stream
     assert not any(p.startswith(("boto3", "awslambdaric")) for p in pins)  # the base has them
 
@@ -126,27 +117,10 @@ def test_the_pins_install_in_hash_checking_mode_with_nothing_left_to_resolve(
 ) -> None:
     """pip as in the image: every dependency is pinned and hashed (hash-checking mode
     refuses anything else), and it installs exactly the pinned set."""
-    from bake.lock import manylinux_tags
-
     target = "lambda-arm64" if arch == "aarch64" else "lambda-x86_64"
     requirements = make_lambda_bundle(tiny_model_dir, tmp_path / "bundle", target) / name
-    report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-         "--require-hashes", "--only-binary=:all:", "--quiet",
-         *(f"--platform={tag}" for tag in manylinux_tags(arch, 34)),
-         "--python-version=3.12", "--implementation=cp", "--abi=cp312",
-         "--target", str(tmp_path / "t"), "--report", str(report), "-r", str(requirements)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0 and "NewConnectionError" in proc.stderr:
-        pytest.skip("the package index is not reachable")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    installed = {
-        item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
-        for item in json.loads(report.read_text())["install"]
-    }
-    assert installed == _pins(requirements)
+    installed = hash_checked_install(requirements, arch, 34, tmp_path)
+    assert installed == locked_pins(requirements)
 
 
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.stream"])

@@ -126,7 +126,7 @@ def test_the_urls_and_the_http_api(resources: dict[str, Any]) -> None:
         )
         invoke = resources[f"{name}URLInvokeAllowPublicAccess"]["Properties"]
         assert invoke["Action"] == "lambda:InvokeFunction" and invoke["InvokedViaFunctionUrl"]
-    paths = json.dumps(resources["ServerlessHttpApi"]["Properties"]["Body"]["paths"])
+    paths = json.dumps(resources["OrtServeHttpApi"]["Properties"]["Body"]["paths"])
     assert '"/{proxy+}"' in paths and '"/"' in paths
     assert "x-amazon-apigateway-any-method" in paths
 
@@ -251,9 +251,36 @@ def test_the_time_limits_agree(text: str, resources: dict[str, Any]) -> None:
         variables = props["Environment"]["Variables"]
         assert variables["ORTSERVE_REQUEST_TIMEOUT_S"] == {"Ref": "GenerationTimeout"}
     # The HTTP API's integration limit is the one the buffered handler assumes.
-    body = resources["ServerlessHttpApi"]["Properties"]["Body"]["paths"]
+    body = resources["OrtServeHttpApi"]["Properties"]["Body"]["paths"]
     limits = {m["x-amazon-apigateway-integration"]["timeoutInMillis"]
               for path in body.values() for m in path.values()}  # fmt: skip
     from functions.aws.settings import LambdaSettings
 
     assert limits == {int(LambdaSettings().lambda_api_gateway_timeout_s * 1000)}
+
+
+def test_the_http_api_writes_an_access_log(text: str, resources: dict[str, Any]) -> None:
+    """Every HTTP API request leaves one JSON line in a log group that expires (#26 item 6,
+    checkov CKV_AWS_95): set on the API in the SAM template, and on the stage it becomes."""
+    template = _load(text)
+    (api,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Serverless::HttpApi"]
+    assert api["Properties"]["AccessLogSettings"]["DestinationArn"]
+    (stage,) = [r for r in resources.values() if r["Type"] == "AWS::ApiGatewayV2::Stage"]
+    settings = stage["Properties"]["AccessLogSettings"]
+    group_name, attribute = settings["DestinationArn"]["Fn::GetAtt"]
+    assert attribute == "Arn"
+    group = resources[group_name]
+    assert group["Type"] == "AWS::Logs::LogGroup"
+    assert group["Properties"]["RetentionInDays"] == {"Ref": "AccessLogRetentionDays"}
+    assert (
+        template["Parameters"]["AccessLogRetentionDays"]["Default"]
+        in (template["Parameters"]["AccessLogRetentionDays"]["AllowedValues"])
+    )
+    record = json.loads(settings["Format"])  # JSON lines, one object per request
+    assert {"requestId", "status", "routeKey", "integrationError"} <= set(record)
+    assert all(v.startswith("$context.") for v in record.values())
+    # Nothing a client sent as content: no body, no header (the API key is one).
+    assert not any(word in settings["Format"] for word in ("$input", "header", "authorizer"))
+    # Both functions' routes are on this API: every request is logged.
+    for event in template["Resources"]["OrtServeFunction"]["Properties"]["Events"].values():
+        assert event["Properties"]["ApiId"] == {"Ref": "OrtServeHttpApi"}
