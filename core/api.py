@@ -60,7 +60,7 @@ log = logging.getLogger("ortserve")
 ROUTES = frozenset(
     {"/", "/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",
      "/readyz", "/openapi.json", "/api/generate", "/api/chat", "/api/tags", "/api/show",
-     "/api/version"}
+     "/api/ps", "/api/version"}
 )  # fmt: skip
 # With API keys set, every other route needs one (/metrics too, unless METRICS_PUBLIC).
 # "/" is the chat playground: the page holds no data; its API calls carry the user's key.
@@ -121,6 +121,7 @@ class Api:
             "/api/chat": {"POST": self._generation(OllamaChatBody)},
             "/api/tags": {"GET": self._ollama_tags},
             "/api/show": {"POST": self._ollama_show},
+            "/api/ps": {"GET": self._ollama_ps},
             "/api/version": {"GET": self._ollama_version},
         }
         assert set(self._routes) == ROUTES  # one list of routes, for adapters' metrics too
@@ -308,6 +309,9 @@ class Api:
             body = parse(body_type, request.body)
             service = self._service(request)
             served = _served(service)
+            instant = body.instant_answer(served)
+            if instant is not None:
+                return json_response(200, instant)
             generation = body.to_generation(served)
             reply = body.reply(ctx.request_id, served)
             ctx.reply = reply
@@ -431,6 +435,16 @@ class Api:
     def _ollama_show(self, request: Request, ctx: _Context) -> Response:
         body = parse(ollama.OllamaShowBody, request.body)
         return json_response(200, ollama.show(body, _served(self._loaded(request))))
+
+    def _ollama_ps(self, request: Request, ctx: _Context) -> Response:
+        # What is loaded now: no wait for a model that is still loading.
+        service = self.state.service
+        if service is None:
+            return json_response(200, ollama.ps(None, "", 0))
+        engine = service.engine
+        return json_response(
+            200, ollama.ps(_served(service), engine.probe.provider, engine.context_length)
+        )
 
     def _ollama_version(self, request: Request, ctx: _Context) -> Response:
         return json_response(200, {"version": _version()})

@@ -181,6 +181,7 @@ def openapi_document(max_new_tokens: int) -> dict[str, Any]:
             "/api/chat": _post("OllamaChatBody", "Ollama-compatible chat (NDJSON)", True),
             "/api/tags": _get("the served model, as Ollama lists models", auth=True),
             "/api/show": _post("OllamaShowBody", "the served model's details (Ollama)", True),
+            "/api/ps": _get("the loaded model (Ollama's ps; none while loading)", auth=True),
             "/api/version": _get("the server's version (Ollama)", auth=True),
         },
         "components": {

@@ -7,6 +7,7 @@ events of a stream. `core.api` routes to them; `core.service` runs what they ask
 - `native`: POST /generate.
 - `openai`: POST /v1/completions and /v1/chat/completions.
 - `ollama`: POST /api/generate and /api/chat, and the model routes of Ollama's API.
+- `tools`: tool calling (OpenAI's and Ollama's `tools`).
 """
 
 from __future__ import annotations
@@ -169,6 +170,15 @@ class GenerationBody(Body):
     def reply(self, request_id: str, served: Served) -> Reply:
         """How its answer is built."""
         raise NotImplementedError
+
+    def instant_answer(self, served: Served) -> dict[str, Any] | None:
+        """The whole answer of a request that asks for no text (Ollama's load and unload
+        requests), given at once; None: it asks for a generation.
+
+        Raises:
+            ModelNotFoundError: It names another model.
+        """
+        return None
 
 
 def _stops(value: str | list[str] | None) -> list[str]:

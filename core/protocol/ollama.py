@@ -1,19 +1,28 @@
 """Ollama's API: POST /api/generate and /api/chat (NDJSON streams, streamed by default),
-GET /api/tags, POST /api/show, GET /api/version, as the official clients call them.
+GET /api/tags, POST /api/show, GET /api/ps, GET /api/version, as the official clients
+call them.
+
+Ollama's conventions kept: a generate request without a prompt (a chat without messages)
+loads the model and answers `done_reason: "load"` at once, and with `keep_alive` 0
+`"unload"`; `tools` on /api/chat work as on /v1/chat/completions (core.protocol.tools),
+the calls coming back as `message.tool_calls` with their arguments as objects.
 
 What differs from Ollama, on purpose: the one served model answers (another name is a
-404, as on the OpenAI routes); `images`, `tools` and `suffix` get a clear 400;
-`repeat_penalty` defaults to 1.0 (onnxruntime-genai penalizes the whole sequence, where
-Ollama's 1.1 looks at the last 64 tokens); other options (`num_ctx`, `mirostat`, ...)
-and `keep_alive` are ignored, as unknown fields are everywhere.
+404, as on the OpenAI routes) and stays loaded: an unload request unloads nothing, and
+/api/ps lists the model as Ollama lists one kept with `keep_alive: -1`; `images` and
+`suffix` get a clear 400; `repeat_penalty` defaults to 1.0 (onnxruntime-genai penalizes
+the whole sequence, where Ollama's 1.1 looks at the last 64 tokens); other options
+(`num_ctx`, `mirostat`, ...) are ignored, as unknown fields are everywhere.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 from core.errors import ModelNotFoundError, OrtServeError
 from core.generation import (
@@ -38,9 +47,50 @@ from core.protocol import (
     integral,
     json_guidance,
 )
+from core.protocol.tools import MAX_TOOLS, Tool, ToolCall, ToolPlan, plan_tools
 
 _NS = 1_000_000_000
 _NOT_SUPPORTED = "not supported by ortserve"
+# A keep_alive string is a Go duration (Go's time.ParseDuration): "5m", "1h30m", "-1s", "0".
+# [0-9], not \d: the schema's pattern is ECMA-262's, where \d is ASCII.
+_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000, "s": _NS,
+            "m": 60 * _NS, "h": 3600 * _NS}  # fmt: skip
+_PART = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)"
+_GO_DURATION = rf"^[-+]?(0|({_PART})+)$"
+#: `keep_alive`: seconds, or a Go duration string; negative: for good.
+KeepAlive = (
+    Annotated[float, Field(allow_inf_nan=False)] | Annotated[str, Field(pattern=_GO_DURATION)]
+)
+#: When Ollama says a model kept with `keep_alive` -1 expires: Go's longest duration away.
+_FOREVER = timedelta(microseconds=(2**63 - 1) // 1000)
+# Execution providers whose model lives in GPU memory (Ollama's `size_vram`).
+_GPU_PROVIDERS = frozenset({"cuda", "dml", "webgpu"})
+
+
+def _no_images(images: list[str]) -> list[str]:
+    if images:
+        raise ValueError("this model takes no images")
+    return images
+
+
+#: `images`: none (the schema says so), and in words a user understands when some come.
+NoImages = Annotated[
+    list[str],
+    WithJsonSchema({"type": "array", "items": {"type": "string"}, "maxItems": 0}),
+    AfterValidator(_no_images),
+]
+_IMAGES_DOC = "none: this model takes no images"
+
+
+def unloads(keep_alive: float | str | None) -> bool:
+    """Whether `keep_alive` is Ollama's 0 (unload now): under a second (Ollama counts
+    whole seconds), or a duration string whose every part is under a nanosecond."""
+    if keep_alive is None:
+        return False
+    if isinstance(keep_alive, str):
+        parts = re.findall(_PART, keep_alive)
+        return all(int(Decimal(number) * _UNIT_NS[unit]) == 0 for number, unit in parts)
+    return 0 <= keep_alive < 1
 
 
 class OllamaOptions(Body):
@@ -72,10 +122,27 @@ class _OllamaBody(GenerationBody):
     think: bool | None = Field(
         default=None, description="the template's thinking switch (enable_thinking)"
     )
+    keep_alive: KeepAlive | None = Field(
+        default=None,
+        description="accepted; the model stays loaded (0 with no prompt or messages "
+        "answers done_reason unload)",
+    )
 
-    def _options(self, served: Served) -> SamplingOptions:
+    def _served_model(self, served: Served) -> None:
         if self.model != served.model:
             raise model_not_found(self.model, served)
+
+    def _instant(
+        self, served: Served, text_field: Literal["response", "message"]
+    ) -> dict[str, Any]:
+        """Ollama's answer to a load (or unload) request."""
+        self._served_model(served)
+        return OllamaReply(served.model, text_field).instant(
+            "unload" if unloads(self.keep_alive) else "load"
+        )
+
+    def _options(self, served: Served) -> SamplingOptions:
+        self._served_model(served)
         o = self.options
         limit = o.num_predict if o.num_predict > 0 else served.max_new_tokens
         return SamplingOptions(
@@ -92,6 +159,7 @@ class _OllamaBody(GenerationBody):
         return None if self.think is None else {"enable_thinking": self.think}
 
     def _request(self, served: Served, **text: Any) -> GenerationRequest:
+        """The generation of `text` (a prompt, or messages and their template's inputs)."""
         return GenerationRequest(
             **text, options=self._options(served), stop=tuple(self.options.stop or ()),
             guidance=self._guidance(), limit_field="options.num_predict",
@@ -100,13 +168,17 @@ class _OllamaBody(GenerationBody):
 
 class OllamaGenerateBody(_OllamaBody):
     """POST /api/generate: the prompt goes through the model's chat template as a user
-    turn (after `system`), unless `raw` is true or the model has no template."""
+    turn (after `system`), unless `raw` is true or the model has no template. No prompt:
+    load the model (Ollama's convention)."""
 
-    prompt: str = Field(min_length=1)
+    prompt: str = Field(default="", description="none: load the model")
     system: str | None = None
     raw: bool = False
-    images: list[str] | None = Field(default=None, max_length=0, description=_NOT_SUPPORTED)
+    images: NoImages | None = Field(default=None, description=_IMAGES_DOC)
     suffix: Literal[""] | None = Field(default=None, description=_NOT_SUPPORTED)
+
+    def instant_answer(self, served: Served) -> dict[str, Any] | None:
+        return None if self.prompt else self._instant(served, "response")
 
     def to_generation(self, served: Served) -> GenerationRequest:
         if self.raw or served.chat_template is None:
@@ -120,57 +192,106 @@ class OllamaGenerateBody(_OllamaBody):
         return OllamaReply(served.model, "response")
 
 
+class OllamaFunctionCall(Body):
+    """The function an assistant turn called, with its arguments."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class OllamaToolCall(Body):
+    """One of an assistant turn's `tool_calls`."""
+
+    function: OllamaFunctionCall
+
+
 class OllamaMessage(Body):
     """One chat message."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     thinking: str | None = None
-    tool_name: str | None = None
-    images: list[str] | None = Field(default=None, max_length=0, description=_NOT_SUPPORTED)
+    tool_name: str | None = Field(default=None, description="a tool result's function")
+    tool_calls: list[OllamaToolCall] | None = Field(
+        default=None, description="an assistant turn's calls (sent back with the results)"
+    )
+    images: NoImages | None = Field(default=None, description=_IMAGES_DOC)
 
     def as_template_input(self) -> dict[str, Any]:
-        """The message as chat templates expect it (`thinking` as reasoning_content)."""
+        """The message as chat templates expect it (`thinking` as reasoning_content, a
+        tool result's function as its name, calls as OpenAI's)."""
         message: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.thinking is not None:
             message["reasoning_content"] = self.thinking
         if self.tool_name is not None:
             message["name"] = self.tool_name
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"type": "function", "function": c.function.model_dump()} for c in self.tool_calls
+            ]
         return message
 
 
 class OllamaChatBody(_OllamaBody):
-    """POST /api/chat."""
+    """POST /api/chat. No messages: load the model (Ollama's convention)."""
 
-    messages: list[OllamaMessage] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = Field(
-        default=None, max_length=0, description=_NOT_SUPPORTED
-    )
+    messages: list[OllamaMessage] = Field(default_factory=list, description="none: load the model")
+    tools: list[Tool] | None = Field(
+        default=None, max_length=MAX_TOOLS,
+        description="functions the model may call, as on /v1/chat/completions; its calls "
+        "come back as message.tool_calls",
+    )  # fmt: skip
+
+    def instant_answer(self, served: Served) -> dict[str, Any] | None:
+        return None if self.messages else self._instant(served, "message")
+
+    def _tools(self, served: Served) -> ToolPlan | None:
+        return plan_tools(self.tools, "auto", served) if self.tools else None
 
     def to_generation(self, served: Served) -> GenerationRequest:
         messages = [m.as_template_input() for m in self.messages]
-        return self._request(served, messages=messages, template_kwargs=self._template_kwargs())
+        plan = self._tools(served)
+        if plan is not None:
+            messages = plan.messages(messages)
+        return self._request(
+            served, messages=messages, template_kwargs=self._template_kwargs(),
+            tools=plan.template_tools() if plan is not None else None,
+        )  # fmt: skip
 
     def reply(self, request_id: str, served: Served) -> Reply:
-        return OllamaReply(served.model, "message")
+        return OllamaReply(served.model, "message", self._tools(served))
 
 
 class OllamaReply(Reply):
     """Ollama's answer: NDJSON lines of `{model, created_at, response | message, done}`,
-    the last with `done: true`, `done_reason` and the counts and durations (ns)."""
+    the last with `done: true`, `done_reason` and the counts and durations (ns). With
+    tools, the text is read for calls once it is whole: a stream holds it back and sends
+    the calls (or the text) in one line before the last."""
 
     framing = "ndjson"
     done_marker = False
 
-    def __init__(self, model: str, text_field: Literal["response", "message"]) -> None:
+    def __init__(
+        self,
+        model: str,
+        text_field: Literal["response", "message"],
+        tools: ToolPlan | None = None,
+    ) -> None:
         self.model = model
         self.text_field = text_field
+        self.tools = tools
 
-    def _line(self, text: str, done: bool) -> dict[str, Any]:
+    def _line(self, text: str, done: bool, calls: list[ToolCall] | None = None) -> dict[str, Any]:
         value: Any = text
         if self.text_field == "message":
             value = {"role": "assistant", "content": text}
+            if calls:
+                value["tool_calls"] = [c.as_ollama() for c in calls]
         return {"model": self.model, "created_at": _now(), self.text_field: value, "done": done}
+
+    def instant(self, reason: Literal["load", "unload"]) -> dict[str, Any]:
+        """The answer to a load or unload request."""
+        return {**self._line("", True), "done_reason": reason}
 
     @staticmethod
     def _figures(done: Completion) -> dict[str, Any]:
@@ -185,14 +306,23 @@ class OllamaReply(Reply):
             "eval_duration": round(timings.decode_s * _NS),
         }
 
-    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any] | None:
+        if self.tools is not None:
+            return None  # held back until the whole text says whether it is a call
         return self._line(text, False)
 
     def final_events(self, done: Completion) -> list[dict[str, Any]]:
-        return [{**self._line("", True), **self._figures(done)}]
+        last = {**self._line("", True), **self._figures(done)}
+        if self.tools is None:
+            return [last]
+        calls = self.tools.parse(done.text)
+        if not calls and not done.text:
+            return [last]
+        return [self._line("" if calls else done.text, False, calls), last]
 
     def body(self, done: Completion) -> dict[str, Any]:
-        return {**self._line(done.text, True), **self._figures(done)}
+        calls = self.tools.parse(done.text) if self.tools is not None else []
+        return {**self._line("" if calls else done.text, True, calls), **self._figures(done)}
 
     def error_event(self, exc: OrtServeError) -> dict[str, Any]:
         return {"error": exc.message}
@@ -237,6 +367,28 @@ def show(body: OllamaShowBody, served: Served) -> dict[str, Any]:
     }
 
 
+def ps(served: Served | None, provider: str, context_length: int) -> dict[str, Any]:
+    """GET /api/ps: the loaded model (none while it loads), as Ollama lists one kept
+    loaded for good (`keep_alive: -1`): it stays until the process ends.
+
+    Args:
+        served: The served model (None: not loaded).
+        provider: The execution provider it runs on (`size_vram` is its size on a GPU).
+        context_length: Its context in tokens (0: unknown, not said).
+    """
+    if served is None:
+        return {"models": []}
+    entry: dict[str, Any] = {
+        "name": served.model, "model": served.model, "size": served.size,
+        "digest": served.digest, "details": _details(served),
+        "expires_at": _timestamp(datetime.now(UTC) + _FOREVER),
+        "size_vram": served.size if provider in _GPU_PROVIDERS else 0,
+    }  # fmt: skip
+    if context_length:
+        entry["context_length"] = context_length
+    return {"models": [entry]}
+
+
 def _model_entry(served: Served) -> dict[str, Any]:
     return {"model": served.model, "modified_at": served.created_at, "size": served.size,
             "digest": served.digest, "details": _details(served)}  # fmt: skip
@@ -248,7 +400,11 @@ def _details(served: Served) -> dict[str, Any]:
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return _timestamp(datetime.now(UTC))
+
+
+def _timestamp(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
 
 
 def _done_reason(done: Completion) -> str:

@@ -37,7 +37,7 @@ from core.protocol import (
     json_guidance,
     minimum_tokens,
 )
-from core.protocol.tools import ToolPlan, family
+from core.protocol.tools import MAX_TOOLS, Tool, ToolPlan, plan_tools
 
 MAX_CHOICES = 8  # n's bound: choices decode side by side, a batch of MAX_BATCH at a time
 
@@ -324,22 +324,6 @@ class ChatMessage(Body):
         return message
 
 
-class FunctionDef(Body):
-    """A tool's function: its name, what it does, its parameters' JSON schema."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class Tool(Body):
-    """One tool (OpenAI's: a function)."""
-
-    type: Literal["function"]
-    function: FunctionDef
-
-
 class NamedFunction(Body):
     """The function a named `tool_choice` calls."""
 
@@ -428,7 +412,7 @@ class ChatBody(_OpenAIBody):
         default=None, description="this many most likely alternatives per token (needs logprobs)"
     )
     tools: list[Tool] | None = Field(
-        default=None, max_length=64,
+        default=None, max_length=MAX_TOOLS,
         description="functions the model may call (the chat template's family decides how "
         "they are prompted and read)",
     )  # fmt: skip
@@ -464,22 +448,19 @@ class ChatBody(_OpenAIBody):
             raise InvalidRequestError("tool_choice needs tools", "tool_choice")
         if not self.tools or choice == "none":
             return None
-        if served.chat_template is None:
-            raise InvalidRequestError("this model has no chat template: it cannot call tools")
-        tools = [t.model_dump(exclude_none=True) for t in self.tools]
         name = choice.function.name if isinstance(choice, NamedToolChoice) else None
         if name is not None and name not in [t.function.name for t in self.tools]:
             raise InvalidRequestError(
                 f"tool_choice names {name!r}, which is not one of the tools", "tool_choice"
             )
         chosen = name if name is not None else (choice if isinstance(choice, str) else "auto")
-        plan = ToolPlan(family(served.chat_template), tools, chosen)
-        if plan.guidance() is not None and self.response_format is not None:
+        tools = plan_tools(self.tools, chosen, served)
+        if tools.guidance() is not None and self.response_format is not None:
             where = "response_format"
             raise InvalidRequestError(
                 f"{where} cannot be combined with a required tool call", where
             )
-        return plan
+        return tools
 
     def to_generation(self, served: Served) -> GenerationRequest:
         if self.top_logprobs is not None and not self.logprobs:

@@ -24,8 +24,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import Field
+
+from core.errors import InvalidRequestError
 from core.generation import Guidance
-from core.protocol import json_guidance
+from core.protocol import Body, Served, json_guidance
 from core.protocol.patterns import closed_objects
 
 ToolFamily = Literal["hermes", "generic"]
@@ -36,6 +39,26 @@ _GENERIC_PROMPT = (
     '{{"name": "<function name>", "arguments": {{<its arguments>}}}}. '
     "Otherwise, reply to the user normally."
 )
+
+
+class FunctionDef(Body):
+    """A tool's function: its name, what it does, its parameters' JSON schema."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Body):
+    """One tool (OpenAI's and Ollama's: a function)."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+#: The most tools one request may offer.
+MAX_TOOLS = 64
 
 
 def family(template: str) -> ToolFamily:
@@ -57,6 +80,10 @@ class ToolCall:
         """OpenAI's `tool_calls` entry."""
         return {"id": self.id, "type": "function",
                 "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
+
+    def as_ollama(self) -> dict[str, Any]:
+        """Ollama's `tool_calls` entry: the arguments as an object."""
+        return {"function": {"name": self.name, "arguments": json.loads(self.arguments)}}
 
 
 @dataclass(frozen=True)
@@ -140,6 +167,18 @@ class ToolPlan:
         return ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(data["name"]), encoded)
 
 
+def plan_tools(tools: list[Tool], choice: str, served: Served) -> ToolPlan:
+    """The plan for `tools` on the served model's chat template.
+
+    Raises:
+        InvalidRequestError: The model has no chat template.
+    """
+    if served.chat_template is None:
+        raise InvalidRequestError("this model has no chat template: it cannot call tools", "tools")
+    dumped = [t.model_dump(exclude_none=True) for t in tools]
+    return ToolPlan(family(served.chat_template), dumped, choice)
+
+
 def _parameters(function: dict[str, Any]) -> dict[str, Any]:
     """A function's parameters as the constraint takes them: its objects closed at their
     declared properties (`closed_objects`) unless the function says `strict: false`.
@@ -172,8 +211,9 @@ def _hermes_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _generic_message(message: dict[str, Any]) -> dict[str, Any]:
-    if message["role"] == "tool":
-        call = f" of call {message['tool_call_id']}" if message.get("tool_call_id") else ""
+    if message["role"] == "tool":  # OpenAI's results name the call, Ollama's the function
+        call_id, name = message.get("tool_call_id"), message.get("name")
+        call = f" of call {call_id}" if call_id else f" of {name}" if name else ""
         return {"role": "user", "content": f"Result{call}: {message.get('content') or ''}"}
     calls = message.get("tool_calls")
     if not calls:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jsonschema
@@ -84,3 +86,68 @@ def test_errors_in_ollamas_shape(client: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as info:
         unauthorized.list()
     assert info.value.status_code == 401
+
+
+def test_load_unload_and_ps(client: ollama.Client) -> None:
+    """Ollama's load and unload requests answer 200 (the model stays loaded), and
+    `ollama ps` lists the served model, loaded for good (keep_alive -1's expiry)."""
+    loaded = client.generate(model=MODEL)
+    assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
+    unloaded = client.generate(model=MODEL, keep_alive=0)
+    assert unloaded.done and unloaded.done_reason == "unload" and not unloaded.eval_count
+    chat = client.chat(model=MODEL, messages=[], keep_alive="0s")
+    assert chat.done_reason == "unload" and chat.message.content == ""
+    assert client.chat(model=MODEL, messages=[]).done_reason == "load"
+    with pytest.raises(ollama.ResponseError) as info:
+        client.generate(model="llama3:8b")
+    assert info.value.status_code == 404
+    (running,) = client.ps().models  # still there after the unload request
+    (listed,) = client.list().models
+    assert running.model == running.name == MODEL and running.size == listed.size
+    assert running.digest == listed.digest and running.details == listed.details
+    assert running.expires_at is not None
+    assert running.expires_at > datetime.now(UTC) + timedelta(days=365 * 200)
+    assert running.size_vram == 0  # on the CPU
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["city", "unit"]}}}  # fmt: skip
+# A call as the model writes one; `format` holds a random-weight model to it.
+CALL = {"type": "object", "properties": {
+    "name": {"const": "get_weather"},
+    "arguments": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"], "additionalProperties": False}},
+    "required": ["name", "arguments"], "additionalProperties": False}  # fmt: skip
+
+
+def test_tools_on_chat(client: ollama.Client) -> None:
+    """Ollama's `tools` on /api/chat: a call comes back as message.tool_calls with its
+    arguments as an object; the result goes back as a `tool` message."""
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    options = {"seed": 1, "num_predict": 60}
+    reply = client.chat(model=MODEL, messages=ask, tools=[WEATHER], format=CALL, options=options)
+    assert reply.done and reply.message.content == ""
+    (call,) = reply.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    jsonschema.validate(dict(call.function.arguments), CALL["properties"]["arguments"])  # type: ignore[index]
+    streamed = list(client.chat(model=MODEL, messages=ask, tools=[WEATHER], format=CALL,
+                                options=options, stream=True))  # fmt: skip
+    assert [c for p in streamed for c in p.message.tool_calls or []] == [call]
+    assert streamed[-1].done and not any(p.message.content for p in streamed)
+    turn = {"role": "assistant", "content": "", "tool_calls": [call]}
+    result = {"role": "tool", "content": "18 C, sunny", "tool_name": "get_weather"}
+    history: list[dict[str, Any]] = [*ask, turn, result]
+    answer = client.chat(model=MODEL, messages=history, tools=[WEATHER],
+                         options={"seed": 1, "num_predict": 8})  # fmt: skip
+    assert answer.done and answer.eval_count
+
+
+def test_images_are_refused_clearly(client: ollama.Client) -> None:
+    message = {"role": "user", "content": "What is this?", "images": ["aGk="]}
+    with pytest.raises(ollama.ResponseError) as info:
+        client.chat(model=MODEL, messages=[message])
+    assert info.value.status_code == 400 and "takes no images" in info.value.error
