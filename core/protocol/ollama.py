@@ -83,14 +83,14 @@ _IMAGES_DOC = "none: this model takes no images"
 
 
 def unloads(keep_alive: float | str | None) -> bool:
-    """Whether `keep_alive` is Ollama's 0 (unload now): under a second (Ollama counts
-    whole seconds), or a duration string whose every part is under a nanosecond."""
+    """Whether `keep_alive` is Ollama's 0 (unload now): seconds, or a duration string,
+    that come to under a nanosecond (Ollama truncates to whole nanoseconds)."""
     if keep_alive is None:
         return False
     if isinstance(keep_alive, str):
         parts = re.findall(_PART, keep_alive)
         return all(int(Decimal(number) * _UNIT_NS[unit]) == 0 for number, unit in parts)
-    return 0 <= keep_alive < 1
+    return 0 <= keep_alive * _NS < 1
 
 
 class OllamaOptions(Body):

@@ -457,6 +457,71 @@ def test_ollama_routes(target: Target) -> None:
     assert bad.status == 400 and isinstance(bad.json()["error"], str)
 
 
+def test_ollama_conventions(target: Target, reference: Target) -> None:
+    """Ollama's load and unload requests (200 at once, one JSON object), /api/ps, tools on
+    /api/chat (calls as message.tool_calls, streamed in one line before the last), and
+    images refused in words; the same on every target (#26 item 9)."""
+    empties: list[tuple[str, dict[str, Any]]] = [("/api/generate", {}),
+                                                  ("/api/chat", {"messages": []})]  # fmt: skip
+    for path, empty in empties:
+        field = "response" if path == "/api/generate" else "message"
+        for keep_alive, reason in ((None, "load"), (0, "unload"), ("0s", "unload"),
+                                   (-1, "load"), ("-1m", "load"), (0.5, "load")):  # fmt: skip
+            reply = target.call("POST", path, {"model": MODEL, "keep_alive": keep_alive, **empty})
+            assert reply.status == 200 and reply.headers["content-type"] == "application/json"
+            body = reply.json()
+            assert body["done"] is True and body["done_reason"] == reason, (keep_alive, body)
+            assert body[field] in ("", {"role": "assistant", "content": ""})
+        missing = target.call("POST", path, {"model": "llama3", **empty})
+        assert missing.status == 404 and "not found" in missing.json()["error"]
+        for wrong in ("5 minutes", "-1"):  # a string is a Go duration, with its unit
+            bad = target.call("POST", path, {"model": MODEL, "keep_alive": wrong, **empty})
+            assert bad.status == 400 and "keep_alive" in bad.json()["error"]
+    ps = target.call("GET", "/api/ps").json()
+    (running,) = ps["models"]
+    listed = target.call("GET", "/api/tags").json()["models"][0]
+    assert {k: running[k] for k in ("name", "model", "size", "digest", "details")} == {
+        k: listed[k] for k in ("name", "model", "size", "digest", "details")}  # fmt: skip
+    assert running["expires_at"] > "2300" and running["size_vram"] == 0
+    assert running["context_length"] > 0
+    assert set(running) == {"name", "model", "size", "digest", "details", "expires_at",
+                            "size_vram", "context_length"}  # fmt: skip
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+           "tools": [WEATHER], "format": _OLLAMA_CALL,
+           "options": {"seed": 1, "num_predict": 60}}  # fmt: skip
+    whole = target.call("POST", "/api/chat", {**ask, "stream": False}).json()
+    (call,) = whole["message"]["tool_calls"]
+    assert whole["message"]["content"] == "" and call["function"]["name"] == "get_weather"
+    jsonschema.validate(call["function"]["arguments"], _OLLAMA_CALL["properties"]["arguments"])  # type: ignore[index]
+    lines = [json.loads(line) for line in target.call("POST", "/api/chat", ask).body.splitlines()]
+    assert [line["done"] for line in lines] == [False, True]
+    assert lines[0]["message"] == whole["message"] and lines[1]["message"]["content"] == ""
+    assert _normalized_ollama(whole) == _normalized_ollama(
+        reference.call("POST", "/api/chat", {**ask, "stream": False}).json()
+    )
+    no_call = target.call("POST", "/api/chat", {**ask, "format": None, "stream": False}).json()
+    assert "tool_calls" not in no_call["message"] and no_call["message"]["content"]
+    for path, body in (
+        ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),
+        ("/api/generate", {"prompt": "x", "images": ["aGk="]}),
+    ):
+        refused = target.call("POST", path, {"model": MODEL, **body})
+        assert refused.status == 400 and "this model takes no images" in refused.json()["error"]
+
+
+_OLLAMA_CALL = {"type": "object", "properties": {
+    "name": {"const": "get_weather"},
+    "arguments": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"]}},
+    "required": ["name", "arguments"]}  # fmt: skip
+
+
+def _normalized_ollama(body: dict[str, Any]) -> dict[str, Any]:
+    """An Ollama answer without its timestamp and durations."""
+    return {k: v for k, v in body.items() if k != "created_at" and not k.endswith("duration")}
+
+
 def test_generate_beam_search(target: Target) -> None:
     """/generate's num_beams: og's beam search, deterministic, the text whole at the end;
     stop strings still cut it; no guidance with it."""
