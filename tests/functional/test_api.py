@@ -484,6 +484,7 @@ def test_ollama_conventions(target: Target, reference: Target) -> None:
         k: listed[k] for k in ("name", "model", "size", "digest", "details")}  # fmt: skip
     assert running["expires_at"] > "2300" and running["size_vram"] == 0
     assert running["context_length"] > 0
+    assert "/api/ps" in target.call("GET", "/openapi.json").json()["paths"]
     assert set(running) == {"name", "model", "size", "digest", "details", "expires_at",
                             "size_vram", "context_length"}  # fmt: skip
     ask = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}],
