@@ -350,6 +350,8 @@ def show(body: OllamaShowBody, served: Served) -> dict[str, Any]:
     if name != served.model:
         raise model_not_found(name, served)
     capabilities = ["completion"]
+    if served.chat_template is not None:  # every template family takes tools (tools.py)
+        capabilities.append("tools")
     if served.chat_template is not None and "enable_thinking" in served.chat_template:
         capabilities.append("thinking")
     return {

@@ -34,7 +34,7 @@ def test_list_show_and_version(client: ollama.Client) -> None:
     assert models[0].details is not None and models[0].details.quantization_level == "int4"
     assert models[0].size and models[0].digest
     shown = client.show(MODEL)
-    assert shown.template and "completion" in (shown.capabilities or [])
+    assert shown.template and {"completion", "tools"} <= set(shown.capabilities or [])
     with pytest.raises(ollama.ResponseError) as info:
         client.show("llama3:8b")
     assert info.value.status_code == 404 and "not found" in info.value.error
