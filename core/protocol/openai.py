@@ -537,9 +537,7 @@ class ChatReply(_OpenAIReply):
         return [*events, self._choice(index, **finish)]
 
     def ending(self, done: Completion) -> str:
-        if self.tools is not None and done.finish_reason == "stop" and self.tools.parse(done.text):
-            return "tool_calls"
-        return done.finish_reason
+        return self.tools.ending(done) if self.tools is not None else done.finish_reason
 
     def first_events(self, index: int = 0) -> list[dict[str, Any]]:
         delta = {"role": "assistant", "content": ""}

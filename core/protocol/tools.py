@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from core.errors import InvalidRequestError
-from core.generation import Guidance
+from core.generation import Completion, Guidance
 from core.protocol import Body, Served, json_guidance
 from core.protocol.patterns import closed_objects
 
@@ -147,6 +147,12 @@ class ToolPlan:
         candidates = found or [text.strip()]
         calls = [call for c in candidates if (call := self._call(c)) is not None]
         return calls if len(calls) == len(candidates) else []
+
+    def ending(self, done: Completion) -> str:
+        """How an answer ended, for its record: `tool_calls` when it stopped on calls."""
+        if done.finish_reason == "stop" and self.parse(done.text):
+            return "tool_calls"
+        return done.finish_reason
 
     def _call(self, text: str) -> ToolCall | None:
         try:

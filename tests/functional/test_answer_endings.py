@@ -15,6 +15,7 @@ from core.settings import ServerSettings
 from core.state import ModelState
 from tests.functional.harness import API_KEY, InProcess
 
+MODEL = "ortserve/tiny-llama-random-weights"
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"q": {"type": "string", "maxLength": 6}},
     "required": ["q"]}}}  # fmt: skip
@@ -58,6 +59,22 @@ def test_stop_length_and_tool_calls(api: InProcess, records: list[RequestRecord]
     assert _ending(records) == ""  # not a generation
     assert api.call("POST", "/v1/chat/completions", {"messages": []}).status == 400
     assert _ending(records) == ""  # refused before any token
+
+
+def test_ollama_tool_calls_and_load_requests(api: InProcess, records: list[RequestRecord]) -> None:
+    """Ollama's chat: a call ends as `tool_calls` (whole or streamed), as on OpenAI's route;
+    a load request generates nothing (#26 item 9)."""
+    call = {"type": "object", "properties": {"name": {"const": "lookup"},
+            "arguments": TOOL["function"]["parameters"]}, "required": ["name", "arguments"]}  # type: ignore[index]  # fmt: skip
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Look it up"}],
+            "tools": [TOOL], "format": call, "options": {"num_predict": 80, "seed": 1}}  # fmt: skip
+    reply = api.call("POST", "/api/chat", {**body, "stream": False})
+    assert reply.json()["message"]["tool_calls"]
+    assert _ending(records) == "tool_calls"
+    api.call("POST", "/api/chat", body)
+    assert _ending(records) == "tool_calls"
+    assert api.call("POST", "/api/generate", {"model": MODEL}).json()["done_reason"] == "load"
+    assert _ending(records) == ""
 
 
 def test_a_client_that_leaves_is_cancelled(api: InProcess, records: list[RequestRecord]) -> None:

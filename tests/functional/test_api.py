@@ -489,7 +489,7 @@ def test_ollama_conventions(target: Target, reference: Target) -> None:
                             "size_vram", "context_length"}  # fmt: skip
     ask = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}],
            "tools": [WEATHER], "format": _OLLAMA_CALL,
-           "options": {"seed": 1, "num_predict": 60}}  # fmt: skip
+           "options": {"seed": 1, "num_predict": 120}}  # fmt: skip
     whole = target.call("POST", "/api/chat", {**ask, "stream": False}).json()
     (call,) = whole["message"]["tool_calls"]
     assert whole["message"]["content"] == "" and call["function"]["name"] == "get_weather"

@@ -128,7 +128,7 @@ def test_tools_on_chat(client: ollama.Client) -> None:
     """Ollama's `tools` on /api/chat: a call comes back as message.tool_calls with its
     arguments as an object; the result goes back as a `tool` message."""
     ask = [{"role": "user", "content": "Weather in Paris?"}]
-    options = {"seed": 1, "num_predict": 60}
+    options = {"seed": 1, "num_predict": 120}
     reply = client.chat(model=MODEL, messages=ask, tools=[WEATHER], format=CALL, options=options)
     assert reply.done and reply.message.content == ""
     (call,) = reply.message.tool_calls or []
