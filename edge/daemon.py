@@ -89,9 +89,11 @@ class Daemon:
             host=settings.host,
             port=settings.port,
             interface="asgi3",
-            # h11 with a read deadline and a connection cap (edge.connections); no
+            # h11 with a read deadline and connection caps (edge.connections); no
             # WebSocket upgrade, which would leave that protocol.
-            http=guarded_h11(settings.read_timeout_s, settings.max_connections),
+            http=guarded_h11(
+                settings.read_timeout_s, settings.max_connections, settings.max_connections_per_peer
+            ),
             ws="none",
             timeout_keep_alive=settings.keep_alive_s,
             lifespan="off",

@@ -30,8 +30,14 @@ class EdgeSettings(ServerSettings):
             `timeout_keep_alive`).
         log_level: The stderr log's level (ORTSERVE_LOG_LEVEL: DEBUG, INFO, WARNING,
             ERROR); request records always go to stdout.
-        max_connections: Open connections at most; one more is closed as soon as it is
-            accepted, so slow clients cannot exhaust file descriptors or memory.
+        max_connections: Open connections at most, so slow clients cannot exhaust file
+            descriptors or memory. One more closes the connection that has waited longest
+            for its request (of the peer with the most open), or, when every connection
+            has a request in progress, is closed itself as soon as it is accepted.
+        max_connections_per_peer: Open connections from one peer (an IPv4 address, an
+            IPv6 /64) at most; one more is closed as soon as it is accepted. Loopback
+            counts as any peer: behind a reverse proxy on the same host every client is
+            the proxy, so raise it to `max_connections` there.
     """
 
     notify_socket: str | None = Field(
@@ -54,3 +60,4 @@ class EdgeSettings(ServerSettings):
 
     keep_alive_s: int = Field(default=5, ge=1, le=3600)
     max_connections: int = Field(default=256, ge=1, le=65536)
+    max_connections_per_peer: int = Field(default=64, ge=1, le=65536)

@@ -26,6 +26,7 @@ import pytest
 
 from benchmarks.support.servers import ORTSERVE
 from core.manifest import list_files, manifest_digest, read_manifest, write_manifest
+from edge.settings import EdgeSettings
 from tests import models
 
 pytestmark = pytest.mark.slow
@@ -461,9 +462,12 @@ def test_idle_slow_and_surplus_connections_are_closed(start: Any) -> None:
     daemon = start(READ_TIMEOUT_S="2", KEEP_ALIVE_S="1", MAX_CONNECTIONS="4")
     daemon.wait_for("READY=1")
     idle = [_connect(daemon.url) for _ in range(4)]
-    surplus = _connect(daemon.url)
-    waited = _closed_within(surplus, 1)
-    assert waited is not None and waited < 0.5  # past the cap: closed at once, unread
+    # Past the cap a newcomer closes the connection waiting longest, at once, not itself.
+    newcomer = _connect(daemon.url)
+    waited = _closed_within(idle[0], 1)
+    assert waited is not None and waited < 0.5
+    idle[0].close()
+    idle = [*idle[1:], newcomer]
     # A connection that never sends a request is closed at the read timeout.
     for sock in idle:
         waited = _closed_within(sock, 6)
@@ -500,6 +504,94 @@ def test_idle_slow_and_surplus_connections_are_closed(start: Any) -> None:
         waited = _closed_within(kept, 6)
         assert waited is not None and 0.5 < waited < 1.8, waited
     assert daemon.http.get("/healthz").status_code == 200
+    assert daemon.stop() == 0
+
+
+def _connect_from(url: str, source: str) -> socket.socket:
+    """A connection from `source`, another loopback address (Linux routes 127/8 to lo)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+
+
+def _closed_by_server(socks: list[socket.socket], count: int, timeout: float = 10) -> set[int]:
+    """The indexes of `socks` the server has closed, once `count` are (or at the timeout)."""
+    closed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        for i, sock in enumerate(socks):
+            if i in closed:
+                continue
+            sock.setblocking(False)
+            try:
+                if sock.recv(1) == b"":
+                    closed.add(i)
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                closed.add(i)
+        if len(closed) >= count or time.monotonic() > deadline:
+            return closed
+        time.sleep(0.02)
+
+
+def test_idle_connections_from_one_peer_or_many_leave_probes_and_requests_served(
+    start: Any,
+) -> None:
+    """#26 item 7: idle connections (no byte sent) held every connection the daemon allows,
+    and it refused all others, probes too. Now one peer gets MAX_CONNECTIONS_PER_PEER, and
+    at MAX_CONNECTIONS a newcomer closes the busiest peer's longest-waiting connection."""
+    cap = EdgeSettings.model_fields["max_connections"].default
+    per_peer = EdgeSettings.model_fields["max_connections_per_peer"].default
+    assert cap % per_peer == 0 and cap // per_peer >= 2
+    # The defaults; a read timeout that cannot close the idle connections during the test.
+    daemon = start(API_KEYS="k", READ_TIMEOUT_S="120")
+    daemon.wait_for("READY=1")
+    # One peer: the connections past its cap are closed at once, unread.
+    extra = 36
+    first = [_connect_from(daemon.url, "127.0.0.1") for _ in range(per_peer + extra)]
+    assert _closed_by_server(first, extra) == set(range(per_peer, per_peer + extra))
+    # More peers fill the global cap, each up to its own.
+    peers = [first[:per_peer]] + [
+        [_connect_from(daemon.url, f"127.0.0.{2 + p}") for _ in range(per_peer)]
+        for p in range(cap // per_peer - 1)
+    ]
+    idle = [sock for held in peers for sock in held]
+    assert len(idle) == cap
+    # At the cap each newcomer closes the longest-waiting connection of a peer holding the
+    # most: two from each of the four peers, their two oldest; every newcomer stays open.
+    newcomers = [_connect_from(daemon.url, "127.0.0.100") for _ in range(2 * len(peers))]
+    closed = _closed_by_server(idle + newcomers, len(newcomers))
+    assert closed == {p * per_peer + i for p in range(len(peers)) for i in (0, 1)}
+    # At the cap still, probes and a request with a key from another peer are answered,
+    # each on a connection of its own (as a load balancer's probes).
+    fresh = httpx.HTTPTransport(
+        local_address="127.0.0.101", limits=httpx.Limits(max_keepalive_connections=0)
+    )
+    with httpx.Client(base_url=daemon.url, transport=fresh, timeout=10) as other:
+        probes = [other.get(path).status_code for path in ["/healthz", "/readyz"] * 10]
+        assert probes == [200] * 20
+        body = {"prompt": PROMPT, "max_new_tokens": 4}
+        reply = other.post("/generate", json=body, headers={"x-api-key": "k"})
+        assert reply.status_code == 200, reply.text
+    assert f"127.0.0.1 has {per_peer} connections open" in daemon.stderr()
+    for sock in idle + newcomers + first[per_peer:]:
+        sock.close()
+    assert daemon.stop() == 0
+
+
+def test_at_the_cap_a_newcomer_is_closed_unread_if_every_connection_has_a_request(
+    start: Any,
+) -> None:
+    # The 135M shape: its 2,000 tokens take seconds, so the stream is surely still running.
+    shape = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    daemon = start(shape, MAX_NEW_TOKENS=str(LONG), MAX_CONNECTIONS="1")
+    daemon.wait_for("READY=1")
+    with _connect(daemon.url) as busy:
+        busy.sendall(_post({"prompt": PROMPT, "max_new_tokens": LONG, "stream": True}, "busy"))
+        assert busy.recv(65536).startswith(b"HTTP/1.1 200")
+        with _connect(daemon.url) as newcomer:
+            assert _closed_within(newcomer, 5) is not None  # the read timeout is 10 s
+        assert busy.recv(65536)  # the stream goes on
     assert daemon.stop() == 0
 
 

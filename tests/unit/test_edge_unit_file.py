@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from core.settings import ServerSettings
+from edge.settings import EdgeSettings
 
 EDGE = Path(__file__).resolve().parents[2] / "edge"
 UNIT = EDGE / "ortserve.service"
@@ -70,12 +71,14 @@ def test_the_example_env_file_names_only_real_settings() -> None:
     lines = (EDGE / "ortserve.env").read_text(encoding="utf-8").splitlines()
     pairs = [m.groups() for line in lines if (m := re.match(r"^#?(ORTSERVE_\w+)=(.*)$", line))]
     assert pairs
-    fields = ServerSettings.model_fields
+    fields = EdgeSettings.model_fields  # the daemon's, which reads the file
     unknown = [k for k, _ in pairs if k.removeprefix("ORTSERVE_").lower() not in fields]
     assert unknown == []
-    # Every example value is valid as written.
+    # Every example value is valid as written, and is the default it says it is.
     values = {k.removeprefix("ORTSERVE_").lower(): v for k, v in pairs}
-    ServerSettings.model_validate(values)
+    EdgeSettings.model_validate(values)
+    for name in ("read_timeout_s", "keep_alive_s", "max_connections", "max_connections_per_peer"):
+        assert EdgeSettings.model_validate({name: values[name]}) == EdgeSettings.model_validate({})
 
 
 def test_the_example_env_file_says_which_routes_stay_open_with_keys() -> None:
