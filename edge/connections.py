@@ -10,7 +10,10 @@ HTTP/1.1 with uvicorn's h11 protocol plus:
   previous response ended), the whole request, head and body, must arrive within
   `read_timeout_s`, or the connection is closed;
 - a cap per peer: a connection from a peer (an IPv4 address, an IPv6 /64) that already
-  has `max_connections_per_peer` open is closed at once, unread;
+  has `max_connections_per_peer` open closes, instead of itself, that peer's connection
+  waiting longest for its request; it is closed at once, unread, only when every one of
+  the peer's connections has its request inside the app. So a peer's idle connections
+  cannot keep out its own probes (a monitor or a proxy on the same address) either;
 - a global cap that never locks new clients out: a connection accepted beyond
   `max_connections` closes, instead of itself, the connection that has waited longest
   for its request, taken from the peer with the most connections open. Idle connections
@@ -80,8 +83,8 @@ class _GuardedH11(H11Protocol):
         """Count the connection and start its deadline; past a cap, close it or an idle one."""
         super().connection_made(transport)
         peer = peer_of(self.client[0] if self.client else None)
-        if self._open[peer] >= self.max_per_peer:
-            message = "%s has %d connections open: closing its new ones (%s)"
+        if self._open[peer] >= self.max_per_peer and not self._close_longest_waiting(peer):
+            message = "%s has %d connections open, each with a request: closing new ones (%s)"
             self._warn(
                 "peer", message, peer, self.max_per_peer, "ORTSERVE_MAX_CONNECTIONS_PER_PEER"
             )
@@ -112,16 +115,23 @@ class _GuardedH11(H11Protocol):
         super().connection_lost(exc)
 
     @classmethod
-    def _close_longest_waiting(cls) -> bool:
-        """Close the connection waiting longest for its request, of the peer with the most
-        connections open; False if no connection is waiting for one."""
-        waiting = [peer for peer, connections in cls._reading.items() if connections]
-        if not waiting:
-            return False
-        peer = max(waiting, key=cls._open.__getitem__)
+    def _close_longest_waiting(cls, peer: str | None = None) -> bool:
+        """Close the connection waiting longest for its request, of `peer` or else of the
+        peer with the most connections open; False if none is waiting for one."""
+        if peer is not None:
+            if not cls._reading.get(peer):
+                return False
+            message = "%s has %d connections open: closing its longest waiting for a request (%s)"
+            cls._warn("peer-full", message, peer, cls.max_per_peer,
+                      "ORTSERVE_MAX_CONNECTIONS_PER_PEER")  # fmt: skip
+        else:
+            waiting = [p for p, connections in cls._reading.items() if connections]
+            if not waiting:
+                return False
+            peer = max(waiting, key=cls._open.__getitem__)
+            message = "%d connections open: closing those waiting longest for a request (%s)"
+            cls._warn("full", message, cls.max_connections, "ORTSERVE_MAX_CONNECTIONS")
         victim = next(iter(cls._reading[peer]))
-        message = "%d connections open: closing those waiting longest for a request (%s)"
-        cls._warn("full", message, cls.max_connections, "ORTSERVE_MAX_CONNECTIONS")
         victim._forget()  # counted out now: its `connection_lost` comes a turn later
         victim.transport.close()
         return True

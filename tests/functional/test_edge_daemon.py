@@ -538,20 +538,29 @@ def test_idle_connections_from_one_peer_or_many_leave_probes_and_requests_served
     start: Any,
 ) -> None:
     """#26 item 7: idle connections (no byte sent) held every connection the daemon allows,
-    and it refused all others, probes too. Now one peer gets MAX_CONNECTIONS_PER_PEER, and
-    at MAX_CONNECTIONS a newcomer closes the busiest peer's longest-waiting connection."""
+    and it refused all others, probes too. Now one peer gets MAX_CONNECTIONS_PER_PEER (a
+    newcomer from it closes its longest-waiting connection), and at MAX_CONNECTIONS a
+    newcomer closes the busiest peer's longest-waiting connection."""
     cap = EdgeSettings.model_fields["max_connections"].default
     per_peer = EdgeSettings.model_fields["max_connections_per_peer"].default
     assert cap % per_peer == 0 and cap // per_peer >= 2
     # The defaults; a read timeout that cannot close the idle connections during the test.
     daemon = start(API_KEYS="k", READ_TIMEOUT_S="120")
     daemon.wait_for("READY=1")
-    # One peer: the connections past its cap are closed at once, unread.
+    # One peer: past its cap each newcomer closes that peer's longest-waiting connection.
     extra = 36
     first = [_connect_from(daemon.url, "127.0.0.1") for _ in range(per_peer + extra)]
-    assert _closed_by_server(first, extra) == set(range(per_peer, per_peer + extra))
+    assert _closed_by_server(first, extra) == set(range(extra))
+    # So a probe from that same peer (a monitor beside the flood) is answered too.
+    same = httpx.HTTPTransport(
+        local_address="127.0.0.1", limits=httpx.Limits(max_keepalive_connections=0)
+    )
+    with httpx.Client(base_url=daemon.url, transport=same, timeout=10) as monitor:
+        assert monitor.get("/healthz").status_code == 200
+    assert _closed_by_server(first, extra + 1) == set(range(extra + 1))
+    held = [*first[extra + 1 :], _connect_from(daemon.url, "127.0.0.1")]
     # More peers fill the global cap, each up to its own.
-    peers = [first[:per_peer]] + [
+    peers = [held] + [
         [_connect_from(daemon.url, f"127.0.0.{2 + p}") for _ in range(per_peer)]
         for p in range(cap // per_peer - 1)
     ]
@@ -573,8 +582,8 @@ def test_idle_connections_from_one_peer_or_many_leave_probes_and_requests_served
         body = {"prompt": PROMPT, "max_new_tokens": 4}
         reply = other.post("/generate", json=body, headers={"x-api-key": "k"})
         assert reply.status_code == 200, reply.text
-    assert f"127.0.0.1 has {per_peer} connections open" in daemon.stderr()
-    for sock in idle + newcomers + first[per_peer:]:
+    assert f"127.0.0.1 has {per_peer} connections open: closing its longest" in daemon.stderr()
+    for sock in idle + newcomers + first[: extra + 1]:
         sock.close()
     assert daemon.stop() == 0
 
