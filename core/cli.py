@@ -7,13 +7,18 @@ group, so core never imports them.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.errors import OrtServeError
 from core.settings import EngineSettings, disable_telemetry
+
+if TYPE_CHECKING:
+    from core.manifest import Manifest
 
 _DESCRIPTION = """\
 Serve small language models with ONNX Runtime GenAI on CPUs: bake a model into a
@@ -87,6 +92,27 @@ def _version() -> str:
     return f"ortserve {ours} (onnxruntime-genai {og})"
 
 
+# Shell completion of a stored model's name (`ortserve list -q`), as shtab's `complete`
+# attribute of an argument; MODEL_OR_FOLDER also offers folders (`serve --model-dir`).
+_COMPLETION_FUNCTIONS = {
+    "bash": """
+_ortserve_stored_models() { compgen -W "$(ortserve list -q 2>/dev/null)" -- "$1"; }
+_ortserve_models_or_dirs() { _ortserve_stored_models "$1"; compgen -d -- "$1"; }
+""",
+    "zsh": """
+_ortserve_stored_models() {
+  local -a names; names=(${(f)"$(ortserve list -q 2>/dev/null)"})
+  compadd -a names
+}
+_ortserve_models_or_dirs() { _ortserve_stored_models; _files -/ }
+""",
+}
+STORED_MODEL = {"bash": "_ortserve_stored_models", "zsh": "_ortserve_stored_models",
+                "preamble": _COMPLETION_FUNCTIONS}  # fmt: skip
+MODEL_OR_FOLDER = {"bash": "_ortserve_models_or_dirs", "zsh": "_ortserve_models_or_dirs",
+                   "preamble": _COMPLETION_FUNCTIONS}  # fmt: skip
+
+
 def _completion(args: argparse.Namespace) -> int:
     import shtab
 
@@ -158,24 +184,48 @@ def _list(args: argparse.Namespace) -> int:
     from core import store
 
     models = store.list_models(_store())
+    if args.quiet:  # names only, for scripts and shell completion
+        for model in models:
+            print(model.name)
+        return 0
     if not models:
         print(f"no models in {_store()}: `ortserve run MODEL` bakes and serves one")
         return 0
     rows = [("NAME", "TARGET", "PRECISION", "SIZE", "QUALITY", "BAKED")]
     for model in models:
         manifest = model.manifest
-        quality = manifest.quality if manifest else None
         rows.append((
             model.name, str(model.spec.get("target", "?")),
             manifest.precision if manifest else "unreadable",
-            f"{model.size_bytes / 1e6:.0f} MB",
-            f"ppl x{quality.ppl_ratio:.3f}" if quality and quality.ppl_ratio else "-",
+            human_size(model.size_bytes),
+            _quality_cell(manifest),
             manifest.created_at[:16].replace("T", " ") if manifest else "-",
         ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return 0
+
+
+def human_size(size: int) -> str:
+    """Bytes for people, in SI units as `ortserve list` and `prune` show them: 340 kB,
+    117 MB, 1.2 GB."""
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 999.5 or unit == "GB":
+            break
+        value /= 1000
+    return f"{value:.0f} {unit}" if value >= 9.95 or unit == "B" else f"{value:.1f} {unit}"
+
+
+def _quality_cell(manifest: Manifest | None) -> str:
+    """`ortserve list`'s QUALITY: the gate's perplexity ratio, or why there is none."""
+    if manifest is None:
+        return "-"
+    if manifest.random_weights:  # the gate's figures mean nothing for random weights
+        return "random weights"
+    quality = manifest.quality
+    return f"ppl x{quality.ppl_ratio:.3f}" if quality and quality.ppl_ratio else "-"
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -200,7 +250,7 @@ def _show(args: argparse.Namespace) -> int:
         ("runtime", f"onnxruntime-genai {manifest.onnxruntime_genai_version}"),
         ("baked", manifest.created_at),
         ("quality", quality.summary() if quality else "not run"),
-        ("files", f"{len(manifest.files)}, {sum(f.size for f in manifest.files) / 1e6:.0f} MB"),
+        ("files", f"{len(manifest.files)}, {human_size(sum(f.size for f in manifest.files))}"),
     ):  # fmt: skip
         print(f"{label + ':':<11} {value}")
     return 0
@@ -209,7 +259,22 @@ def _show(args: argparse.Namespace) -> int:
 def _rm(args: argparse.Namespace) -> int:
     from core import store
 
-    removed = store.remove(_store(), args.name)
+    model = store.find(_store(), args.name) if args.name else None
+    if model is None:
+        print(f"ortserve rm: error: no stored model {args.name!r}: see `ortserve list`",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    if model.name != args.name and not args.yes:
+        # Only the exact name deletes at once: a prefix ("l") is confirmed first.
+        if not sys.stdin.isatty():
+            print(f"ortserve rm: error: {args.name!r} is not a stored model's full name: "
+                  f"name {model.name} in full, or add --yes", file=sys.stderr)  # fmt: skip
+            return 1
+        answer = input(f"remove {model.name}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("nothing removed", file=sys.stderr)
+            return 1
+    removed = store.remove(_store(), model.name)
     print(f"removed {removed.name}")
     return 0
 
@@ -220,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ortserve", description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("-v", "--version", action="version", version=_version())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     defaults = DefaultsFormatter
 
@@ -257,14 +322,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the local store's models: name, target, precision, size, the "
         "quality gate's perplexity ratio, when baked (store: ORTSERVE_HOME/models).",
     )  # fmt: skip
+    listing.add_argument("-q", "--quiet", action="store_true", help="print the names only")
     listing.set_defaults(func=_list)
     show = subparsers.add_parser(
         "show", help="show a baked model's manifest (a stored model's name, or a folder)"
     )
-    show.add_argument("model", help="a name from `ortserve list` (or its start), or a folder")
+    show.add_argument(
+        "model", help="a name from `ortserve list` (or its start), or a folder"
+    ).complete = STORED_MODEL  # type: ignore[attr-defined]  # shtab's attribute
     show.set_defaults(func=_show)
     rm = subparsers.add_parser("rm", help="remove a model from the local store")
-    rm.add_argument("name", help="a name from `ortserve list` (or its unique start)")
+    rm.add_argument(
+        "name", help="a name from `ortserve list`; its unique start asks first (or --yes)"
+    ).complete = STORED_MODEL  # type: ignore[attr-defined]  # shtab's attribute
+    rm.add_argument("-y", "--yes", action="store_true", help="remove without asking")
     rm.set_defaults(func=_rm)
 
     completion = subparsers.add_parser(
@@ -280,12 +351,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unknown_command(parser: argparse.ArgumentParser, word: str) -> str | None:
+    """Why `word` (the first argument) is no command, with the closest ones; None when it
+    is a command or an option (argparse's own: Python 3.14's suggest_on_error, by hand)."""
+    commands = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if word.startswith("-") or word in commands:
+        return None
+    close = difflib.get_close_matches(word, list(commands), n=3, cutoff=0.6)
+    close += [c for c in commands if c.startswith(word) and c not in close]
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return f"unknown command {word!r}{hint} (`ortserve --help` lists the commands)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ortserve` console script."""
     # First: every command's own imports (onnxruntime in the bake's quantizer,
     # huggingface_hub) and children (the bake's model builder) see it (core.settings).
     disable_telemetry()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    if not words:  # bare `ortserve`: the commands, as `ortserve --help` lists them
+        parser.print_help()
+        return 0
+    typo = _unknown_command(parser, words[0])
+    if typo is not None:
+        print(f"ortserve: error: {typo}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(words)
     try:
         code: int = args.func(args)
     except OrtServeError as exc:

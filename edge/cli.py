@@ -8,13 +8,15 @@ the `edge` extra is not installed: it imports only the standard library at the t
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `serve`, `reload` and `rollback` subcommands to ortserve's CLI."""
-    from core.cli import DefaultsFormatter
+    from core.cli import MODEL_OR_FOLDER, DefaultsFormatter
 
     parser = subparsers.add_parser(
         "serve",
@@ -25,10 +27,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
         formatter_class=DefaultsFormatter,
     )
-    parser.add_argument(
+    parser.add_argument(  # completes stored names and folders (shtab's `complete`)
         "--model-dir", type=Path,
         help="baked model folder, or a name from `ortserve list` (ORTSERVE_MODEL_DIR)",
-    )  # fmt: skip
+    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # fmt: skip
     add_listen_args(parser)
     parser.set_defaults(func=run)
     _register_switch(subparsers, DefaultsFormatter)
@@ -107,6 +109,42 @@ def run_switch(args: argparse.Namespace) -> int:
         print(f"ortserve {command}: {what} {outcome.model} ({outcome.digest[:12]}) "
               f"{outcome.seconds:.2f} s after the switch began")  # fmt: skip
     return 0
+
+
+def port_problem(host: str | None, port: int | None, option: str = "--port ") -> str | None:
+    """Why the daemon could not listen on host:port (ORTSERVE_HOST/PORT where None), with a
+    free port to use instead (`option` + number: `--port 8001`, `PORT=8001`); None when it
+    can. Checked before a bake, so a busy port does not waste one (`ortserve run`,
+    `make demo`)."""
+    if host is None or port is None:
+        from pydantic import ValidationError
+
+        from edge.settings import EdgeSettings
+
+        try:
+            settings = EdgeSettings()
+        except ValidationError:  # `serve` says what is wrong; nothing to check here
+            return None
+        host, port = host or settings.host, settings.port if port is None else port
+    try:
+        _bind(host, port)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        why = f"cannot listen on {host} port {port}: {reason}"
+        for other in range(port + 1, min(port + 50, 65536)):
+            try:
+                _bind(host, other)
+            except OSError:
+                continue
+            return f"{why}; port {other} is free: {option}{other}"
+        return why
+    return None
+
+
+def _bind(host: str, port: int) -> None:
+    """Bind host:port as the daemon does (edge.daemon._listen), then let it go."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socket.create_server((host, port), family=family).close()
 
 
 def add_listen_args(parser: argparse.ArgumentParser) -> None:

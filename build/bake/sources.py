@@ -157,9 +157,25 @@ def resolve(
     return _with_graph(_resolve(source, workdir, revision, cache or workdir / "cache", onnx), onnx)
 
 
+def check_local(source: str) -> None:
+    """Fail at once for a source that names a local file or folder which is not there
+    (`./model.gguf`, `~/models/x`, `/data/m`, `name.gguf`): before any work, and rather
+    than read as a hub id.
+
+    Raises:
+        BakeError: It is a path and nothing is there.
+    """
+    if source.startswith(("builtin:", "pypi:", "s3://")):
+        return
+    pathlike = source.startswith(("./", "../", "/", "~", ".")) or source.lower().endswith(".gguf")
+    if pathlike and not Path(source).expanduser().exists():
+        raise BakeError(f"{source}: file not found (no such file or folder)")
+
+
 def _resolve(
     source: str, workdir: Path, revision: str | None, cache: Path, onnx: OnnxChoice
 ) -> ResolvedSource:
+    check_local(source)
     if source.startswith("builtin:"):
         folder = workdir / "builtin"
         shape = write_builtin(source.removeprefix("builtin:"), folder)

@@ -110,7 +110,7 @@ def test_run_bakes_once_into_the_store_then_list_show_serve_rm(tmp_path: Path) -
     assert listed[0].split()[:4] == ["NAME", "TARGET", "PRECISION", "SIZE"]
     (row,) = listed[1:]
     name = row.split()[0]
-    assert name.startswith("tiny-llama-edge-") and "int4" in row and "ppl x" in row
+    assert name.startswith("tiny-llama-edge-") and "int4" in row and "random weights" in row
     shown = run_ortserve("show", "tiny-llama", env=env)
     assert shown.returncode == 0 and "quality:" in shown.stdout, shown.stderr
     serve = [*ORTSERVE, "serve", "--model-dir", name, "--port", str(port)]

