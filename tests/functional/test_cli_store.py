@@ -206,12 +206,10 @@ def test_make_demo_checks_its_port_before_anything(home: Path, tmp_path: Path) -
     assert "ortserve" not in out.split("make demo:")[0] and not (home / "models").exists()
 
 
-def test_make_demo_reuses_the_stored_model_and_says_where_to_go(
-    home: Path, tmp_path: Path, tiny_model_dir: Path
-) -> None:
-    name = _stored(home, _spec(), tiny_model_dir)
+def _demo_until_ready(home: Path, venv: Path) -> tuple[str, int]:
+    """`make demo` of the tiny model until it serves, then SIGTERM: its output, its port."""
     port = free_port()
-    proc = _make_demo(home, port, tmp_path / "venv")
+    proc = _make_demo(home, port, venv)
     try:
         deadline = time.monotonic() + 300
         ready = False
@@ -225,10 +223,27 @@ def test_make_demo_reuses_the_stored_model_and_says_where_to_go(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+    return out, port
+
+
+def test_make_demo_reuses_the_stored_model_and_says_where_to_go(
+    home: Path, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    name = _stored(home, _spec(), tiny_model_dir)
+    out, port = _demo_until_ready(home, tmp_path / "venv")
     assert f"ortserve run: {name} is in the store" in out and "baking" not in out, out
     assert re.search(r"\[ortserve/tiny-llama-random-weights\] \d+ tokens", out), out  # generate
     url = f"http://127.0.0.1:{port}"
     assert f"API at {url}/v1 (OpenAI-compatible); playground at {url}/" in out, out
+
+
+@pytest.mark.slow
+def test_make_demo_on_an_empty_store_bakes_into_it(home: Path, tmp_path: Path) -> None:
+    out, _ = _demo_until_ready(home, tmp_path / "venv")
+    name = store.entry_name(_spec())
+    assert f"ortserve run: baking {TINY} for edge-x86_64 into {home / 'models' / name}" in out
+    assert re.search(r"\[ortserve/tiny-llama-random-weights\] \d+ tokens", out), out
+    assert (home / "models" / name / store.RECORD).is_file()
 
 
 def _fake_cache(cache: Path) -> dict[str, Path]:
