@@ -44,7 +44,15 @@ from core.http import (
     sse_event,
     sse_response,
 )
-from core.protocol import GenerationBody, MultiChoiceReply, Reply, Served, ollama, parse
+from core.protocol import (
+    MAX_TOKENS_BOUND,
+    GenerationBody,
+    MultiChoiceReply,
+    Reply,
+    Served,
+    ollama,
+    parse,
+)
 from core.protocol.native import GenerateBody
 from core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
 from core.protocol.openai import ChatBody, CompletionBody
@@ -478,7 +486,9 @@ class Api:
     def _openapi(self, request: Request, ctx: _Context) -> Response:
         from core.openapi import openapi_document  # builds JSON schemas: not on the cold path
 
-        return json_response(200, openapi_document(self.settings.max_new_tokens))
+        # Without MAX_NEW_TOKENS any limit is accepted (and cut to what fits).
+        limit = self.settings.max_new_tokens or MAX_TOKENS_BOUND
+        return json_response(200, openapi_document(limit))
 
     def _playground(self, request: Request, ctx: _Context) -> Response:
         body, policy = _playground_page()
@@ -521,7 +531,8 @@ def _served(service: Service) -> Served:
     engine = service.engine
     manifest = engine.manifest
     return Served(
-        engine.model_name, engine.digest, manifest.created_at, service.settings.max_new_tokens,
+        engine.model_name, engine.digest, manifest.created_at, service.max_new_tokens,
+        service.default_new_tokens, context_length=engine.context_length,
         chat_template=engine.text.template, precision=manifest.precision,
         size=sum(f.size for f in manifest.files), token_bytes=engine.text.token_bytes,
     )  # fmt: skip
@@ -540,5 +551,11 @@ def _version() -> str:
 
 
 def _model_card(served: Served) -> dict[str, Any]:
-    return {"id": served.model, "object": "model", "created": served.created,
-            "owned_by": "ortserve"}  # fmt: skip
+    """An OpenAI model object, with vLLM's `max_model_len` (the context; omitted where
+    unknown) and `max_tokens`: the most new tokens a request may ask for."""
+    card: dict[str, Any] = {"id": served.model, "object": "model", "created": served.created,
+                            "owned_by": "ortserve"}  # fmt: skip
+    if served.context_length:
+        card["max_model_len"] = served.context_length
+    card["max_tokens"] = served.max_new_tokens
+    return card

@@ -34,7 +34,7 @@ from core.generation import (
     TokenLogprob,
     Tokens,
 )
-from core.settings import EngineSettings
+from core.settings import DEFAULT_NEW_TOKENS, EngineSettings
 from core.stops import StopMatcher
 
 if TYPE_CHECKING:  # onnxruntime-genai comes with the first load, not with this module
@@ -47,6 +47,8 @@ _CACHE_HIT_TOKENS = 64  # prompt tokens the cache must hold for a request to ski
 # prefill parts: batches of short prompts still form, and one pass still stalls the
 # process and holds logits for no more than that many parts.
 ONE_PASS_PARTS = 4
+# The limit without MAX_NEW_TOKENS for a model whose config does not give its context.
+UNKNOWN_CONTEXT_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -265,17 +267,37 @@ class Service:
 
     # -- the token budget ----------------------------------------------------------------
 
+    @property
+    def max_new_tokens(self) -> int:
+        """The most new tokens a request may ask for: MAX_NEW_TOKENS, or (0, the default)
+        the model's context (`UNKNOWN_CONTEXT_TOKENS` where the model does not say it)."""
+        return self.settings.max_new_tokens or self.engine.context_length or UNKNOWN_CONTEXT_TOKENS
+
+    @property
+    def default_new_tokens(self) -> int:
+        """What "as many as fit" means for a request that gives no limit (OpenAI's chat,
+        Ollama's `num_predict` -1): MAX_NEW_TOKENS where the operator set it, else
+        `DEFAULT_NEW_TOKENS` (within the limit)."""
+        return self.settings.max_new_tokens or min(DEFAULT_NEW_TOKENS, self.max_new_tokens)
+
     def budget(self, prompt_len: int, request: GenerationRequest) -> int:
         """New tokens `request` may have after a prompt of `prompt_len` tokens: its limit,
         capped by the context window. The one place the budget is checked.
 
+        Without MAX_NEW_TOKENS, a limit past the context is cut to what fits after the
+        prompt (llama-server's and Ollama's rule; vLLM refuses it), and the answer ends
+        with finish_reason `length` there.
+
         Raises:
-            InvalidRequestError: The limit is above MAX_NEW_TOKENS, or the prompt is empty,
-                longer than MAX_PROMPT_TOKENS, or leaves no room in the context.
+            InvalidRequestError: The limit is above MAX_NEW_TOKENS (or, with neither it
+                nor a known context, above `UNKNOWN_CONTEXT_TOKENS`), or the prompt is
+                empty, longer than MAX_PROMPT_TOKENS, or leaves no room in the context.
         """
         wanted = request.options.max_new_tokens
-        limit = self.settings.max_new_tokens
-        if wanted > limit:
+        limit = self.max_new_tokens
+        context = self.engine.context_length
+        # Without MAX_NEW_TOKENS a limit past the context is cut to what fits, below.
+        if wanted > limit and (self.settings.max_new_tokens or not context):
             field = request.limit_field
             raise InvalidRequestError(
                 f"{field} {wanted} is above this server's limit of {limit}", field
@@ -287,7 +309,6 @@ class Service:
             raise InvalidRequestError(
                 f"the prompt has {prompt_len} tokens; this server's limit is {prompt_limit}"
             )
-        context = self.engine.context_length
         if context and prompt_len >= context:
             raise InvalidRequestError(
                 f"the prompt has {prompt_len} tokens; the model's context is {context} "

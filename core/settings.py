@@ -10,6 +10,13 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_PROVIDER_ORDER = ("cuda", "coreml", "qnn", "openvino", "dml", "webgpu", "cpu")
+# Without MAX_NEW_TOKENS, the new tokens of a request that gives no limit where its API
+# means "as many as fit" (OpenAI's chat, Ollama's num_predict -1): not the whole context,
+# because og reserves a sequence's KV cache for prompt + limit at its start (the static
+# buffer of past_present_share_buffer), a batch needs its longest prompt + its largest
+# limit to fit the context, and the prompt cache keeps sequences of up to 4,096 tokens.
+# A request that asks for more gets it, up to the context.
+DEFAULT_NEW_TOKENS = 512
 
 # What keeps every ortserve process private: onnxruntime (1.2x, Linux included since its
 # "POSIX telemetry") sends usage events to a Microsoft collector unless
@@ -36,7 +43,9 @@ class EngineSettings(BaseSettings):
         max_concurrency: Generations that run at once (a batch is one generation).
         max_queue: Requests that may wait for a slot; one more gets `Busy` at once.
         queue_timeout_s: How long a request may wait for a slot before `Busy`.
-        max_new_tokens: Upper bound on new tokens per request.
+        max_new_tokens: Upper bound on new tokens per request, a clear 400 above it (0:
+            the model's context: a request may ask for any number, and gets what fits
+            after its prompt).
         max_prompt_tokens: Longer prompts are refused (0: only the context window limits).
         verify_sha256: Hash every model file at load (slower; sizes are always checked).
         max_batch: Up to this many concurrent requests decode as one batch (1: no
@@ -76,7 +85,7 @@ class EngineSettings(BaseSettings):
     max_concurrency: int = Field(default=1, ge=1, le=64)
     max_queue: int = Field(default=16, ge=0, le=10000)
     queue_timeout_s: float = Field(default=30.0, ge=0, le=3600)
-    max_new_tokens: int = Field(default=512, ge=1, le=131072)
+    max_new_tokens: int = Field(default=0, ge=0, le=131072)
     max_prompt_tokens: int = Field(default=0, ge=0)
     verify_sha256: bool = False
     max_batch: int = Field(default=4, ge=1, le=64)

@@ -16,8 +16,9 @@ Sizing rule (`sizing`), from the model's manifest and genai_config.json:
 - memory = `bake.sizing.memory_for` (runtime + model + the KV caches and prefill parts of
   `concurrency` sequences + the prompt cache; its terms measured, see there), rounded up
   to 256 MiB, at least 1 GiB; `sizing.json` states every term. Where the context is
-  longer than 4096 tokens, prompts are capped so that a sequence fits
-  (ORTSERVE_MAX_PROMPT_TOKENS = 4096 - ORTSERVE_MAX_NEW_TOKENS).
+  longer than 4096 tokens, prompts and new tokens are capped so that a sequence fits
+  (ORTSERVE_MAX_NEW_TOKENS = 512, ORTSERVE_MAX_PROMPT_TOKENS = 4096 - 512); else neither
+  is set: a request may ask for new tokens up to the context, which is the sized room.
 - CPU = 2, or more where Cloud Run requires it for the memory (more than 8 GiB: 4, 16:
   6, 24: 8); the engine's threads follow the CPUs (ORTSERVE_THREADS).
 """
@@ -104,6 +105,7 @@ class Sizing:
         cpu: vCPUs of an instance; also the engine's threads.
         memory_mib: Memory of an instance.
         max_prompt_tokens: ORTSERVE_MAX_PROMPT_TOKENS (0: only the context limits).
+        max_new_tokens: ORTSERVE_MAX_NEW_TOKENS (0: only the context limits).
         model_mib: The loaded model (its files x the measured factor), for the record.
         kv_mib: The KV cache of `concurrency` sequences, for the record.
         memory: The formula's terms (`bake.sizing`).
@@ -113,6 +115,7 @@ class Sizing:
     cpu: int
     memory_mib: int
     max_prompt_tokens: int
+    max_new_tokens: int
     model_mib: int
     kv_mib: int
     memory: Memory
@@ -145,6 +148,7 @@ def _sized(terms: Memory) -> Sizing:
         cpu=cpu,
         memory_mib=memory,
         max_prompt_tokens=terms.max_prompt_tokens,
+        max_new_tokens=terms.max_new_tokens,
         model_mib=terms.model_mib,
         kv_mib=terms.kv_mib,
         memory=terms,
@@ -177,6 +181,7 @@ def package_cloudrun(target: Target, bundle: Path) -> None:
         "threads": str(size.cpu),
         "max_batch": str(_MAX_BATCH),
         "max_prompt_tokens": str(size.max_prompt_tokens),
+        "max_new_tokens": str(size.max_new_tokens),
         "concurrency": str(size.concurrency),
         "cpu": str(size.cpu),
         "memory": _memory(size.memory_mib),

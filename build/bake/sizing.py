@@ -58,8 +58,11 @@ def _default(name: str) -> int:
     return value
 
 
+# Where the context is longer than SEQUENCE_TOKENS, the room a sequence keeps for new
+# tokens: prompts are capped at SEQUENCE_TOKENS - MAX_NEW_TOKENS and the new tokens at
+# this (ORTSERVE_MAX_NEW_TOKENS; without it a request may ask for the whole context).
+MAX_NEW_TOKENS = 512
 # The engine's defaults, which the generated artefacts do not change.
-MAX_NEW_TOKENS = _default("max_new_tokens")
 # Sequences one process runs at once by default: MAX_CONCURRENCY generations, a batch
 # (MAX_BATCH sequences) being one; long prompts run alone but side by side, as many.
 SEQUENCES = _default("max_concurrency") * _default("max_batch")
@@ -84,6 +87,8 @@ class Memory:
         tokens_per_sequence: A sequence's room: prompt + new tokens.
         max_prompt_tokens: ORTSERVE_MAX_PROMPT_TOKENS that keeps a sequence in its room
             (0: the model's context does that).
+        max_new_tokens: ORTSERVE_MAX_NEW_TOKENS that keeps a sequence in its room (0:
+            the model's context does that: a request gets what fits after its prompt).
         kv_bytes_per_token: Keys and values of one token, every layer.
         prefill_chunk_tokens: The part size the sum assumes.
     """
@@ -98,6 +103,7 @@ class Memory:
     sequences: int
     tokens_per_sequence: int
     max_prompt_tokens: int
+    max_new_tokens: int
     kv_bytes_per_token: int
     prefill_chunk_tokens: int
 
@@ -153,6 +159,7 @@ def memory_for(
         sequences=sequences,
         tokens_per_sequence=tokens,
         max_prompt_tokens=tokens - MAX_NEW_TOKENS if context > SEQUENCE_TOKENS else 0,
+        max_new_tokens=MAX_NEW_TOKENS if context > SEQUENCE_TOKENS else 0,
         kv_bytes_per_token=per_token,
         prefill_chunk_tokens=chunk,
     )

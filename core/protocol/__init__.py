@@ -44,7 +44,11 @@ class Served:
         model: The served model's name.
         digest: Its manifest's sha256 (the system fingerprint).
         created_at: When it was baked (ISO 8601).
-        max_new_tokens: The server's token limit per request (MAX_NEW_TOKENS).
+        max_new_tokens: The most new tokens a request may ask for (MAX_NEW_TOKENS, or
+            the model's context where the operator set none).
+        default_new_tokens: What "as many as fit" gives a request that sets no limit
+            (OpenAI's chat, Ollama's `num_predict` -1).
+        context_length: The model's context in tokens (0: unknown).
         chat_template: The model's chat template (None: it has none).
         precision: Its weights' precision (int4, ...).
         size: The baked folder's size in bytes.
@@ -55,6 +59,8 @@ class Served:
     digest: str
     created_at: str
     max_new_tokens: int
+    default_new_tokens: int
+    context_length: int = 0
     chat_template: str | None = None
     precision: str = ""
     size: int = 0

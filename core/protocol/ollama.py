@@ -48,6 +48,7 @@ from core.protocol import (
     json_guidance,
 )
 from core.protocol.tools import MAX_TOOLS, Tool, ToolCall, ToolPlan, plan_tools
+from core.settings import DEFAULT_NEW_TOKENS
 
 _NS = 1_000_000_000
 _NOT_SUPPORTED = "not supported by ortserve"
@@ -100,7 +101,11 @@ class OllamaOptions(Body):
     top_p: float = Field(default=0.9, gt=0.0, le=1.0)
     top_k: Int = Field(default=40, ge=0, le=100000, description=TOP_K_DOC)
     num_predict: Annotated[int, Field(ge=-2, le=MAX_TOKENS_BOUND), BeforeValidator(integral)] = (
-        Field(default=-1, description="-1 or -2: as many as fit (the server's limit)")
+        Field(
+            default=-1,
+            description=f"-1 or -2: the server's default ({DEFAULT_NEW_TOKENS}, or "
+            "MAX_NEW_TOKENS if set); more than fits after the prompt is cut to the context",
+        )
     )
     repeat_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
     seed: Seed | None = SEED
@@ -144,7 +149,7 @@ class _OllamaBody(GenerationBody):
     def _options(self, served: Served) -> SamplingOptions:
         self._served_model(served)
         o = self.options
-        limit = o.num_predict if o.num_predict > 0 else served.max_new_tokens
+        limit = o.num_predict if o.num_predict > 0 else served.default_new_tokens
         return SamplingOptions(
             max_new_tokens=limit, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k,
             repetition_penalty=o.repeat_penalty, seed=o.seed,
@@ -357,13 +362,21 @@ def show(body: OllamaShowBody, served: Served) -> dict[str, Any]:
         capabilities.append("tools")
     if served.chat_template is not None and "enable_thinking" in served.chat_template:
         capabilities.append("thinking")
+    # Ollama's `parameters` text (a name and a value a line): the context, and the new
+    # tokens a request without num_predict gets; model_info has the limit.
+    parameters = [("num_predict", served.default_new_tokens)]
+    model_info: dict[str, Any] = {"general.architecture": "onnx"}
+    if served.context_length:
+        parameters.insert(0, ("num_ctx", served.context_length))
+        model_info["onnx.context_length"] = served.context_length
     return {
         "modelfile": "",
-        "parameters": "",
+        "parameters": "\n".join(f"{name:<30} {value}" for name, value in parameters),
         "template": served.chat_template or "",
         "details": _details(served),
         "model_info": {
-            "general.architecture": "onnx",
+            **model_info,
+            "ortserve.max_new_tokens": served.max_new_tokens,
             "ortserve.precision": served.precision,
             "ortserve.manifest_digest": served.digest,
         },

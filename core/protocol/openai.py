@@ -465,8 +465,8 @@ class ChatBody(_OpenAIBody):
     def to_generation(self, served: Served) -> GenerationRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
-        # OpenAI's default for chat: as many as fit (the server's limit, capped by the context).
-        options, field = self._options(served, served.max_new_tokens)
+        # OpenAI's default for chat: as many as fit (capped by the context).
+        options, field = self._options(served, served.default_new_tokens)
         messages = [m.as_template_input() for m in self.messages]
         guidance = self.response_format.guidance() if self.response_format else None
         plan = self.tool_plan(served)

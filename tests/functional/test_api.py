@@ -36,7 +36,7 @@ MODEL = "ortserve/tiny-llama-random-weights"
 
 def _settings(model_dir: Path, **kw: object) -> ServerSettings:
     return ServerSettings(model_dir=model_dir, providers="cpu", api_keys=[API_KEY, "other-key"],
-                          max_body_bytes=64 * 1024, max_new_tokens=2000, **kw)  # type: ignore[arg-type]  # fmt: skip
+                          max_body_bytes=64 * 1024, **{"max_new_tokens": 2000, **kw})  # type: ignore[arg-type]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +179,8 @@ def test_models(target: Target) -> None:
     assert body["object"] == "list"
     assert [m["id"] for m in body["data"]] == ["ortserve/tiny-llama-random-weights"]
     assert body["data"][0]["object"] == "model"
+    # The context (vLLM's max_model_len) and the operator's limit (MAX_NEW_TOKENS 2000).
+    assert (body["data"][0]["max_model_len"], body["data"][0]["max_tokens"]) == (2048, 2000)
 
 
 def test_completion(target: Target) -> None:
@@ -556,6 +558,88 @@ def test_same_bytes_as_the_reference(target: Target, reference: Target) -> None:
         got, want = target.call("POST", path, body), reference.call("POST", path, body)
         assert got.status == want.status == 200
         assert normalized(got.body) == normalized(want.body), path
+
+
+# -- the token limit: the model's context, unless the operator sets one -------------------
+
+CONTEXT = 2048  # the tiny model's context_length (genai_config.json)
+
+
+@pytest.fixture(scope="module", params=["core", "gcf", "edge", "lambda"])
+def unlimited(
+    request: pytest.FixtureRequest, tiny_gcf_bundle: Path, tiny_model_dir: Path
+) -> Iterator[Target]:
+    """Each target without MAX_NEW_TOKENS (0, the default: the model's context)."""
+    default = {"ORTSERVE_MAX_NEW_TOKENS": "0"}
+    if request.param == "core":
+        settings = _settings(tiny_model_dir, max_new_tokens=0)
+        state = ModelState(settings)
+        state.load()
+        yield InProcess(Api(state, settings))
+    elif request.param == "gcf":
+        with gcf_server(tiny_gcf_bundle, default) as base:
+            yield Http("gcf", base)
+    elif request.param == "edge":
+        with edge_server(tiny_model_dir, default) as base:
+            yield Http("edge", base)
+    else:
+        yield LambdaTarget(lambda_app(tiny_model_dir, max_new_tokens=0).handle)
+
+
+def test_the_default_limit_is_the_context(unlimited: Target) -> None:
+    """What clients send (1k-4k tokens) is served; past the context it is cut to what fits
+    after the prompt (finish_reason length), as llama-server and Ollama do."""
+    card = unlimited.call("GET", "/v1/models").json()["data"][0]
+    assert (card["max_model_len"], card["max_tokens"]) == (CONTEXT, CONTEXT)
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4000,
+            "ignore_eos": True}  # fmt: skip
+    reply = unlimited.call("POST", "/v1/chat/completions", chat)
+    assert reply.status == 200, reply.body
+    usage = reply.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == CONTEXT
+    assert reply.json()["choices"][0]["finish_reason"] == "length"
+    body = {"prompt": "Hi", "max_new_tokens": 2000, "ignore_eos": True}
+    generated = unlimited.call("POST", "/generate", body).json()
+    assert generated["tokens_generated"] == 2000 and generated["finish_reason"] == "length"
+    ollama = {"model": MODEL, "prompt": "Hi", "stream": False,
+              "options": {"num_predict": 1000, "temperature": 0}}  # fmt: skip
+    answer = unlimited.call("POST", "/api/generate", ollama)
+    assert answer.status == 200, answer.body
+    assert 0 < answer.json()["eval_count"] <= 1000
+    # Without a limit, OpenAI's chat "as many as fit" is the server's default (512).
+    default = unlimited.call("POST", "/v1/chat/completions", {**chat, "max_tokens": None})
+    assert default.json()["usage"]["completion_tokens"] == 512
+    # A minimum past the context cannot be met: a clear 400.
+    least = {"prompt": "Hi", "min_tokens": CONTEXT + 1}
+    error = _error(unlimited.call("POST", "/generate", least), 400, "invalid_request")
+    assert error["param"] == "min_tokens" and f"limit of {CONTEXT}" in str(error["message"])
+
+
+def test_ollama_show_says_the_context_and_the_limit(unlimited: Target) -> None:
+    show = unlimited.call("POST", "/api/show", {"model": MODEL}).json()
+    assert show["model_info"]["onnx.context_length"] == CONTEXT
+    assert show["model_info"]["ortserve.max_new_tokens"] == CONTEXT
+    parameters = dict(line.split() for line in show["parameters"].splitlines())
+    assert parameters == {"num_ctx": str(CONTEXT), "num_predict": "512"}
+
+
+def test_the_operators_limit_is_a_clear_400(target: Target) -> None:
+    """MAX_NEW_TOKENS (2000 here) caps every route, whatever the context leaves."""
+    for path, body, field in (
+        ("/v1/chat/completions", {**_CHAT, "max_tokens": 2001}, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 2001}, "max_tokens"),
+        ("/generate", {"prompt": "x", "max_new_tokens": 2001}, "max_new_tokens"),
+    ):
+        error = _error(target.call("POST", path, body), 400, "invalid_request")
+        assert error["param"] == field
+        assert error["message"] == f"{field} 2001 is above this server's limit of 2000"
+    ollama = {"model": MODEL, "prompt": "x", "stream": False, "options": {"num_predict": 2001}}
+    refused = target.call("POST", "/api/generate", ollama)
+    assert refused.status == 400 and "limit of 2000" in refused.json()["error"]
+    show = target.call("POST", "/api/show", {"model": MODEL}).json()
+    assert show["model_info"]["ortserve.max_new_tokens"] == 2000
+    parameters = dict(line.split() for line in show["parameters"].splitlines())
+    assert parameters == {"num_ctx": str(CONTEXT), "num_predict": "2000"}
 
 
 # -- errors, auth, limits ---------------------------------------------------------------

@@ -111,6 +111,9 @@ def test_the_image_is_slim_python_312_non_root_cpu_only(bundle: Path) -> None:
     assert float(env["ORTSERVE_DRAIN_TIMEOUT_S"]) < 10  # Cloud Run kills 10 s after SIGTERM
     size = json.loads((bundle / "sizing.json").read_text())
     assert env["ORTSERVE_THREADS"] == str(size["cpu"])
+    # The tiny model's context (2,048) is the sized room: no cap, requests get what fits.
+    assert (env["ORTSERVE_MAX_NEW_TOKENS"], env["ORTSERVE_MAX_PROMPT_TOKENS"]) == ("0", "0")
+    assert size["max_new_tokens"] == 0
     (cmd,) = [ins.words() for ins in _final(bundle) if ins.keyword == "CMD"]
     assert cmd == ["python3", "serve.py"]
 
@@ -271,7 +274,8 @@ def test_sizing_of_real_model_shapes() -> None:
     # positions of logits) = 1428 MiB -> 1536 MiB
     assert small.memory.total_mib == 256 + 188 + 720 + 72 + 192
     assert (small.concurrency, small.cpu, small.memory_mib, small.kv_mib) == (4, 2, 1536, 720)
-    assert small.max_prompt_tokens == 4096 - 512  # the KV cache is sized for 4096 tokens
+    # The KV cache is sized for 4096 tokens: prompt and new tokens are capped to fit.
+    assert (small.max_prompt_tokens, small.max_new_tokens) == (4096 - 512, 512)
     qwen = sizing_for(500 << 20, QWEN25_05B)
     assert (qwen.cpu, qwen.memory_mib) == (2, 1792)
     big = sizing_for(6 << 30, QWEN25_05B)  # over 8 GiB: Cloud Run wants 4 CPUs

@@ -259,6 +259,17 @@ def test_the_time_limits_agree(text: str, resources: dict[str, Any]) -> None:
     assert limits == {int(LambdaSettings().lambda_api_gateway_timeout_s * 1000)}
 
 
+def test_the_token_limit_is_the_settings_one(text: str) -> None:
+    """MaxNewTokens' default is the server's (0: the model's context) and its bounds are
+    ones the setting takes, so a deployment with the defaults takes max_tokens 2000."""
+    from core.settings import EngineSettings
+
+    parameter = _load(text)["Parameters"]["MaxNewTokens"]
+    assert parameter["Default"] == EngineSettings.model_fields["max_new_tokens"].default == 0
+    for bound in (parameter["MinValue"], parameter["MaxValue"]):
+        assert EngineSettings(max_new_tokens=bound).max_new_tokens == bound
+
+
 def test_the_http_api_writes_an_access_log(text: str, resources: dict[str, Any]) -> None:
     """Every HTTP API request leaves one JSON line in a log group that expires (#26 item 6,
     checkov CKV_AWS_95): set on the API in the SAM template, and on the stage it becomes."""

@@ -203,9 +203,10 @@ def test_the_declared_concurrency_of_longest_prompts_fits_the_declared_memory(
 
     shape = _shape()
     size = sizing(shape)
-    assert size.max_prompt_tokens == 4096 - MAX_NEW_TOKENS
+    assert (size.max_prompt_tokens, size.max_new_tokens) == (4096 - MAX_NEW_TOKENS, MAX_NEW_TOKENS)
     daemon = start(shape, THREADS=str(size.cpu), MAX_BATCH=str(size.concurrency),
-                   MAX_PROMPT_TOKENS=str(size.max_prompt_tokens))  # fmt: skip
+                   MAX_PROMPT_TOKENS=str(size.max_prompt_tokens),
+                   MAX_NEW_TOKENS=str(size.max_new_tokens))  # fmt: skip
     daemon.wait_for("READY=1")
     first_tokens = threading.Barrier(size.concurrency + 1, timeout=900)
     counts: list[int] = []

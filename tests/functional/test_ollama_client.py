@@ -35,6 +35,10 @@ def test_list_show_and_version(client: ollama.Client) -> None:
     assert models[0].size and models[0].digest
     shown = client.show(MODEL)
     assert shown.template and {"completion", "tools"} <= set(shown.capabilities or [])
+    # The context and the limit, where Ollama's clients read them.
+    assert shown.modelinfo and shown.modelinfo["onnx.context_length"] == 2048
+    assert shown.modelinfo["ortserve.max_new_tokens"] == 2000
+    assert (shown.parameters or "").split() == ["num_ctx", "2048", "num_predict", "2000"]
     with pytest.raises(ollama.ResponseError) as info:
         client.show("llama3:8b")
     assert info.value.status_code == 404 and "not found" in info.value.error

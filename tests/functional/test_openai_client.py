@@ -28,6 +28,9 @@ def client(
 def test_models(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL
+    # vLLM's max_model_len (the context) and the limit (the harness's MAX_NEW_TOKENS).
+    card = client.models.retrieve(MODEL)
+    assert (card.model_extra or {}) == {"max_model_len": 2048, "max_tokens": 2000}
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4")
     # Asked for a null temperature, the client sends `"temperature": null`: the default.

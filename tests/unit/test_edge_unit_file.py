@@ -77,7 +77,8 @@ def test_the_example_env_file_names_only_real_settings() -> None:
     # Every example value is valid as written, and is the default it says it is.
     values = {k.removeprefix("ORTSERVE_").lower(): v for k, v in pairs}
     EdgeSettings.model_validate(values)
-    for name in ("read_timeout_s", "keep_alive_s", "max_connections", "max_connections_per_peer"):
+    for name in ("read_timeout_s", "keep_alive_s", "max_connections", "max_connections_per_peer",
+                 "max_new_tokens", "max_prompt_tokens"):  # fmt: skip
         assert EdgeSettings.model_validate({name: values[name]}) == EdgeSettings.model_validate({})
 
 

@@ -26,8 +26,10 @@ def test_the_terms_of_smollm2_135m() -> None:
     assert terms.cache_mib == 180 + 12  # one slot: 4,096 tokens, 64 positions of logits
     assert terms.reload_mib == 0
     assert terms.total_mib == 256 + 188 + 720 + 288 + 192
-    # The context (8,192) is longer than a sequence's room: prompts are capped to fit.
+    # The context (8,192) is longer than a sequence's room: prompts and new tokens are
+    # capped to fit (the default limit, the context, would not).
     assert (terms.tokens_per_sequence, terms.max_prompt_tokens) == (4096, 4096 - 512)
+    assert terms.max_new_tokens == 512
 
 
 def test_the_vocabulary_and_the_chunk_size_the_parts() -> None:
@@ -48,7 +50,9 @@ def test_a_reload_has_room_for_a_second_model_and_its_cache() -> None:
 def test_a_short_context_needs_no_prompt_cap() -> None:
     short = {**SMOLLM2_135M, "context_length": 2048}
     terms = memory_for(150 << 20, short, sequences=1)
-    assert (terms.tokens_per_sequence, terms.max_prompt_tokens) == (2048, 0)
+    # Prompt + new tokens never pass the context, the sequence's room: no cap either.
+    assert (terms.tokens_per_sequence, terms.max_prompt_tokens, terms.max_new_tokens) == (
+        2048, 0, 0)  # fmt: skip
 
 
 def test_the_edge_unit_gets_the_formulas_memory_max() -> None:
