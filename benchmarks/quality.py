@@ -110,6 +110,7 @@ class Variant:
     ftype: str = ""  # llama.cpp: Q4_0, Q4_K_M, Q8_0
     speed_only: bool = False  # e.g. prune_lm_head: no all-position logits to score
     note: str = ""
+    recipe: str = ""  # og: `ortserve bake --recipe` (bake.recipes)
 
 
 def _og(
@@ -121,9 +122,12 @@ def _og(
     shared: bool = False,
     speed_only: bool = False,
     note: str = "",
+    recipe: str = "",
 ) -> Variant:
     options = (("algo_config", algo), ("shared_embeddings", str(shared).lower()), *extra)
-    return Variant(name, "og", precision, block, options, speed_only=speed_only, note=note)
+    return Variant(
+        name, "og", precision, block, options, speed_only=speed_only, note=note, recipe=recipe
+    )
 
 
 _HEAD8 = ("matmul_mixed_precision", "last_matmul:int8")
@@ -215,6 +219,34 @@ VARIANTS: dict[str, Variant] = {
             shared=True,
             speed_only=True,
             note="kq-mixed-tied + prune_lm_head (last-position logits only: speed only)",
+        ),
+        _og(
+            "og-recipe-q4km-like",
+            "int4",
+            32,
+            "k_quant_mixed",
+            shared=True,
+            recipe="q4km-like",
+            note="the default + qkv, o, down_proj int8 in every layer, gate/up_proj int8 in "
+            "the first and last three (--recipe q4km-like)",
+        ),
+        _og(
+            "og-recipe-q4km-like-b16",
+            "int4",
+            16,
+            "k_quant_mixed",
+            shared=True,
+            recipe="q4km-like",
+            note="og-recipe-q4km-like at block 16",
+        ),
+        _og(
+            "og-recipe-int8",
+            "int4",
+            32,
+            "k_quant_mixed",
+            shared=True,
+            recipe="int8",
+            note="every MatMul int8, block 32, embedding tied to the int8 lm_head (--recipe int8)",
         ),
         Variant("llama.cpp-Q4_0", "llama.cpp", ftype="Q4_0"),
         Variant("llama.cpp-Q4_K_M", "llama.cpp", ftype="Q4_K_M"),
@@ -504,6 +536,8 @@ def bake_command(variant: Variant, hf_dir: Path, out: Path) -> list[str]:
         command.append("--no-quality-check")  # every variant is measured, good or not
     for key, value in variant.options:
         command += ["--builder-option", f"{key}={value}"]
+    if variant.recipe:
+        command += ["--recipe", variant.recipe]
     return command
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from bake.errors import BakeError
+from bake.recipes import DEFAULT_RECIPE, RECIPES
 from bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
 from core.cli import DefaultsFormatter
 
@@ -53,6 +54,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--accuracy-level", dest="accuracy_level", help="MatMulNBits accuracy level 1..4"
+    )
+    parser.add_argument(
+        "--recipe",
+        metavar="NAME|FILE",
+        help="int4 quantization recipe: which weights, in which layers, are int8: "
+        f"{', '.join(RECIPES)} (default: the target's, {DEFAULT_RECIPE}), or a .json/.toml "
+        "recipe file (README, 'Bake recipes')",
     )
     parser.add_argument(
         "--builder-option",
@@ -182,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         quality_check=args.quality_check,
         max_ppl_ratio=args.max_ppl_ratio,
         cache_dir=BakeSettings().cache_dir,
+        recipe=args.recipe,
     )
     try:
         result = bake(request)
