@@ -18,7 +18,7 @@ from bake.genai_config import infer_genai_config, set_session_options
 from bake.onnx_source import BAKED_GRAPH, copy_graph, data_files, graph_precision, load_graph
 from bake.package import package
 from bake.packaging_common import MODEL_SUBDIR
-from bake.recipes import RECIPES, Recipe, load_recipe, target_options
+from bake.recipes import RECIPES, Recipe, default_recipe, load_recipe, target_options
 from bake.source_files import PROCESSING_FILES
 from bake.sources import OnnxChoice, ResolvedSource, resolve
 from bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
@@ -364,6 +364,12 @@ def _convert(
         config = _check_checkpoint(source.folder, target, options)
         folder, options = builder_input(source.folder, cache.parent / "builder-input", options)
         target_opts = None
+        if recipe is not None and request.recipe is None:
+            name = default_recipe(recipe[0], config)
+            if name != recipe[0]:
+                say(f"recipe {recipe[0]} names llama-like nodes; a {config.get('model_type')} "
+                    f"checkpoint gets {name} (--recipe to choose)")  # fmt: skip
+            recipe = name, RECIPES[name]
         if recipe is not None:
             target_opts = target_options(recipe[1], options, config)
             say(f"recipe {recipe[0]}: " + (

@@ -12,7 +12,7 @@ preset), then the presets.
 
 With `--target_options`, og 0.18's builder also drops the `Gather` that
 `shared_embeddings` adds to the quantized op types, so a tied embedding comes back as
-an fp32 Gather of its own (+28 MB on SmolLM2-135M): the op types are given explicitly
+an fp32 Gather of its own (+113 MB on SmolLM2-135M): the op types are given explicitly
 for a tied model, which keeps the embedding tied to the quantized lm_head.
 """
 
@@ -134,7 +134,22 @@ RECIPES: dict[str, Recipe] = {
         rules=[Rule(roles=_EVERY_ROLE, layers="all", type="int8")],
     ),
 }
-DEFAULT_RECIPE = "k-quant-mixed"
+# The CPU targets' default: on SmolLM2-135M it meets llama.cpp Q4_K_M's perplexity with a
+# better top-1 agreement at 1.29x its size (README, "Quality", run 4).
+DEFAULT_RECIPE = "q4km-like"
+# What a family whose graph may not have the llama-like names gets by default.
+BASIC_RECIPE = "k-quant-mixed"
+# Families the builder builds with the node names above (og 0.18's llama/mistral/qwen
+# path); a recipe the user names is tried on any family (the builder names a missing node).
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
+
+
+def default_recipe(target_recipe: str, config: dict[str, Any]) -> str:
+    """The recipe a target's default means for a checkpoint with `config`: the target's,
+    or BASIC_RECIPE (no per-layer rules) where the family may not have the names."""
+    if not RECIPES[target_recipe].rules or config.get("model_type") in LLAMA_LIKE:
+        return target_recipe
+    return BASIC_RECIPE
 
 
 def load_recipe(spec: str) -> tuple[str, Recipe]:
@@ -210,6 +225,17 @@ def _true(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes")
 
 
+def _presets(recipe: Recipe, options: dict[str, str]) -> dict[str, str]:
+    """The presets the final options imply: `algo_config`'s, then `matmul_mixed_precision`'s
+    ("selector:type,..."), as og's desugar_algo_config merges them."""
+    presets = dict(_ALGO_PRESETS.get(options.get("algo_config", recipe.algo_config), {}))
+    for entry in options.get("matmul_mixed_precision", "").split(","):
+        selector, _, kind = entry.partition(":")
+        if selector.strip():
+            presets[selector.strip()] = kind.strip()
+    return presets
+
+
 def target_options(
     recipe: Recipe, options: dict[str, str], config: dict[str, Any]
 ) -> dict[str, Any] | None:
@@ -228,14 +254,18 @@ def target_options(
     fused = not _true(options.get("disable_qkv_fusion", "false")) and _true(
         options.get("fuse_qkv", "true")
     )
-    overrides: list[dict[str, Any]] = [
+    # The list replaces what the legacy options said: their exclusions come first (og
+    # applies them unconditionally), the presets last.
+    excluded = [n.strip() for n in options.get("nodes_to_exclude", "").split(",") if n.strip()]
+    overrides: list[dict[str, Any]] = [{"match": {"name": n}, "exclude": True} for n in excluded]
+    overrides += [
         {"match": {"name": name}, "type": kind}
         for name, kind in node_types(recipe, num_layers, fused).items()
+        if name not in excluded
     ]
-    algo = options.get("algo_config", recipe.algo_config)
     overrides += [
         {"match": {"preset": preset}, "type": kind}
-        for preset, kind in _ALGO_PRESETS.get(algo, {}).items()
+        for preset, kind in _presets(recipe, options).items()
     ]
     weights: dict[str, Any] = {"overrides": overrides}
     tied = bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from bake.errors import BakeError
-from bake.recipes import RECIPES, Recipe, Rule, load_recipe, node_types, target_options
+from bake.recipes import (
+    RECIPES,
+    Recipe,
+    Rule,
+    default_recipe,
+    load_recipe,
+    node_types,
+    target_options,
+)
 from bake.targets import builder_options, get_target
 
 # SmolLM2-135M's config.json, the parts a recipe reads.
@@ -52,6 +60,19 @@ def test_target_options_put_names_first_then_the_algorithms_presets() -> None:
     # A user's algo_config replaces the recipe's, and its presets with it.
     rtn = target_options(recipe, {**recipe.builder_options(), "algo_config": "rtn"}, SMOLLM2)
     assert all("name" in o["match"] for o in _overrides(rtn))
+
+
+def test_legacy_presets_and_exclusions_are_kept_in_the_list() -> None:
+    recipe = Recipe(algo_config="rtn", rules=[Rule(roles=["down"], layers=[0], type="int8")])
+    options = {
+        "algo_config": "k_quant",
+        "matmul_mixed_precision": "last_matmul:int8",
+        "nodes_to_exclude": "/model/layers.0/mlp/down_proj/MatMul",
+    }
+    assert _overrides(target_options(recipe, options, {"num_hidden_layers": 1})) == [
+        {"match": {"name": "/model/layers.0/mlp/down_proj/MatMul"}, "exclude": True},
+        {"match": {"preset": "last_matmul"}, "type": "int8"},
+    ]
 
 
 def test_a_tied_model_keeps_gather_among_the_quantized_op_types() -> None:
@@ -156,6 +177,19 @@ def test_invalid_recipe_files_say_what_is_wrong(tmp_path: Path, content: str, er
     path.write_text(content)
     with pytest.raises(BakeError, match=error):
         load_recipe(str(path))
+
+
+def test_the_default_falls_back_where_the_names_may_not_exist() -> None:
+    assert default_recipe("q4km-like", {"model_type": "llama"}) == "q4km-like"
+    assert default_recipe("q4km-like", {"model_type": "qwen2"}) == "q4km-like"
+    assert default_recipe("q4km-like", {"model_type": "phi"}) == "k-quant-mixed"
+    assert default_recipe("k-quant-mixed", {"model_type": "phi"}) == "k-quant-mixed"
+
+
+def test_the_cpu_targets_default_to_q4km_like() -> None:
+    for name in ("gcf", "lambda-x86_64", "edge-aarch64", "cloudrun"):
+        assert get_target(name).recipe == "q4km-like"
+    assert get_target("cuda").recipe is None
 
 
 def test_an_unknown_recipe_names_the_known_ones() -> None:
