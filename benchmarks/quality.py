@@ -12,9 +12,11 @@ GGUF dequantized by transformers' GGUF loader, so the weights lie on a 32-block 
 (which can flatter block-32 re-quantization: hence a block-64 variant).
 
 Variants. og: `ortserve bake --model HF_FOLDER --target edge-x86_64 --model-only --force
---no-smoke --precision P --block-size B --accuracy-level 4 --builder-option K=V ...`
-into WORK/bakes/NAME, every builder option given explicitly (the target's defaults do
-not decide anything here; `shared_embeddings` is always given); a bake is reused while
+--no-smoke --precision P --block-size B --accuracy-level 4 --builder-option K=V ...
+[--recipe R]` into WORK/bakes/NAME, every builder option given explicitly (the target's
+defaults do not decide anything here; `shared_embeddings` is always given, and an int4
+variant names its recipe: `k-quant-mixed`, no per-layer rules, unless it has one of
+bake.recipes'); a bake is reused while
 its command is unchanged, and a bake that fails is recorded and skipped. llama.cpp:
 llama.cpp's own `convert_hf_to_gguf.py --outtype f32` on the same folder, then
 `llama_cpp.llama_model_quantize` (what llama-quantize does) to Q4_0 / Q4_K_M / Q8_0.
@@ -178,7 +180,8 @@ VARIANTS: dict[str, Variant] = {
             32,
             "k_quant_mixed",
             shared=True,
-            note="the bake's default: k_quant, lm_head int8 tied to the embedding, 'mixed' "
+            note="the bake's default until 2026-12-03 (--recipe k-quant-mixed): k_quant, "
+            "lm_head int8 tied to the embedding, 'mixed' "
             "layers int8",
         ),
         _og(
@@ -536,8 +539,9 @@ def bake_command(variant: Variant, hf_dir: Path, out: Path) -> list[str]:
         command.append("--no-quality-check")  # every variant is measured, good or not
     for key, value in variant.options:
         command += ["--builder-option", f"{key}={value}"]
-    if variant.recipe:
-        command += ["--recipe", variant.recipe]
+    if variant.precision == "int4":
+        # Not the target's default recipe, which has per-layer rules of its own.
+        command += ["--recipe", variant.recipe or "k-quant-mixed"]
     return command
 
 

@@ -195,3 +195,17 @@ def test_the_cpu_targets_default_to_q4km_like() -> None:
 def test_an_unknown_recipe_names_the_known_ones() -> None:
     with pytest.raises(BakeError, match="unknown recipe 'q4-best': name one of k-quant-mixed, "):
         load_recipe("q4-best")
+
+
+def test_the_quality_benchmark_names_every_int4_variants_recipe(tmp_path: Path) -> None:
+    """benchmarks.quality gives every option explicitly: the target's default recipe, with
+    per-layer rules of its own, must not decide what a variant measures."""
+    from benchmarks.quality import VARIANTS, bake_command
+
+    def recipe(name: str) -> str | None:
+        command = bake_command(VARIANTS[name], tmp_path, tmp_path / "out")
+        return command[command.index("--recipe") + 1] if "--recipe" in command else None
+
+    assert recipe("og-int4-b32-kq-mixed-int8tied") == "k-quant-mixed"
+    assert recipe("og-recipe-q4km-like") == "q4km-like"
+    assert recipe("og-int8-b128") is None
