@@ -123,6 +123,9 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         help="the target to bake for (this machine's edge target)",
     )  # fmt: skip
     parser.add_argument("--precision", choices=PRECISIONS, help="default: the bake's")
+    parser.add_argument(
+        "--recipe", metavar="NAME|FILE", help="int4 recipe, as `ortserve bake --recipe`"
+    )
     parser.add_argument("--revision", help="hub revision to pin")
     parser.add_argument(
         "--builder-option", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
@@ -143,6 +146,16 @@ def run_model(args: argparse.Namespace) -> int:
 
     spec = {"source": args.model, "revision": args.revision, "target": args.target,
             "precision": args.precision, "options": dict(args.builder_option)}  # fmt: skip
+    if args.recipe is not None:
+        from bake.recipes import load_recipe
+
+        # A file's recipe by its contents: an edited file is another bake.
+        try:
+            label, recipe = load_recipe(args.recipe)
+        except BakeError as exc:
+            print(f"ortserve run: error: {exc}", file=sys.stderr)
+            return 1
+        spec["recipe"] = label if label in RECIPES else recipe.model_dump_json()
     root = StoreSettings().models
     name = store.entry_name(spec)
     entry = root / name
@@ -152,7 +165,7 @@ def run_model(args: argparse.Namespace) -> int:
         request = BakeRequest(
             source=args.model, target=args.target, out=entry, precision=args.precision,
             revision=args.revision, options=spec["options"], force=True, package=False,
-            cache_dir=BakeSettings().cache_dir,
+            cache_dir=BakeSettings().cache_dir, recipe=args.recipe,
         )  # fmt: skip
         try:
             bake(request)
