@@ -364,17 +364,8 @@ def _convert(
         config = _check_checkpoint(source.folder, target, options)
         folder, options = builder_input(source.folder, cache.parent / "builder-input", options)
         target_opts = None
-        if recipe is not None and request.recipe is None:
-            name = default_recipe(recipe[0], config)
-            if name != recipe[0]:
-                say(f"recipe {recipe[0]} names llama-like nodes; a {config.get('model_type')} "
-                    f"checkpoint gets {name} (--recipe to choose)")  # fmt: skip
-            recipe = name, RECIPES[name]
         if recipe is not None:
-            target_opts = target_options(recipe[1], options, config)
-            say(f"recipe {recipe[0]}: " + (
-                f"{len(target_opts['quant_config']['weights']['overrides'])} builder overrides"
-                if target_opts else "no per-layer rules"))  # fmt: skip
+            recipe, target_opts = _expand(recipe, request.recipe is not None, config, options)
         _run_builder(folder, staging, cache, precision, target, options, failed_log, target_opts)
         if recipe is not None:
             options = {**options, "recipe": recipe[0]}
@@ -448,6 +439,24 @@ def bake(request: BakeRequest) -> BakeResult:
         shutil.rmtree(work, ignore_errors=True)
     say(f"baked {manifest.model_name} for {target.name} into {out} (model: {out / MODEL_SUBDIR})")
     return BakeResult(out, manifest, text, provider)
+
+
+def _expand(
+    recipe: tuple[str, Recipe], asked: bool, config: dict[str, Any], options: dict[str, str]
+) -> tuple[tuple[str, Recipe], dict[str, Any] | None]:
+    """The recipe for this checkpoint (a target's default may fall back: bake.recipes) and
+    the builder's `--target_options` it expands to (None: no per-layer rules)."""
+    if not asked:
+        name = default_recipe(recipe[0], config)
+        if name != recipe[0]:
+            say(f"recipe {recipe[0]} names llama-like nodes; a {config.get('model_type')} "
+                f"checkpoint gets {name} (--recipe to choose)")  # fmt: skip
+        recipe = name, RECIPES[name]
+    expanded = target_options(recipe[1], options, config)
+    count = len(expanded["quant_config"]["weights"]["overrides"]) if expanded else 0
+    say(f"recipe {recipe[0]}: {count} builder overrides" if count else
+        f"recipe {recipe[0]}: no per-layer rules")  # fmt: skip
+    return recipe, expanded
 
 
 def _recipe(request: BakeRequest, target: Target, precision: str) -> tuple[str, Recipe] | None:
