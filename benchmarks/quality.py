@@ -12,9 +12,11 @@ GGUF dequantized by transformers' GGUF loader, so the weights lie on a 32-block 
 (which can flatter block-32 re-quantization: hence a block-64 variant).
 
 Variants. og: `ortserve bake --model HF_FOLDER --target edge-x86_64 --model-only --force
---no-smoke --precision P --block-size B --accuracy-level 4 --builder-option K=V ...`
-into WORK/bakes/NAME, every builder option given explicitly (the target's defaults do
-not decide anything here; `shared_embeddings` is always given); a bake is reused while
+--no-smoke --precision P --block-size B --accuracy-level 4 --builder-option K=V ...
+[--recipe R]` into WORK/bakes/NAME, every builder option given explicitly (the target's
+defaults do not decide anything here; `shared_embeddings` is always given, and an int4
+variant names its recipe: `k-quant-mixed`, no per-layer rules, unless it has one of
+bake.recipes'); a bake is reused while
 its command is unchanged, and a bake that fails is recorded and skipped. llama.cpp:
 llama.cpp's own `convert_hf_to_gguf.py --outtype f32` on the same folder, then
 `llama_cpp.llama_model_quantize` (what llama-quantize does) to Q4_0 / Q4_K_M / Q8_0.
@@ -110,6 +112,7 @@ class Variant:
     ftype: str = ""  # llama.cpp: Q4_0, Q4_K_M, Q8_0
     speed_only: bool = False  # e.g. prune_lm_head: no all-position logits to score
     note: str = ""
+    recipe: str = ""  # og: `ortserve bake --recipe` (bake.recipes)
 
 
 def _og(
@@ -121,9 +124,12 @@ def _og(
     shared: bool = False,
     speed_only: bool = False,
     note: str = "",
+    recipe: str = "",
 ) -> Variant:
     options = (("algo_config", algo), ("shared_embeddings", str(shared).lower()), *extra)
-    return Variant(name, "og", precision, block, options, speed_only=speed_only, note=note)
+    return Variant(
+        name, "og", precision, block, options, speed_only=speed_only, note=note, recipe=recipe
+    )
 
 
 _HEAD8 = ("matmul_mixed_precision", "last_matmul:int8")
@@ -174,7 +180,8 @@ VARIANTS: dict[str, Variant] = {
             32,
             "k_quant_mixed",
             shared=True,
-            note="the bake's default: k_quant, lm_head int8 tied to the embedding, 'mixed' "
+            note="the bake's default until 2026-12-03 (--recipe k-quant-mixed): k_quant, "
+            "lm_head int8 tied to the embedding, 'mixed' "
             "layers int8",
         ),
         _og(
@@ -215,6 +222,34 @@ VARIANTS: dict[str, Variant] = {
             shared=True,
             speed_only=True,
             note="kq-mixed-tied + prune_lm_head (last-position logits only: speed only)",
+        ),
+        _og(
+            "og-recipe-q4km-like",
+            "int4",
+            32,
+            "k_quant_mixed",
+            shared=True,
+            recipe="q4km-like",
+            note="the default + qkv, o, down_proj int8 in every layer, gate/up_proj int8 in "
+            "the first and last three (--recipe q4km-like)",
+        ),
+        _og(
+            "og-recipe-q4km-like-b16",
+            "int4",
+            16,
+            "k_quant_mixed",
+            shared=True,
+            recipe="q4km-like",
+            note="og-recipe-q4km-like at block 16",
+        ),
+        _og(
+            "og-recipe-int8",
+            "int4",
+            32,
+            "k_quant_mixed",
+            shared=True,
+            recipe="int8",
+            note="every MatMul int8, block 32, embedding tied to the int8 lm_head (--recipe int8)",
         ),
         Variant("llama.cpp-Q4_0", "llama.cpp", ftype="Q4_0"),
         Variant("llama.cpp-Q4_K_M", "llama.cpp", ftype="Q4_K_M"),
@@ -504,6 +539,9 @@ def bake_command(variant: Variant, hf_dir: Path, out: Path) -> list[str]:
         command.append("--no-quality-check")  # every variant is measured, good or not
     for key, value in variant.options:
         command += ["--builder-option", f"{key}={value}"]
+    if variant.precision == "int4":
+        # Not the target's default recipe, which has per-layer rules of its own.
+        command += ["--recipe", variant.recipe or "k-quant-mixed"]
     return command
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from bake.errors import BakeError
+from bake.recipes import DEFAULT_RECIPE, RECIPES
 from bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
 from core.cli import DefaultsFormatter
 
@@ -54,6 +55,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--accuracy-level", dest="accuracy_level", help="MatMulNBits accuracy level 1..4"
+    )
+    parser.add_argument(
+        "--recipe",
+        metavar="NAME|FILE",
+        help="int4 quantization recipe: which weights, in which layers, are int8: "
+        f"{', '.join(RECIPES)} (default: the target's, {DEFAULT_RECIPE}), or a .json/.toml "
+        "recipe file (README, 'Bake recipes')",
     )
     parser.add_argument(
         "--builder-option",
@@ -133,6 +141,9 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         help="the target to bake for (this machine's edge target)",
     )  # fmt: skip
     parser.add_argument("--precision", choices=PRECISIONS, help="default: the bake's")
+    parser.add_argument(
+        "--recipe", metavar="NAME|FILE", help="int4 recipe, as `ortserve bake --recipe`"
+    )
     parser.add_argument("--revision", help="hub revision to pin")
     parser.add_argument(
         "--builder-option", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
@@ -166,6 +177,16 @@ def run_model(args: argparse.Namespace) -> int:
             return 1
     spec = {"source": args.model, "revision": args.revision, "target": args.target,
             "precision": args.precision, "options": dict(args.builder_option)}  # fmt: skip
+    if args.recipe is not None:
+        from bake.recipes import load_recipe
+
+        # A file's recipe by its contents: an edited file is another bake.
+        try:
+            label, recipe = load_recipe(args.recipe)
+        except BakeError as exc:
+            print(f"ortserve run: error: {exc}", file=sys.stderr)
+            return 1
+        spec["recipe"] = label if label in RECIPES else recipe.model_dump_json()
     root = StoreSettings().models
     name = store.entry_name(spec)
     entry = root / name
@@ -180,7 +201,7 @@ def run_model(args: argparse.Namespace) -> int:
         request = BakeRequest(
             source=args.model, target=args.target, out=entry, precision=args.precision,
             revision=args.revision, options=spec["options"], force=True, package=False,
-            cache_dir=BakeSettings().cache_dir,
+            cache_dir=BakeSettings().cache_dir, recipe=args.recipe,
         )  # fmt: skip
         try:
             # stdout is the model folder alone with --bake-only (`make demo` reads it).
@@ -223,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         quality_check=args.quality_check,
         max_ppl_ratio=args.max_ppl_ratio,
         cache_dir=BakeSettings().cache_dir,
+        recipe=args.recipe,
     )
     try:
         result = bake(request)

@@ -11,13 +11,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bake.errors import BakeError, run_step, say
 from bake.genai_config import infer_genai_config, set_session_options
 from bake.onnx_source import BAKED_GRAPH, copy_graph, data_files, graph_precision, load_graph
 from bake.package import package
 from bake.packaging_common import MODEL_SUBDIR
+from bake.recipes import RECIPES, Recipe, default_recipe, load_recipe, target_options
 from bake.source_files import PROCESSING_FILES
 from bake.sources import OnnxChoice, ResolvedSource, resolve
 from bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
@@ -56,6 +57,7 @@ class BakeRequest:
     quality_check: bool = True
     max_ppl_ratio: float = DEFAULT_MAX_PPL_RATIO
     cache_dir: Path | None = None  # PyPI downloads and GGUF conversions (None: this bake only)
+    recipe: str | None = None  # a recipe's name or file (None: the target's, for int4)
 
 
 @dataclass
@@ -94,8 +96,9 @@ def _check_block_size(config: dict[str, object], options: dict[str, str]) -> Non
             )
 
 
-def _check_checkpoint(folder: Path, target: Target, options: dict[str, str]) -> None:
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+def _check_checkpoint(folder: Path, target: Target, options: dict[str, str]) -> dict[str, Any]:
+    """Refuse what the builder would fail on obscurely; return the checkpoint's config."""
+    config: dict[str, Any] = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     heads = config.get("num_attention_heads")
     hidden = config.get("hidden_size")
     head_size = config.get("head_dim") or (hidden // heads if heads and hidden else None)
@@ -105,6 +108,7 @@ def _check_checkpoint(folder: Path, target: Target, options: dict[str, str]) -> 
             "GroupQueryAttention kernel rejects it"
         )
     _check_block_size(config, options)
+    return config
 
 
 def _last_error_line(log: str) -> str:
@@ -125,9 +129,11 @@ def _run_builder(
     target: Target,
     options: dict[str, str],
     failed_log: Path,
+    target_opts: dict[str, Any] | None = None,
 ) -> None:
-    """Run the builder; when it fails, its whole log is kept at `failed_log` (outside the
-    bake's temporary folder, which goes) and the error says where."""
+    """Run the builder (with `--target_options` where a recipe has rules); when it fails,
+    its whole log is kept at `failed_log` (outside the bake's temporary folder, which
+    goes) and the error says where."""
     cmd = [
         sys.executable, "-m", "onnxruntime_genai.models.builder",
         "-i", str(src), "-o", str(out), "-p", precision, "-e", target.builder_ep,
@@ -135,6 +141,8 @@ def _run_builder(
     ]  # fmt: skip
     if options:
         cmd += ["--extra_options", *(f"{k}={v}" for k, v in options.items())]
+    if target_opts:
+        cmd += ["--target_options", json.dumps(target_opts)]
     say(f"converting with the onnxruntime-genai builder: {precision}, -e {target.builder_ep}, "
          f"{' '.join(f'{k}={v}' for k, v in options.items()) or 'default options'}")  # fmt: skip
     cache.mkdir(parents=True, exist_ok=True)
@@ -338,9 +346,11 @@ def _convert(
     precision: str,
     options: dict[str, str],
     failed_log: Path,
+    recipe: tuple[str, Recipe] | None,
 ) -> tuple[str, dict[str, str], str, list[str]]:
     """Build (checkpoint) or copy/quantize (ONNX) the model into `staging` (a failed
-    builder's log is kept at `failed_log`).
+    builder's log is kept at `failed_log`), with the recipe (its manifest label and
+    itself) where one applies.
 
     Returns:
         The precision, options and tool for the manifest, and what was inferred.
@@ -351,10 +361,20 @@ def _convert(
                 f"--onnx-file applies to ONNX sources; {source.name} is a checkpoint "
                 "with no ONNX graph"
             )
-        _check_checkpoint(source.folder, target, options)
+        config = _check_checkpoint(source.folder, target, options)
         folder, options = builder_input(source.folder, cache.parent / "builder-input", options)
-        _run_builder(folder, staging, cache, precision, target, options, failed_log)
+        target_opts = None
+        if recipe is not None:
+            recipe, target_opts = _expand(recipe, request.recipe is not None, config, options)
+        _run_builder(folder, staging, cache, precision, target, options, failed_log, target_opts)
+        if recipe is not None:
+            options = {**options, "recipe": recipe[0]}
         return precision, options, "onnxruntime_genai.models.builder {og}", []
+    if request.recipe is not None:
+        raise BakeError(
+            f"--recipe applies to checkpoints (the model builder's quantization); {source.name} "
+            "is an ONNX graph"
+        )
     inferred, plan = _copy_onnx(source, staging, request, target)
     if plan.bits is None:
         return plan.precision, {}, "none: the ONNX graph was copied as exported", inferred
@@ -376,7 +396,8 @@ def bake(request: BakeRequest) -> BakeResult:
     disable_telemetry()
     target = get_target(request.target)
     precision = request.precision or "int4"
-    options = builder_options(target, precision, request.options)
+    recipe = _recipe(request, target, precision)
+    options = builder_options(target, precision, request.options, recipe[1] if recipe else None)
     if request.precision in ("fp16",) and target.builder_ep == "cpu":
         raise BakeError(f"precision fp16 is not supported on the CPU target {target.name}")
     out = (request.out or default_out(request.source, target.name)).resolve()
@@ -393,8 +414,9 @@ def bake(request: BakeRequest) -> BakeResult:
         # Beside the output, not in `work`: a failed bake's builder log outlives it.
         failed_log = out.with_name(f"{out.name}.builder.log")
         precision, options, builder, inferred = _convert(
-            source, staging, work / "cache", request, target, precision, options, failed_log
-        )
+            source, staging, work / "cache", request, target, precision, options, failed_log,
+            recipe,
+        )  # fmt: skip
         record_text(source.folder, staging)
         set_session_options(staging / "genai_config.json", target.intra_op_num_threads)
         manifest = _manifest(source, target, precision, options, inferred, staging, builder)
@@ -417,6 +439,46 @@ def bake(request: BakeRequest) -> BakeResult:
         shutil.rmtree(work, ignore_errors=True)
     say(f"baked {manifest.model_name} for {target.name} into {out} (model: {out / MODEL_SUBDIR})")
     return BakeResult(out, manifest, text, provider)
+
+
+def _expand(
+    recipe: tuple[str, Recipe], asked: bool, config: dict[str, Any], options: dict[str, str]
+) -> tuple[tuple[str, Recipe], dict[str, Any] | None]:
+    """The recipe for this checkpoint (a target's default may fall back: bake.recipes) and
+    the builder's `--target_options` it expands to (None: no per-layer rules)."""
+    if not asked:
+        name = default_recipe(recipe[0], config)
+        if name != recipe[0]:
+            say(f"recipe {recipe[0]} names llama-like nodes; a {config.get('model_type')} "
+                f"checkpoint gets {name} (--recipe to choose)")  # fmt: skip
+        recipe = name, RECIPES[name]
+    expanded = target_options(recipe[1], options, config)
+    count = len(expanded["quant_config"]["weights"]["overrides"]) if expanded else 0
+    say(f"recipe {recipe[0]}: {count} builder overrides" if count else
+        f"recipe {recipe[0]}: no per-layer rules")  # fmt: skip
+    return recipe, expanded
+
+
+def _recipe(request: BakeRequest, target: Target, precision: str) -> tuple[str, Recipe] | None:
+    """The recipe of an int4 bake (`--recipe`, else the target's) and how the manifest
+    records it: a name, or a file's recipe as JSON.
+
+    Raises:
+        BakeError: `--recipe` with another precision, or a recipe that cannot load.
+    """
+    if request.recipe is None:
+        if precision != "int4" or target.recipe is None:
+            return None
+        return target.recipe, RECIPES[target.recipe]
+    if precision != "int4":
+        raise BakeError(
+            f"--recipe applies to int4 bakes (it raises chosen weights to int8), not "
+            f"--precision {precision}"
+        )
+    label, recipe = load_recipe(request.recipe)
+    if label not in RECIPES:
+        label = recipe.model_dump_json()
+    return label, recipe
 
 
 def _is_disk_full(exc: BaseException) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bake.errors import BakeError
+from bake.recipes import DEFAULT_RECIPE, RECIPES, Recipe
 
 PRECISIONS = ("int4", "int8", "fp16", "fp32")
 # The quality gate's default limit (bake.quality).
@@ -32,6 +33,8 @@ class Target:
         arch: The CPU architecture the target runs on.
         builder_options: The builder's `--extra_options` defaults.
         intra_op_num_threads: Baked thread count; the runtime caps it by usable cores.
+        recipe: The int4 bake's recipe (bake.recipes) unless `--recipe` names another;
+            None: the builder's own defaults.
     """
 
     name: str
@@ -40,28 +43,29 @@ class Target:
     arch: str
     builder_options: dict[str, str] = field(default_factory=dict)
     intra_op_num_threads: int = 2
+    recipe: str | None = None
 
 
 # `algo_config` needs a block size that divides every weight row (k_quant at 128 fails
 # on SmolLM2's 576-wide rows); 32 divides the hidden sizes of the models we serve.
 # Not prune_lm_head, though it gives +9-18% prefill: with it, og 0.18 batches of prompts
 # of different lengths decode wrong tokens (README, Troubleshooting).
-_CPU_INT4 = {"block_size": "32", "accuracy_level": "4", "algo_config": "k_quant_mixed"}
+_CPU_INT4 = RECIPES[DEFAULT_RECIPE].builder_options()
 
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         # Lambda gives 2 vCPUs at the template's default memory; more above ~3.5 GB.
-        Target("lambda-x86_64", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 2),
-        Target("lambda-arm64", "cpu", "cpu", "aarch64", dict(_CPU_INT4), 2),
+        Target("lambda-x86_64", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 2, DEFAULT_RECIPE),
+        Target("lambda-arm64", "cpu", "cpu", "aarch64", dict(_CPU_INT4), 2, DEFAULT_RECIPE),
         # The README deploys Cloud Functions with --cpu 2.
-        Target("gcf", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 2),
+        Target("gcf", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 2, DEFAULT_RECIPE),
         # A Cloud Run service instance has 2 vCPUs unless its memory needs more; the
         # image sets ORTSERVE_THREADS to its CPUs (bake.package_cloudrun).
-        Target("cloudrun", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 2),
+        Target("cloudrun", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 2, DEFAULT_RECIPE),
         # Raspberry Pi 5 class boards have 4 cores.
-        Target("edge-aarch64", "cpu", "cpu", "aarch64", dict(_CPU_INT4), 4),
-        Target("edge-x86_64", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 4),
+        Target("edge-aarch64", "cpu", "cpu", "aarch64", dict(_CPU_INT4), 4, DEFAULT_RECIPE),
+        Target("edge-x86_64", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 4, DEFAULT_RECIPE),
         Target("cuda", "cuda", "cuda", "x86_64", {}, 1),
     )
 }
@@ -79,17 +83,21 @@ def get_target(name: str) -> Target:
         raise BakeError(f"unknown target {name!r}; choose one of: {', '.join(TARGETS)}") from None
 
 
-def builder_options(target: Target, precision: str, overrides: dict[str, str]) -> dict[str, str]:
-    """The builder's extra options: the target's defaults for the precision, then the user's.
+def builder_options(
+    target: Target, precision: str, overrides: dict[str, str], recipe: Recipe | None = None
+) -> dict[str, str]:
+    """The builder's extra options: the target's defaults for the precision (a recipe's
+    for an int4 bake with one), then the user's.
 
-    int4 takes the target's options whole; int8 (already close to fp32: README, "Quality")
-    keeps its accuracy level at block 128, the faster layout, and no int4 algorithm.
+    int4 takes the target's (or the recipe's) options whole; int8 (already close to fp32:
+    README, "Quality") keeps its accuracy level at block 128, the faster layout, and no
+    int4 algorithm.
     """
     if precision not in PRECISIONS:
         raise BakeError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
     options: dict[str, str] = {}
     if precision == "int4":
-        options = dict(target.builder_options)
+        options = recipe.builder_options() if recipe else dict(target.builder_options)
     elif precision == "int8" and target.builder_options:
         options = {"block_size": "128", "accuracy_level": target.builder_options["accuracy_level"]}
     for key, value in overrides.items():

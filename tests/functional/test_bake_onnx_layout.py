@@ -12,6 +12,7 @@ import pytest
 
 from core.engine import Engine, SamplingOptions
 from core.settings import EngineSettings
+from tests import models
 from tests.fakehub import FakeRepo, serve_fake_hub
 from tests.functional.bakehelp import bake_fails, bake_ok, bake_ok_log
 
@@ -42,9 +43,17 @@ def _add_graph(baked: Path, dst: Path, name: str, data_name: str) -> None:
 
 
 @pytest.fixture(scope="module")
+def tiny_q4_dir() -> Path:
+    """The tiny model baked with mostly 4-bit weights (`--recipe k-quant-mixed`): the
+    default recipe, q4km-like, makes every MatMul of a 2-layer model 8-bit."""
+    bundle = models.baked("builtin:tiny-llama", package=False, extra=("--recipe", "k-quant-mixed"))
+    return bundle / "model"
+
+
+@pytest.fixture(scope="module")
 def community_dir(
     tiny_hf_dir: Path,
-    tiny_model_dir: Path,
+    tiny_q4_dir: Path,
     tiny_fp32_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
@@ -54,7 +63,7 @@ def community_dir(
         shutil.copy(tiny_hf_dir / name, folder / name)
     (folder / "README.md").write_text("# tiny, ONNX\n")
     _add_graph(tiny_fp32_dir, folder / "onnx", "model.onnx", "model.onnx_data")
-    _add_graph(tiny_model_dir, folder / "onnx", "model_q4.onnx", "model_q4.onnx_data")
+    _add_graph(tiny_q4_dir, folder / "onnx", "model_q4.onnx", "model_q4.onnx_data")
     # Another variant, never the default on CPU, never fetched then.
     _add_graph(tiny_fp32_dir, folder / "onnx", "model_fp16.onnx", "model_fp16.onnx_data")
     return folder
@@ -62,7 +71,7 @@ def community_dir(
 
 @pytest.mark.slow
 def test_default_variant_on_cpu_is_q4_and_the_bake_says_so(
-    community_dir: Path, tiny_model_dir: Path, tmp_path: Path
+    community_dir: Path, tiny_q4_dir: Path, tmp_path: Path
 ) -> None:
     manifest, log = bake_ok_log(
         "--model", str(community_dir), "--target", "edge-x86_64", "--model-only",
@@ -81,7 +90,7 @@ def test_default_variant_on_cpu_is_q4_and_the_bake_says_so(
     config = json.loads((tmp_path / "m" / "model" / "genai_config.json").read_text())
     assert config["model"]["decoder"]["filename"] == "model.onnx"
     assert config["model"]["type"] == "llama"
-    assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_model_dir)
+    assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_q4_dir)
 
 
 @pytest.mark.slow
@@ -136,7 +145,7 @@ def test_options_that_cannot_apply_to_the_graph_are_refused(
 
 @pytest.mark.slow
 def test_flat_folder_with_two_graphs_needs_onnx_file(
-    community_dir: Path, tiny_model_dir: Path, tmp_path: Path
+    community_dir: Path, tiny_q4_dir: Path, tmp_path: Path
 ) -> None:
     flat = tmp_path / "flat"
     shutil.copytree(community_dir / "onnx", flat, ignore=shutil.ignore_patterns("*fp16*"))
@@ -147,12 +156,12 @@ def test_flat_folder_with_two_graphs_needs_onnx_file(
     assert "--onnx-file" in message
     bake_ok("--model", str(flat), "--onnx-file", "model_q4.onnx", "--target", "gcf",
             "--model-only", out=tmp_path / "m")  # fmt: skip
-    assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_model_dir)
+    assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_q4_dir)
 
 
 @pytest.mark.slow
 def test_model_families_beyond_llama_are_inferred_and_others_named(
-    community_dir: Path, tiny_model_dir: Path, tmp_path: Path
+    community_dir: Path, tiny_q4_dir: Path, tmp_path: Path
 ) -> None:
     src = tmp_path / "qwen3"
     shutil.copytree(community_dir, src, ignore=shutil.ignore_patterns("model.onnx*", "*fp16*"))
@@ -161,7 +170,7 @@ def test_model_families_beyond_llama_are_inferred_and_others_named(
     bake_ok("--model", str(src), "--target", "gcf", "--model-only", out=tmp_path / "m")
     genai = json.loads((tmp_path / "m" / "model" / "genai_config.json").read_text())
     assert genai["model"]["type"] == "qwen3"
-    assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_model_dir)
+    assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_q4_dir)
     (src / "config.json").write_text(json.dumps({**config, "model_type": "starcoder2"}))
     message = bake_fails("--model", str(src), "--target", "gcf", out=tmp_path / "x")
     assert "model_type 'starcoder2'" in message
@@ -171,7 +180,7 @@ def test_model_families_beyond_llama_are_inferred_and_others_named(
 
 @pytest.mark.slow
 def test_hub_fetches_only_the_chosen_variant(
-    community_dir: Path, tiny_model_dir: Path, tiny_fp32_dir: Path, tmp_path: Path
+    community_dir: Path, tiny_q4_dir: Path, tiny_fp32_dir: Path, tmp_path: Path
 ) -> None:
     repos = {"onnx-community/tiny-llama-ONNX": FakeRepo(revisions={"main": community_dir})}
     with serve_fake_hub(repos) as hub:
@@ -184,7 +193,7 @@ def test_hub_fetches_only_the_chosen_variant(
         assert {"onnx/model_q4.onnx", "onnx/model_q4.onnx_data", "config.json"} <= fetched
         assert not {"onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_fp16.onnx",
                     "onnx/model_fp16.onnx_data", "README.md"} & fetched  # fmt: skip
-        assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_model_dir)
+        assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_q4_dir)
 
         seen = len(hub.requests)
         bake_ok(

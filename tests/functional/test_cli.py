@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -94,6 +95,23 @@ def test_daemon_log_lines_carry_time_and_level(tiny_model_dir: Path) -> None:
     assert "{" not in ready and "other providers skipped: cuda (" in ready, ready
     quiet = _serve_log(tiny_model_dir, "WARNING")
     assert " INFO " not in quiet, quiet
+
+
+@pytest.mark.slow
+def test_run_with_a_recipe_is_another_stored_bake(tmp_path: Path) -> None:
+    env = {**os.environ, **SERVER_ENV, "ORTSERVE_HOME": str(tmp_path / "home"),
+           "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE)}  # fmt: skip
+    port = free_port()
+    run = [*ORTSERVE, "run", "builtin:tiny-llama", "--port", str(port)]
+    assert "baking" in _run_until_ready([*run, "--recipe", "k-quant-mixed"], env, port)
+    assert "is in the store" in _run_until_ready([*run, "--recipe", "k-quant-mixed"], env, port)
+    assert "baking" in _run_until_ready(run, env, port)
+    manifests = sorted((tmp_path / "home" / "models").glob("*/model/manifest.json"))
+    recipes = sorted(json.loads(p.read_text())["builder_options"]["recipe"] for p in manifests)
+    assert recipes == ["k-quant-mixed", "q4km-like"]
+    bad = subprocess.run([*run, "--recipe", "best"], env=env, capture_output=True, text=True,
+                         check=False)  # fmt: skip
+    assert bad.returncode == 1 and "unknown recipe 'best'" in bad.stderr
 
 
 @pytest.mark.slow

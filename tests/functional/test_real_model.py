@@ -29,8 +29,9 @@ pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 # The 14 of 20 simple questions the fp32 bake answers right (greedy, 40 tokens), with
-# what a right answer holds. Measured: the default int4 bake gets 11 of them, plain RTN
-# block 32 10, RTN block 128 (the first default) far fewer.
+# what a right answer holds. Measured: the default int4 bake (q4km-like) gets 11 of them,
+# as k-quant-mixed did (other ones), --recipe int8 12, plain RTN block 32 10, RTN block
+# 128 (the first default) far fewer.
 FACTS = [
     ("What is the capital of France?", "Paris"),
     ("What is the capital of Japan?", "Tokyo"),
@@ -162,8 +163,10 @@ def test_openai_client_on_the_real_model(real_model_dir: Path) -> None:
     with edge_server(real_model_dir) as base:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
         assert [m.id for m in client.models.list()] == [MODEL]
+        # Not France: fp32's first token there is a near-tie ("The" -1.88 vs "L" -1.97
+        # nats, then "L'Étoile, ..."), which a bake closer to fp32 follows.
         question: list[ChatCompletionMessageParam] = [
-            {"role": "user", "content": "What is the capital of France?"}
+            {"role": "user", "content": "What is the capital of Germany?"}
         ]
         whole = client.chat.completions.create(
             model=MODEL,
@@ -172,7 +175,7 @@ def test_openai_client_on_the_real_model(real_model_dir: Path) -> None:
             temperature=0,
         )
         text = whole.choices[0].message.content or ""
-        assert "Paris" in text
+        assert "Berlin" in text
         stream = client.chat.completions.create(
             model=MODEL, messages=question, max_tokens=32, temperature=0,
             stream=True,
@@ -180,9 +183,9 @@ def test_openai_client_on_the_real_model(real_model_dir: Path) -> None:
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
         cut = client.chat.completions.create(
             model=MODEL, messages=question, max_tokens=32, temperature=0,
-            stop=["Paris"],
+            stop=["Berlin"],
         )  # fmt: skip
-        assert cut.choices[0].message.content == text[: text.index("Paris")]
+        assert cut.choices[0].message.content == text[: text.index("Berlin")]
         assert cut.choices[0].finish_reason == "stop"
         schema = {
             "type": "object",
