@@ -7,6 +7,8 @@ group, so core never imports them.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -280,17 +282,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that `finally` blocks (a bake's
+    temporary folder, a builder child) clean up; a BaseException, as KeyboardInterrupt
+    is, so that no `except Exception` takes it for an error."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _stdout_gone() -> None:
+    """stdout's reader left (`ortserve show X | head`): say nothing more there. Python
+    flushes stdout once more at exit, which would fail again; point it at devnull first
+    (the Python docs' "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `ortserve` console script."""
+    """Entry point of the `ortserve` console script.
+
+    Ctrl-C is one line and exit 130, SIGTERM exit 143 (both after the command's own
+    clean-up; `serve` handles both itself: a drain), a closed stdout (`| head`) exit 1:
+    never a traceback.
+    """
     # First: every command's own imports (onnxruntime in the bake's quantizer,
     # huggingface_hub) and children (the bake's model builder) see it (core.settings).
     disable_telemetry()
-    args = build_parser().parse_args(argv)
+    command = "ortserve"
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        args = build_parser().parse_args(argv)
+        command = f"ortserve {args.command}"
         code: int = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be handled
     except OrtServeError as exc:
-        print(f"ortserve {args.command}: error: {exc.message}", file=sys.stderr)
+        print(f"{command}: error: {exc.message}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"\n{command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Terminated:
+        print(f"{command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except BrokenPipeError:
+        _stdout_gone()
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return code
 
 

@@ -47,4 +47,10 @@ def run_step(
                     proc.communicate()
                     raise
                 say(f"{what}: still running ({elapsed:.0f} s)")
+            except BaseException:
+                # Ctrl-C or SIGTERM (core.cli): the step dies with us, or Popen's exit
+                # would wait minutes for it (SIGTERM) or leave it writing into the bake's
+                # temporary folder while that is removed (Ctrl-C).
+                proc.kill()
+                raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
