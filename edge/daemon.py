@@ -217,11 +217,12 @@ class Daemon:
         engine = self.state.engine
         if engine is None and not self.settings.wait_for_model:
             self.notifier.status(f"model failed to load: {self.state.reason}; exiting")
-            log.error(
-                "cannot serve %s: %s (--wait-for-model / ORTSERVE_WAIT_FOR_MODEL=true keeps "
-                "the daemon up until a reload loads a model)",
-                self.settings.model_dir, self.state.reason,
-            )  # fmt: skip
+            hint = (
+                "no --model-dir or ORTSERVE_MODEL_DIR given"
+                if "model_dir" not in self.settings.model_fields_set
+                else "--wait-for-model: wait for one instead"
+            )
+            log.error("exiting: %s (%s)", self.state.reason, hint)
             return True
         if engine is None:
             self.notifier.status(
