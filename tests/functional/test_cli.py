@@ -164,13 +164,18 @@ def _builder_of(folder: Path) -> int | None:
     return None
 
 
-def _running(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie, dead but not yet reaped, does not)."""
+def _state(pid: int) -> str | None:
+    """Process `pid`'s state (R running, S sleeping, Z zombie, ...), None when gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+        return None
+    return stat.rpartition(")")[2].split()[0]
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, dead but not yet reaped, does not)."""
+    return _state(pid) not in (None, "Z", "X")
 
 
 @pytest.mark.slow
@@ -196,8 +201,11 @@ def test_a_bake_stopped_by_a_signal_says_one_line_and_leaves_nothing(
             said_before.append(line)
             if "converting with the onnxruntime-genai builder" in line:
                 break
+        # The builder runs, and the bake sleeps waiting for it (not still in Popen(),
+        # between the builder's exec and the `with` that owns it: a window a loaded
+        # machine widens).
         deadline = time.monotonic() + 30
-        while (builder := _builder_of(store)) is None:
+        while (builder := _builder_of(store)) is None or _state(proc.pid) != "S":
             assert proc.poll() is None and time.monotonic() < deadline, said_before
             time.sleep(0.01)
         proc.send_signal(sig)
