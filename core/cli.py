@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
+import signal
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -363,26 +365,73 @@ def _unknown_command(parser: argparse.ArgumentParser, word: str) -> str | None:
     return f"unknown command {word!r}{hint} (`ortserve --help` lists the commands)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `ortserve` console script."""
-    # First: every command's own imports (onnxruntime in the bake's quantizer,
-    # huggingface_hub) and children (the bake's model builder) see it (core.settings).
-    disable_telemetry()
-    parser = build_parser()
-    words = sys.argv[1:] if argv is None else argv
-    if not words:  # bare `ortserve`: the commands, as `ortserve --help` lists them
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that `finally` blocks (a bake's
+    temporary folder, a builder child) clean up; a BaseException, as KeyboardInterrupt
+    is, so that no `except Exception` takes it for an error."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _stdout_gone() -> None:
+    """stdout's reader left (`ortserve show X | head`): say nothing more there. Python
+    flushes stdout once more at exit, which would fail again; point it at devnull first
+    (the Python docs' "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def _no_command(parser: argparse.ArgumentParser, words: list[str]) -> int | None:
+    """The exit status when `words` name no command: bare `ortserve` lists the commands
+    (as `ortserve --help`), a typo gets a suggestion; None when they do."""
+    if not words:
         parser.print_help()
         return 0
     typo = _unknown_command(parser, words[0])
     if typo is not None:
         print(f"ortserve: error: {typo}", file=sys.stderr)
         return 2
-    args = parser.parse_args(words)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `ortserve` console script.
+
+    Ctrl-C is one line and exit 130, SIGTERM exit 143 (both after the command's own
+    clean-up; `serve` handles both itself: a drain), a closed stdout (`| head`) exit 1:
+    never a traceback.
+    """
+    # First: every command's own imports (onnxruntime in the bake's quantizer,
+    # huggingface_hub) and children (the bake's model builder) see it (core.settings).
+    disable_telemetry()
+    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    early = _no_command(parser, words)
+    if early is not None:
+        return early
+    command = "ortserve"
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        args = parser.parse_args(words)
+        command = f"ortserve {args.command}"
         code: int = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be handled
     except OrtServeError as exc:
-        print(f"ortserve {args.command}: error: {exc.message}", file=sys.stderr)
+        print(f"{command}: error: {exc.message}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"\n{command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Terminated:
+        print(f"{command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except BrokenPipeError:
+        _stdout_gone()
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return code
 
 

@@ -31,6 +31,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--model-dir", type=Path,
         help="baked model folder, or a name from `ortserve list` (ORTSERVE_MODEL_DIR)",
     ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # fmt: skip
+    parser.add_argument(
+        "--wait-for-model", action="store_true", default=None,
+        help="when the model cannot load, keep listening (503 and why) until a reload "
+        "loads one, instead of exiting 1 (ORTSERVE_WAIT_FOR_MODEL; the systemd unit sets it)",
+    )  # fmt: skip
     add_listen_args(parser)
     parser.set_defaults(func=run)
     _register_switch(subparsers, DefaultsFormatter)
@@ -154,8 +159,9 @@ def add_listen_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the daemon until SIGTERM/SIGINT; exit code 0 after a graceful drain, 1 when it
-    cannot start (edge extra missing, invalid settings, port in use)."""
+    """Run the daemon until SIGTERM/SIGINT; exit code 0 after a graceful drain (130 when
+    stopped by SIGINT), 1 when it cannot start (edge extra missing, invalid settings, port
+    in use, a model that cannot load unless it waits for one)."""
     try:
         from edge.daemon import serve
     except ImportError as exc:  # uvicorn or prometheus-client: the `edge` extra
@@ -171,8 +177,8 @@ def run(args: argparse.Namespace) -> int:
         args.model_dir = resolve(StoreSettings().models, args.model_dir)
     overrides = {
         name: value
-        for name in ("model_dir", "host", "port")
-        if (value := getattr(args, name)) is not None
+        for name in ("model_dir", "host", "port", "wait_for_model")
+        if (value := getattr(args, name, None)) is not None
     }
     try:
         settings = EdgeSettings(**overrides)

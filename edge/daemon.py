@@ -2,8 +2,10 @@
 
 1. uvicorn listens at once: /healthz answers and /readyz says 503 while the model loads.
 2. The model loads in a worker thread; `READY=1` goes to systemd only once it is loaded
-   and probed. A model that fails to load leaves the process up (/readyz: 503 and why)
-   and systemd never gets `READY=1`, so its start times out and `Restart=` retries.
+   and probed. A model that fails to load ends the process with exit code 1 and the
+   reason (as llama-server does), unless `wait_for_model` is set (the systemd unit sets
+   it): then the process stays up (/readyz: 503 and why), systemd never gets `READY=1`,
+   so its start times out and `Restart=` retries, and a SIGHUP reload may load one.
 3. SIGHUP (`systemctl reload`, the unit's ExecReload): a blue/green model switch.
    `RELOADING=1`, then the folder ORTSERVE_MODEL_DIR names now (the `current` symlink)
    loads beside the serving model, is verified and warmed up, and new requests switch to
@@ -12,8 +14,9 @@
    `reload` says why. Other settings are not read again (they need a restart). A SIGHUP
    during a reload queues one more (the symlink may have moved again).
 4. SIGTERM (or SIGINT): `STOPPING=1`, new generations get 503, in-flight requests (streams
-   included) may finish within `drain_timeout_s`; then uvicorn stops and the exit code is 0.
-   A second signal stops at once.
+   included) may finish within `drain_timeout_s`; then uvicorn stops and the exit code is 0
+   (130 after SIGINT, a shell's Ctrl-C convention). A second signal stops the generations
+   at once: each still ends with its `shutting_down` answer (a stream's error event).
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ class Daemon:
         )
         self.server = _Server(config)
         self._signals = 0
+        self._interrupted = False  # the first stop signal was SIGINT (Ctrl-C)
+        self._drained = False
         self._stop: asyncio.Event | None = None
         self._reload_wanted: asyncio.Event | None = None
 
@@ -114,12 +119,15 @@ class Daemon:
     def _busy(self) -> bool:
         return self.api.in_flight > 0 or self.app.in_flight > 0
 
-    def _on_signal(self) -> None:
+    def _on_signal(self, signum: int) -> None:
         self._signals += 1
-        if self._signals > 1:  # a second signal: stop without waiting
-            log.warning("second stop signal: stopping now")
+        if self._signals == 1:
+            self._interrupted = signum == signal.SIGINT
+        elif self._signals == 2:  # stop without waiting, but end each answer properly
+            log.warning("second stop signal: stopping %d request(s) now", self.api.in_flight)
+            self.api.stop_generations()
+        if self._drained:  # uvicorn is closing connections: stop waiting for them
             self.server.force_exit = True
-            self.app.cancel_streams()
         if self._stop is not None:
             self._stop.set()
 
@@ -161,7 +169,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._reload_wanted = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal)
+            loop.add_signal_handler(sig, self._on_signal, sig)
         # Handled from the start: SIGHUP's default action would end the process (exit 129,
         # which systemd counts as clean, so Restart=on-failure would not bring it back).
         loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
@@ -185,8 +193,11 @@ class Daemon:
             done, _ = await asyncio.wait(
                 {loading, stopping, serving}, return_when=asyncio.FIRST_COMPLETED
             )
+            if loading in done and self._cannot_serve(address):
+                self.server.should_exit = True
+                await serving
+                return 1
             if loading in done:
-                self._announce(address)
                 reloader = asyncio.create_task(self._reloader(address))
                 await asyncio.wait({stopping, serving}, return_when=asyncio.FIRST_COMPLETED)
             if not serving.done():
@@ -194,19 +205,30 @@ class Daemon:
                 self.server.should_exit = True
             await serving
             self.notifier.status("stopped")
-            return 0
+            return 128 + signal.SIGINT if self._interrupted else 0
         finally:
             watchdog.cancel()
             if reloader is not None:
                 reloader.cancel()  # a load under way ends in its thread; nothing uses it
 
-    def _announce(self, address: str) -> None:
+    def _cannot_serve(self, address: str) -> bool:
+        """Announce the first load's outcome; True when the process should exit 1 (the
+        model failed to load, and `wait_for_model` is not set)."""
         engine = self.state.engine
+        if engine is None and not self.settings.wait_for_model:
+            self.notifier.status(f"model failed to load: {self.state.reason}; exiting")
+            hint = (
+                "no --model-dir or ORTSERVE_MODEL_DIR given"
+                if "model_dir" not in self.settings.model_fields_set
+                else "--wait-for-model: wait for one instead"
+            )
+            log.error("exiting: %s (%s)", self.state.reason, hint)
+            return True
         if engine is None:
             self.notifier.status(
                 f"model failed to load: {self.state.reason}; /readyz answers 503 at {address}"
             )
-            return
+            return False
         probe = engine.probe
         self.notifier.ready(
             f"serving {engine.model_name} on {probe.provider} at {address} "
@@ -215,28 +237,34 @@ class Daemon:
         # Where to go next, as a browser reaches it (a wildcard address is no URL).
         local = address.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
         log.info("API at %s/v1 (OpenAI-compatible); playground at %s/", local, local)
+        return False
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         timeout = self.settings.drain_timeout_s
         self.api.start_draining()  # before STOPPING=1: once systemd hears it, no new work
-        self.notifier.stopping(
-            f"draining {self.api.in_flight} in-flight request(s), up to {timeout:g} s"
-        )
+        draining = f"draining {self.api.in_flight} in-flight request(s), up to {timeout:g} s"
+        self.notifier.stopping(draining)
+        if self._busy():
+            again = "Ctrl-C" if self._interrupted else "SIGTERM or SIGINT"
+            log.info("%s… %s again to stop now", draining, again)
         deadline = loop.time() + timeout
-        while self._busy() and loop.time() < deadline and not self.server.force_exit:
+        while self._busy() and loop.time() < deadline and self._signals < 2:
             await asyncio.sleep(_POLL_S)
         if self._busy():
-            log.warning(
-                "drain ended with %d request(s) in flight: stopping them", self.api.in_flight
-            )
+            if self._signals < 2:
+                log.warning(
+                    "drain ended with %d request(s) in flight: stopping them", self.api.in_flight
+                )
             # Each ends at its next token with a shutting_down answer (an SSE error event,
             # or a 503); only what does not end within the grace is cut off.
             self.api.stop_generations()
             grace = loop.time() + _STOP_GRACE_S
-            while self._busy() and loop.time() < grace and not self.server.force_exit:
+            while self._busy() and loop.time() < grace:
                 await asyncio.sleep(_POLL_S)
             self.app.cancel_streams()
+            self.server.force_exit = True  # what is left is cut: no wait for connections
+        self._drained = True
         self.notifier.status("stopping")
 
     async def _watchdog(self) -> None:

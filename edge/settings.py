@@ -38,6 +38,11 @@ class EdgeSettings(ServerSettings):
             IPv6 /64) at most; one more is closed as soon as it is accepted. Loopback
             counts as any peer: behind a reverse proxy on the same host every client is
             the proxy, so raise it to `max_connections` there.
+        wait_for_model: When the model cannot load at start, stay up (/healthz 200,
+            /readyz and generations 503 with the reason) until a reload (SIGHUP) loads
+            one, instead of exiting 1. The systemd unit sets it: its start then times
+            out without READY=1 and `Restart=` tries again, so a model installed after
+            the unit started is served.
     """
 
     notify_socket: str | None = Field(
@@ -61,3 +66,4 @@ class EdgeSettings(ServerSettings):
     keep_alive_s: int = Field(default=5, ge=1, le=3600)
     max_connections: int = Field(default=256, ge=1, le=65536)
     max_connections_per_peer: int = Field(default=64, ge=1, le=65536)
+    wait_for_model: bool = False

@@ -47,4 +47,11 @@ def run_step(
                     proc.communicate()
                     raise
                 say(f"{what}: still running ({elapsed:.0f} s)")
+            except BaseException:
+                # Ctrl-C or SIGTERM (core.cli): the step dies with us, or Popen's exit
+                # would wait minutes for it (SIGTERM) or leave it writing into the bake's
+                # temporary folder while that is removed (Ctrl-C: it waits 0.25 s only).
+                proc.kill()
+                proc.wait()  # gone before the caller's clean-up removes its folder
+                raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

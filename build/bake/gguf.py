@@ -51,7 +51,7 @@ def checkpoint_from_gguf(gguf: Path, cache: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _convert(gguf, tmp, digest)
-    except BakeError:
+    except BaseException:  # an error, Ctrl-C or SIGTERM (core.cli): no half checkpoint left
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(out, ignore_errors=True)

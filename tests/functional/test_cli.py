@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import json
 import os
 import re
 import signal
 import subprocess
+import termios
 import time
 from pathlib import Path
 
@@ -137,3 +140,111 @@ def test_run_bakes_once_into_the_store_then_list_show_serve_rm(tmp_path: Path) -
     assert "no models in" in run_ortserve("list", env=env).stdout
     missing = run_ortserve("rm", name, env=env)
     assert missing.returncode == 1 and "no stored model" in missing.stderr
+
+
+def test_ctrl_c_during_generate_is_one_line_and_exit_130(tiny_model_dir: Path) -> None:
+    n = "2000"  # about 5 kB of text from the tiny model: more than the pipe below holds
+    env = {**os.environ, "ORTSERVE_MAX_NEW_TOKENS": n, "ORTSERVE_PROVIDERS": "cpu"}
+    cmd = [*ORTSERVE, "generate", "--model-dir", str(tiny_model_dir), "--max-new-tokens", n,
+           "Hello"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        # A 4 kB pipe that is not read: the generation fills it and waits on it, surely
+        # mid-stream when the signal comes.
+        fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+        deadline = time.monotonic() + 120
+        while _unread(proc.stdout.fileno()) < 3500 and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.decode().strip().splitlines() == ["ortserve generate: interrupted"]
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in the pipe `fd` reads."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]
+
+
+def _builder_of(folder: Path) -> int | None:
+    """The pid of the model builder baking under `folder`, if one runs."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "onnxruntime_genai.models.builder" in text and str(folder) in text:
+                return int(cmdline.parent.name)
+    return None
+
+
+def _state(pid: int) -> str | None:
+    """Process `pid`'s state (R running, S sleeping, Z zombie, ...), None when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[0]
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, dead but not yet reaped, does not)."""
+    return _state(pid) not in (None, "Z", "X")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+)
+def test_a_bake_stopped_by_a_signal_says_one_line_and_leaves_nothing(
+    tmp_path: Path, sig: signal.Signals, code: int, said: str
+) -> None:
+    """Ctrl-C or SIGTERM while the model builder runs: one line, 130 or 143, no temporary
+    folder beside the output (where `ortserve run` keeps its store) and no builder left."""
+    store = tmp_path / "store"
+    cmd = [*ORTSERVE, "bake", "--model", "builtin:tiny-llama", "--target", "edge-x86_64",
+           "--model-only", "--out", str(store / "tiny")]  # fmt: skip
+    env = {**os.environ, "ORTSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        said_before = []
+        for line in proc.stderr:  # the builder (a child) starts after this line
+            said_before.append(line)
+            if "converting with the onnxruntime-genai builder" in line:
+                break
+        # The builder runs, and the bake sleeps waiting for it (not still in Popen(),
+        # between the builder's exec and the `with` that owns it: a window a loaded
+        # machine widens).
+        deadline = time.monotonic() + 30
+        while (builder := _builder_of(store)) is None or _state(proc.pid) != "S":
+            assert proc.poll() is None and time.monotonic() < deadline, said_before
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == f"ortserve bake: {said}", err
+    assert "Traceback" not in err, err
+    assert list(store.iterdir()) == [], "a partial folder was left in the store"
+    assert not _running(builder), "the model builder outlived the bake"
+
+
+@pytest.mark.parametrize("command", ["show", "completion"])
+def test_a_closed_stdout_gets_no_traceback(tiny_model_dir: Path, command: str) -> None:
+    """`ortserve show X | head` where head has already left: no BrokenPipe traceback."""
+    args = [str(tiny_model_dir)] if command == "show" else ["zsh"]
+    proc = subprocess.Popen([*ORTSERVE, command, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # no reader left before it writes: each write is EPIPE
+    err = proc.stderr.read()
+    assert proc.wait(60) == 1
+    assert err == ""

@@ -1,7 +1,8 @@
 """The real edge daemon (`ortserve serve`) as a subprocess on 127.0.0.1, as systemd runs it.
 
-What is specific to the daemon: readiness and sd_notify, staying up with a broken model,
-the drain on SIGTERM, a client that leaves mid-stream, /metrics and the JSON log lines.
+What is specific to the daemon: readiness and sd_notify, exit 1 for a model that cannot
+load (or staying up when told to wait for one), the drain on SIGTERM and Ctrl-C, a client
+that leaves mid-stream, /metrics and the JSON log lines.
 The API's semantics are tested once for every target in test_api.py.
 """
 
@@ -167,13 +168,14 @@ def test_ready_after_the_model_loads_then_stopping_and_exit_0(
 
 
 @pytest.mark.parametrize("damage", ["missing", "truncated", "tampered", "bad-genai-config"])
-def test_a_broken_model_leaves_the_process_up_and_not_ready(
+def test_a_broken_model_leaves_the_process_up_and_not_ready_when_it_waits_for_one(
     start: Any, tiny_model_dir: Path, tmp_path: Path, damage: str
 ) -> None:
+    """With ORTSERVE_WAIT_FOR_MODEL (the systemd unit sets it), as systemd expects."""
     folder = tmp_path / "model"
     named = {"missing": "does not exist", "truncated": "model.onnx.data",
              "tampered": "model.onnx.data", "bad-genai-config": "genai_config.json"}  # fmt: skip
-    env = {}
+    env = {"WAIT_FOR_MODEL": "true"}
     if damage != "missing":
         shutil.copytree(tiny_model_dir, folder)
     if damage == "truncated":
@@ -203,6 +205,38 @@ def test_a_broken_model_leaves_the_process_up_and_not_ready(
     assert daemon.proc.poll() is None
     assert not any(m.startswith("READY=1") for _, m in daemon.messages)
     assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_model_that_cannot_load_at_start_exits_1_with_the_reason(
+    start: Any, tiny_model_dir: Path, tmp_path: Path, damage: str
+) -> None:
+    """As llama-server does: no process left answering 503 for ever."""
+    folder = tmp_path / "typo" / "model"
+    if damage == "truncated":
+        shutil.copytree(tiny_model_dir, folder)
+        data = folder / "model.onnx.data"
+        data.write_bytes(data.read_bytes()[:1000])
+    daemon = start(folder)
+    assert daemon.proc.wait(15) == 1
+    reason = "does not exist" if damage == "missing" else "model.onnx.data"
+    exiting = daemon.wait_for("STATUS=model failed to load", timeout=1)
+    assert reason in exiting and exiting.endswith("; exiting"), exiting
+    log = daemon.stderr()
+    assert "ERROR ortserve.edge: exiting: " in log and reason in log, log
+    assert "(--wait-for-model: wait for one instead)" in log, log
+    assert "Traceback" not in log, log
+    assert not any(m.startswith("READY=1") for _, m in daemon.messages)
+
+
+def test_serve_without_a_model_exits_1_at_once(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORTSERVE_")}
+    proc = subprocess.run([*ORTSERVE, "serve", "--port", "0"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert proc.returncode == 1
+    said = "exiting: model folder models/default/model does not exist (no --model-dir or "
+    assert said + "ORTSERVE_MODEL_DIR given)" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def _events(raw: bytes) -> list[Any]:
@@ -645,6 +679,36 @@ def test_the_drain_timeout_ends_streams_and_buffered_requests_with_shutting_down
     assert answer.json()["error"]["code"] == "shutting_down"
     assert answer.headers["retry-after"] == "5"
     assert daemon.proc.wait(30) == 0
+    log = daemon.stderr()
+    assert "Traceback" not in log and "CancelledError" not in log, log
+
+
+def test_ctrl_c_says_it_drains_and_a_second_one_ends_the_stream_with_the_error_event(
+    start: Any,
+) -> None:
+    """The first Ctrl-C drains and says so; the second stops at once, yet the stream still
+    ends with its `shutting_down` event (not cut off); exit 130, as after any Ctrl-C."""
+    # The 135M shape: 1,500 tokens take ~10 s, so the stream is surely still running.
+    shape = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    n = 1500
+    daemon = start(shape, MAX_NEW_TOKENS=str(n))
+    daemon.wait_for("READY=1")
+    body = {"prompt": PROMPT, "max_new_tokens": n, "ignore_eos": True, "stream": True}
+    with daemon.http.stream("POST", "/generate", json=body) as reply:
+        chunks = reply.iter_raw()
+        first = next(chunks)
+        daemon.proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while "again to stop now" not in daemon.stderr() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        log = daemon.stderr()
+        assert "draining 1 in-flight request(s), up to 30 s… Ctrl-C again to stop now" in log
+        assert daemon.proc.poll() is None  # draining: the stream goes on
+        daemon.proc.send_signal(signal.SIGINT)
+        rest = b"".join(chunks)
+    final = _events(first + rest)[-1]
+    assert final["error"]["code"] == "shutting_down", final
+    assert daemon.proc.wait(10) == 130
     log = daemon.stderr()
     assert "Traceback" not in log and "CancelledError" not in log, log
 

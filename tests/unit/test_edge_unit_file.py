@@ -67,6 +67,22 @@ def test_notify_watchdog_and_stop_timeout_fit_the_daemon(rendered: Path) -> None
     assert stop_s > ServerSettings().drain_timeout_s + 5  # the drain ends before SIGKILL
 
 
+def test_under_systemd_the_daemon_waits_for_a_model_installed_later() -> None:
+    """By hand `ortserve serve` exits 1 when its model cannot load; the unit keeps the
+    daemon up unready instead, so its start times out and Restart= tries again."""
+    lines = UNIT.read_text(encoding="utf-8").splitlines()
+    values = dict(
+        line.removeprefix("Environment=").split("=", 1)
+        for line in lines
+        if line.startswith("Environment=ORTSERVE_")
+    )
+    settings = {k.removeprefix("ORTSERVE_").lower(): v for k, v in values.items()}
+    assert EdgeSettings.model_validate(settings).wait_for_model is True
+    assert EdgeSettings.model_validate({}).wait_for_model is False
+    unit = dict(re.findall(r"^(\w+)=(.*)$", "\n".join(lines), re.MULTILINE))
+    assert unit["Restart"] == "on-failure"
+
+
 def test_the_example_env_file_names_only_real_settings() -> None:
     lines = (EDGE / "ortserve.env").read_text(encoding="utf-8").splitlines()
     pairs = [m.groups() for line in lines if (m := re.match(r"^#?(ORTSERVE_\w+)=(.*)$", line))]
