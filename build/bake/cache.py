@@ -87,6 +87,10 @@ def items(cache: Path, stored: list[StoredModel]) -> list[CacheItem]:
             gguf = json.loads(record.read_text(encoding="utf-8")).get("gguf", "")
             users = tuple(ggufs_by.get(gguf, ()))
             found.append(CacheItem(folder, f"fp32 checkpoint of {gguf}", _size(folder), users))
+        elif (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+            # Converted before the record existed: whole, but of a GGUF it does not name.
+            what = "fp32 checkpoint of a GGUF (converted before ortserve recorded which)"
+            found.append(CacheItem(folder, what, _size(folder)))
         else:
             found.append(CacheItem(folder, "unfinished GGUF conversion", _size(folder)))
     return found
