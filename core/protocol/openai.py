@@ -386,8 +386,8 @@ ResponseFormat = Annotated[
 class ChatBody(_OpenAIBody):
     """POST /v1/chat/completions."""
 
-    # The schema says the rules between fields: top_logprobs needs logprobs: true, and
-    # tool_choice needs tools.
+    # The schema says the rules between fields: top_logprobs needs logprobs: true,
+    # tool_choice needs tools, and a required or named call takes no response_format.
     model_config = ConfigDict(
         json_schema_extra={"allOf": [
             {"if": {"properties": {"top_logprobs": {"type": "integer"}},
@@ -397,6 +397,11 @@ class ChatBody(_OpenAIBody):
                     "required": ["tool_choice"]},
              "then": {"properties": {"tools": {"type": "array", "minItems": 1}},
                       "required": ["tools"]}},
+            # A required or named call is constrained already: no response_format beside it.
+            {"if": {"properties": {"tool_choice": {"anyOf": [{"const": "required"},
+                                                              {"type": "object"}]}},
+                    "required": ["tool_choice"]},
+             "then": {"properties": {"response_format": {"type": "null"}}}},
         ]}
     )  # fmt: skip
 
