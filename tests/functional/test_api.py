@@ -30,6 +30,7 @@ from tests.functional.harness import (
     normalized,
 )
 from tests.functional.lambda_target import LambdaTarget, lambda_app
+from tests.functional.targets import TARGETS, open_target
 
 MODEL = "ortserve/tiny-llama-random-weights"
 
@@ -565,25 +566,13 @@ def test_same_bytes_as_the_reference(target: Target, reference: Target) -> None:
 CONTEXT = 2048  # the tiny model's context_length (genai_config.json)
 
 
-@pytest.fixture(scope="module", params=["core", "gcf", "edge", "lambda"])
+@pytest.fixture(scope="module", params=TARGETS)
 def unlimited(
     request: pytest.FixtureRequest, tiny_gcf_bundle: Path, tiny_model_dir: Path
 ) -> Iterator[Target]:
     """Each target without MAX_NEW_TOKENS (0, the default: the model's context)."""
-    default = {"ORTSERVE_MAX_NEW_TOKENS": "0"}
-    if request.param == "core":
-        settings = _settings(tiny_model_dir, max_new_tokens=0)
-        state = ModelState(settings)
-        state.load()
-        yield InProcess(Api(state, settings))
-    elif request.param == "gcf":
-        with gcf_server(tiny_gcf_bundle, default) as base:
-            yield Http("gcf", base)
-    elif request.param == "edge":
-        with edge_server(tiny_model_dir, default) as base:
-            yield Http("edge", base)
-    else:
-        yield LambdaTarget(lambda_app(tiny_model_dir, max_new_tokens=0).handle)
+    with open_target(request.param, tiny_model_dir, tiny_gcf_bundle, max_new_tokens=0) as target:
+        yield target
 
 
 def test_the_default_limit_is_the_context(unlimited: Target) -> None:

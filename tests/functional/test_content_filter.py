@@ -12,20 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from core.api import Api
-from core.settings import ServerSettings
-from core.state import ModelState
 from tests.functional.harness import (
-    API_KEY,
     AUTH,
-    Http,
-    InProcess,
     Reply,
     Target,
     edge_server,
-    gcf_server,
 )
-from tests.functional.lambda_target import LambdaTarget, lambda_app
+from tests.functional.targets import TARGETS, open_target
 
 RULES = """
 [input]
@@ -47,26 +40,13 @@ def rules_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=["core", "gcf", "edge", "lambda"])
+@pytest.fixture(scope="module", params=TARGETS)
 def target(
     request: pytest.FixtureRequest, rules_file: Path, tiny_gcf_bundle: Path, tiny_model_dir: Path
 ) -> Iterator[Target]:
-    env = {"ORTSERVE_CONTENT_FILTER": str(rules_file)}
-    if request.param == "core":
-        settings = ServerSettings(model_dir=tiny_model_dir, providers="cpu", api_keys=[API_KEY],
-                                  content_filter=rules_file)  # fmt: skip
-        state = ModelState(settings)
-        state.load()
-        assert state.status == "ready", state.reason
-        yield InProcess(Api(state, settings))
-    elif request.param == "gcf":
-        with gcf_server(tiny_gcf_bundle, env) as base:
-            yield Http("gcf", base)
-    elif request.param == "edge":
-        with edge_server(tiny_model_dir, env) as base:
-            yield Http("edge", base)
-    else:
-        yield LambdaTarget(lambda_app(tiny_model_dir, content_filter=rules_file).handle)
+    with open_target(request.param, tiny_model_dir, tiny_gcf_bundle,
+                     content_filter=rules_file) as target:  # fmt: skip
+        yield target
 
 
 def _chat(text: str, **extra: Any) -> dict[str, Any]:
