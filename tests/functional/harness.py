@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+import httpx
 
 from benchmarks.support.servers import daemon, free_port, serve_process
 from core.api import Api
@@ -192,3 +196,17 @@ def edge_server(model_dir: Path, env: dict[str, str] | None = None) -> Iterator[
     """The real edge daemon (`ortserve serve`) on loopback (`env`: extra settings)."""
     with daemon(model_dir, {**os.environ, **SERVER_ENV, **(env or {})}) as (base, _):
         yield base
+
+
+def ready_within(proc: subprocess.Popen[str], port: int, timeout_s: float = 300) -> bool:
+    """Poll /readyz on loopback `port` until it answers 200 (True), or `proc` exits or the
+    time runs out (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return False

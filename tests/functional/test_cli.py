@@ -14,11 +14,10 @@ import termios
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from benchmarks.support.servers import ORTSERVE, free_port
-from tests.functional.harness import SERVER_ENV
+from tests.functional.harness import SERVER_ENV, ready_within
 from tests.models import SOURCE_CACHE, run_ortserve
 
 
@@ -66,13 +65,7 @@ def _run_until_ready(cmd: list[str], env: dict[str, str], port: int) -> str:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
-        ready = False
-        while time.monotonic() < deadline and proc.poll() is None and not ready:
-            with contextlib.suppress(httpx.HTTPError):
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
-            time.sleep(0.1)
-        assert ready, proc.stderr.read() if proc.stderr else ""
+        assert ready_within(proc, port), proc.stderr.read() if proc.stderr else ""
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err

@@ -15,16 +15,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from benchmarks.support.servers import ORTSERVE, free_port
 from core import store
 from core.cli import human_size, main
+from tests.functional.harness import ready_within
 from tests.models import ROOT, run_ortserve
 
 TINY = "builtin:tiny-llama"
@@ -211,13 +210,7 @@ def _demo_until_ready(home: Path, venv: Path) -> tuple[str, int]:
     port = free_port()
     proc = _make_demo(home, port, venv)
     try:
-        deadline = time.monotonic() + 300
-        ready = False
-        while time.monotonic() < deadline and proc.poll() is None and not ready:
-            with contextlib.suppress(httpx.HTTPError):
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
-            time.sleep(0.1)
-        assert ready, proc.communicate()[0]
+        assert ready_within(proc, port), proc.communicate()[0]
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
