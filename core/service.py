@@ -198,7 +198,11 @@ class Service:
         admission: The gate every generation passes (slots and the queue).
     """
 
-    def __init__(self, engine: Engine, settings: EngineSettings) -> None:
+    def __init__(
+        self, engine: Engine, settings: EngineSettings, content_filter: ContentFilter | None = None
+    ) -> None:
+        """Serve `engine` under `settings`; `content_filter`: the filter file's rules when the
+        caller read them already (else read here from `settings.content_filter`)."""
         self.engine = engine
         self.settings = settings
         # MAX_CONCURRENCY generations at once, a batch being one generation.
@@ -210,7 +214,9 @@ class Service:
         )
         # The operator's content filter (ORTSERVE_CONTENT_FILTER), if any.
         path = settings.content_filter
-        self.content_filter = ContentFilter.load(path) if path is not None else None
+        if content_filter is None and path is not None:
+            content_filter = ContentFilter.load(path)
+        self.content_filter = content_filter
         self._stopping = threading.Event()
         self._arriving = 0  # requests in `stream` not yet submitted or refused (batch hint)
         self._arriving_lock = threading.Lock()
@@ -231,9 +237,9 @@ class Service:
         """Load the model `settings.model_dir` names (see `Engine.load`) and serve it."""
         from core.engine import Engine
 
-        if settings.content_filter is not None:  # a bad filter file fails before the load
-            ContentFilter.load(settings.content_filter)
-        return cls(Engine.load(settings), settings)
+        path = settings.content_filter  # a bad filter file fails before the model loads
+        content_filter = ContentFilter.load(path) if path is not None else None
+        return cls(Engine.load(settings), settings, content_filter)
 
     def warm_up(self) -> float:
         """Run one short greedy generation (a few prompt tokens, 4 new) straight through

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -34,6 +34,9 @@ from core.generation import Completion, GenerationRequest, Guidance, TokenLogpro
 from core.http import error_payload
 from core.protocol.patterns import closed_objects, ecma_schema
 from core.stops import MAX_STOP_STRINGS
+
+if TYPE_CHECKING:  # core.protocol.tools imports this module
+    from core.protocol.tools import ToolPlan
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class Reply(ABC):
     framing: Literal["sse", "ndjson"] = "sse"
     #: A stream ends with `data: [DONE]` (OpenAI's routes).
     done_marker = True
+    #: The request's tools (chat routes that take them), which decide a `tool_calls` ending.
+    tools: ToolPlan | None = None
 
     def error_event(self, exc: OrtServeError) -> dict[str, Any]:
         """The event that ends a stream an error cut (after its first byte)."""
@@ -104,7 +109,7 @@ class Reply(ABC):
     def ending(self, done: Completion) -> str:
         """How the answer ended, for the request's record: the finish reason (`stop`,
         `length`, `cancelled`, `content_filter`; chat with tools: `tool_calls`)."""
-        return done.finish_reason
+        return self.tools.ending(done) if self.tools is not None else done.finish_reason
 
 
 class MultiChoiceReply(Reply):

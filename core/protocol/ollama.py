@@ -329,9 +329,6 @@ class OllamaReply(Reply):
         calls = self.tools.parse(done.text) if self.tools is not None else []
         return {**self._line("" if calls else done.text, True, calls), **self._figures(done)}
 
-    def ending(self, done: Completion) -> str:
-        return self.tools.ending(done) if self.tools is not None else done.finish_reason
-
     def error_event(self, exc: OrtServeError) -> dict[str, Any]:
         return {"error": exc.message}
 

@@ -541,9 +541,6 @@ class ChatReply(_OpenAIReply):
         finish: dict[str, Any] = {"delta": {}, "logprobs": None, "finish_reason": "tool_calls"}
         return [*events, self._choice(index, **finish)]
 
-    def ending(self, done: Completion) -> str:
-        return self.tools.ending(done) if self.tools is not None else done.finish_reason
-
     def first_events(self, index: int = 0) -> list[dict[str, Any]]:
         delta = {"role": "assistant", "content": ""}
         return [self._choice(index, delta=delta, logprobs=None, finish_reason=None)]
