@@ -113,6 +113,9 @@ class Variant:
     speed_only: bool = False  # e.g. prune_lm_head: no all-position logits to score
     note: str = ""
     recipe: str = ""  # og: `ortserve bake --recipe` (bake.recipes)
+    # The --model GGUF itself: og bakes it with the exact import (bake.gguf_import),
+    # llama.cpp runs the file as it is. Skipped for a source that is not a GGUF.
+    from_gguf: bool = False
 
 
 def _og(
@@ -250,6 +253,19 @@ VARIANTS: dict[str, Variant] = {
             shared=True,
             recipe="int8",
             note="every MatMul int8, block 32, embedding tied to the int8 lm_head (--recipe int8)",
+        ),
+        Variant(
+            "og-gguf-exact",
+            "og",
+            from_gguf=True,
+            note="the --model GGUF's own quantized weights imported bit for bit (the "
+            "default bake of a GGUF source)",
+        ),
+        Variant(
+            "llama.cpp-gguf",
+            "llama.cpp",
+            from_gguf=True,
+            note="the --model GGUF file as it is",
         ),
         Variant("llama.cpp-Q4_0", "llama.cpp", ftype="Q4_0"),
         Variant("llama.cpp-Q4_K_M", "llama.cpp", ftype="Q4_K_M"),
@@ -529,8 +545,13 @@ def _has_quality_gate() -> bool:
     return "--no-quality-check" in done.stdout
 
 
-def bake_command(variant: Variant, hf_dir: Path, out: Path) -> list[str]:
-    """The `ortserve bake` command line of an og variant."""
+def bake_command(variant: Variant, hf_dir: Path, out: Path, model: str = "") -> list[str]:
+    """The `ortserve bake` command line of an og variant (`model`: the --model spec, for
+    a variant baked from the GGUF itself)."""
+    if variant.from_gguf:
+        command = [*_ortserve(), "bake", "--model", model, "--target", TARGET, "--model-only",
+                   "--force", "--no-smoke", "--out", str(out)]  # fmt: skip
+        return [*command, "--no-quality-check"] if _has_quality_gate() else command
     command = [*_ortserve(), "bake", "--model", str(hf_dir), "--target", TARGET,
                "--model-only", "--force", "--no-smoke", "--out", str(out),
                "--precision", variant.precision, "--block-size", str(variant.block_size),
@@ -562,10 +583,13 @@ def _og_size_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in files) / 1e6
 
 
-def prepare_og(variant: Variant, hf_dir: Path, work: Path, rebake: bool) -> Prepared:
-    """Bake an og variant (or reuse the bake its unchanged command made)."""
+def prepare_og(
+    variant: Variant, hf_dir: Path, work: Path, rebake: bool, spec: str = ""
+) -> Prepared:
+    """Bake an og variant (or reuse the bake its unchanged command made); `spec` is the
+    --model source, for a variant baked from the GGUF itself."""
     out = work / "bakes" / variant.name
-    command = bake_command(variant, hf_dir, out)
+    command = bake_command(variant, hf_dir, out, spec)
     record = work / "bakes" / f"{variant.name}.json"
     if not rebake and record.is_file():
         old = json.loads(record.read_text(encoding="utf-8"))
@@ -842,16 +866,25 @@ def _reference(args: argparse.Namespace, hf_dir: Path, ref_path: Path) -> dict[s
 
 
 def _prepare_all(
-    variants: list[Variant], hf_dir: Path, args: argparse.Namespace, version: str | None
+    variants: list[Variant],
+    hf_dir: Path,
+    args: argparse.Namespace,
+    version: str | None,
+    gguf: Path | None,
 ) -> list[Prepared]:
     src = args.llama_cpp_src or (default_llama_src(version) if version else None)
     prepared: list[Prepared] = []
     for variant in variants:
-        if variant.engine == "og":
-            prepared.append(prepare_og(variant, hf_dir, args.work, args.rebake))
+        if variant.from_gguf and gguf is None:
+            why = f"{args.model} is not a GGUF source"
+            prepared.append(Prepared(variant, None, error=why))
+        elif variant.engine == "og":
+            prepared.append(prepare_og(variant, hf_dir, args.work, args.rebake, args.model))
         elif version is None or src is None:
             why = "llama_cpp cannot be imported (pip install llama-cpp-python; see README)"
             prepared.append(Prepared(variant, None, error=why))
+        elif gguf is not None and variant.from_gguf:
+            prepared.append(Prepared(variant, gguf, gguf.stat().st_size / 1e6))
         else:
             prepared.append(prepare_llama(variant, hf_dir, args.work, src))
     return prepared
@@ -939,7 +972,8 @@ def main(argv: list[str] | None = None) -> None:
     from bake.settings import BakeSettings
     from bake.sources import resolve
 
-    hf_dir = resolve(args.model, args.work / "source", None, BakeSettings().cache_dir).folder
+    source = resolve(args.model, args.work / "source", None, BakeSettings().cache_dir)
+    hf_dir = source.folder
     print(f"{args.model}: fp32 folder {hf_dir}", flush=True)
     chunks, prompt, texts = token_ids(hf_dir)
     ref_path = _reference_path(args.work, hf_dir, chunks)
@@ -952,7 +986,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"fp32 reference perplexity {reference['perplexity']:.3f}", flush=True)
 
     version = llama_cpp_version()
-    prepared = _prepare_all(variants, hf_dir, args, version)
+    prepared = _prepare_all(variants, hf_dir, args, version, source.gguf)
     quality = _score_all(prepared, args.work)
     rows = _rows(prepared, quality, _time_all(prepared, args), args.max_other_load)
     elapsed = time.perf_counter() - started

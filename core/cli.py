@@ -252,6 +252,7 @@ def _show(args: argparse.Namespace) -> int:
         ("runtime", f"onnxruntime-genai {manifest.onnxruntime_genai_version}"),
         ("baked", manifest.created_at),
         ("quality", quality.summary() if quality else "not run"),
+        ("gguf", manifest.gguf_import.summary() if manifest.gguf_import else "-"),
         ("files", f"{len(manifest.files)}, {human_size(sum(f.size for f in manifest.files))}"),
     ):  # fmt: skip
         print(f"{label + ':':<11} {value}")

@@ -66,6 +66,33 @@ class QualityCheck(BaseModel):
         )
 
 
+class GgufImport(BaseModel):
+    """How a GGUF source's weights reached the baked graph.
+
+    Attributes:
+        file: The GGUF file's name.
+        sha256: Its sha256.
+        exact: GGUF tensor → its type, for the weights imported bit for bit.
+        requantized: GGUF tensor → why the builder's quantization of it was kept.
+    """
+
+    file: str
+    sha256: str
+    exact: dict[str, str] = Field(default_factory=dict)
+    requantized: dict[str, str] = Field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line for people: which types came over exactly, and what did not."""
+        counts: dict[str, int] = {}
+        for kind in self.exact.values():
+            counts[kind] = counts.get(kind, 0) + 1
+        types = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+        line = f"{len(self.exact)} weights exact from {self.file} ({types or 'none'})"
+        if self.requantized:
+            line += f"; {len(self.requantized)} requantized by the builder"
+        return line
+
+
 class Manifest(BaseModel):
     """What a baked folder holds and how it was made.
 
@@ -75,6 +102,8 @@ class Manifest(BaseModel):
         random_weights: True when the weights are random (test and benchmark models).
         inferred: What the bake had to infer (e.g. genai_config fields), one line each.
         quality: The bake's quality gate (None: baked before the gate existed).
+        gguf_import: For a GGUF source baked without re-quantization, what came over
+            exactly (None: not a GGUF source, or `--requantize`).
         arch: The CPU architecture the target runs on (`x86_64`, `aarch64`; None: baked
             before the manifest said).
     """
@@ -95,6 +124,7 @@ class Manifest(BaseModel):
     created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
     inferred: list[str] = Field(default_factory=list)
     quality: QualityCheck | None = None
+    gguf_import: GgufImport | None = None
     files: list[ManifestFile]
 
 

@@ -64,6 +64,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "recipe file (README, 'Bake recipes')",
     )
     parser.add_argument(
+        "--requantize",
+        action="store_true",
+        help="a GGUF source: quantize its dequantized weights again with the builder (and "
+        "--recipe) instead of importing its quantized weights exactly (the default for int4)",
+    )
+    parser.add_argument(
         "--builder-option",
         action="append",
         type=_key_value,
@@ -146,6 +152,10 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     )
     parser.add_argument("--revision", help="hub revision to pin")
     parser.add_argument(
+        "--requantize", action="store_true",
+        help="a GGUF source: requantize instead of the exact import, as `ortserve bake`",
+    )  # fmt: skip
+    parser.add_argument(
         "--builder-option", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
         help="a model-builder extra option (repeatable)",
     )  # fmt: skip
@@ -187,6 +197,8 @@ def run_model(args: argparse.Namespace) -> int:
             print(f"ortserve run: error: {exc}", file=sys.stderr)
             return 1
         spec["recipe"] = label if label in RECIPES else recipe.model_dump_json()
+    if args.requantize:
+        spec["requantize"] = True  # absent otherwise: earlier store names stay the same
     root = StoreSettings().models
     name = store.entry_name(spec)
     entry = root / name
@@ -201,7 +213,7 @@ def run_model(args: argparse.Namespace) -> int:
         request = BakeRequest(
             source=args.model, target=args.target, out=entry, precision=args.precision,
             revision=args.revision, options=spec["options"], force=True, package=False,
-            cache_dir=BakeSettings().cache_dir, recipe=args.recipe,
+            cache_dir=BakeSettings().cache_dir, recipe=args.recipe, requantize=args.requantize,
         )  # fmt: skip
         try:
             # stdout is the model folder alone with --bake-only (`make demo` reads it).
@@ -245,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         max_ppl_ratio=args.max_ppl_ratio,
         cache_dir=BakeSettings().cache_dir,
         recipe=args.recipe,
+        requantize=args.requantize,
     )
     try:
         result = bake(request)

@@ -24,7 +24,7 @@ from bake.sources import OnnxChoice, ResolvedSource, resolve
 from bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
 from bake.text import record_text
 from bake.upstream import builder_input
-from core.manifest import Manifest, QualityCheck, list_files, write_manifest
+from core.manifest import GgufImport, Manifest, QualityCheck, list_files, write_manifest
 from core.settings import PRIVACY_ENVIRONMENT, disable_telemetry
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ class BakeRequest:
     max_ppl_ratio: float = DEFAULT_MAX_PPL_RATIO
     cache_dir: Path | None = None  # PyPI downloads and GGUF conversions (None: this bake only)
     recipe: str | None = None  # a recipe's name or file (None: the target's, for int4)
+    # A GGUF source's quantized weights go into the int4 graph as they are, unless this
+    # asks for the builder's quantization of their fp32 dequantization instead.
+    requantize: bool = False
 
 
 @dataclass
@@ -303,7 +306,10 @@ def _quality(source: ResolvedSource, engine: Engine, request: BakeRequest) -> Qu
         return QualityCheck(status="skipped: no source checkpoint (ONNX source)")
     from bake.quality import check
 
-    return check(source.folder, engine, request.max_ppl_ratio, source.random_weights)
+    if source.gguf is None:
+        return check(source.folder, engine, request.max_ppl_ratio, source.random_weights)
+    reference = f"transformers fp32 of {source.gguf.name} (its weights dequantized)"
+    return check(source.folder, engine, request.max_ppl_ratio, source.random_weights, reference)
 
 
 def _install(staging: Path, out: Path, force: bool) -> None:
@@ -413,13 +419,16 @@ def bake(request: BakeRequest) -> BakeResult:
         say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
         # Beside the output, not in `work`: a failed bake's builder log outlives it.
         failed_log = out.with_name(f"{out.name}.builder.log")
+        exact = _exact_import(source, request, precision)
         precision, options, builder, inferred = _convert(
             source, staging, work / "cache", request, target, precision, options, failed_log,
             recipe,
         )  # fmt: skip
+        imported = _import_gguf(source, staging) if exact else None
         record_text(source.folder, staging)
         set_session_options(staging / "genai_config.json", target.intra_op_num_threads)
         manifest = _manifest(source, target, precision, options, inferred, staging, builder)
+        manifest = manifest.model_copy(update={"gguf_import": imported})
         write_manifest(staging, manifest)
         manifest, text, provider = _verify(staging, source, target, request, manifest)
         if request.package:
@@ -439,6 +448,42 @@ def bake(request: BakeRequest) -> BakeResult:
         shutil.rmtree(work, ignore_errors=True)
     say(f"baked {manifest.model_name} for {target.name} into {out} (model: {out / MODEL_SUBDIR})")
     return BakeResult(out, manifest, text, provider)
+
+
+def _exact_import(source: ResolvedSource, request: BakeRequest, precision: str) -> bool:
+    """Whether the GGUF's own weights go into the graph (bake.gguf_import).
+
+    Raises:
+        BakeError: `--recipe` on a GGUF source without `--requantize` (a recipe chooses
+            how the builder quantizes; the GGUF's weights are already quantized).
+    """
+    if source.gguf is None or request.requantize or precision != "int4":
+        if source.gguf is not None and precision == "int4":
+            say(f"GGUF {source.gguf.name}: --requantize, so the builder quantizes its "
+                "dequantized weights again")  # fmt: skip
+        return False
+    if request.recipe is not None:
+        raise BakeError(
+            f"--recipe chooses how the builder quantizes; {source.gguf.name}'s weights are "
+            "imported as they are quantized in the file: add --requantize to quantize its "
+            "dequantized weights with the recipe instead"
+        )
+    return True
+
+
+def _import_gguf(source: ResolvedSource, staging: Path) -> GgufImport:
+    """Put the GGUF's quantized weights into the builder's graph, exactly."""
+    from bake.gguf_import import import_exact
+    from core.manifest import sha256_file
+
+    assert source.gguf is not None
+    config = json.loads((staging / "genai_config.json").read_text(encoding="utf-8"))
+    graph = str(config["model"]["decoder"]["filename"])
+    report = import_exact(source.gguf, staging, source.folder, graph)
+    return GgufImport(
+        file=source.gguf.name, sha256=sha256_file(source.gguf), exact=report.exact,
+        requantized=report.requantized,
+    )  # fmt: skip
 
 
 def _expand(

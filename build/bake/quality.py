@@ -108,8 +108,15 @@ def _gate_ids(checkpoint: Path) -> list[int]:
     return [int(t) for t in tokenizer(GATE_TEXT, add_special_tokens=False)["input_ids"]]
 
 
-def check(checkpoint: Path, baked: Any, max_ppl_ratio: float, random_weights: bool) -> QualityCheck:
-    """Score the gate text with the source `checkpoint` and the loaded `baked` engine.
+def check(
+    checkpoint: Path,
+    baked: Any,
+    max_ppl_ratio: float,
+    random_weights: bool,
+    reference: str = "transformers fp32 of the source checkpoint",
+) -> QualityCheck:
+    """Score the gate text with the source `checkpoint` and the loaded `baked` engine
+    (`reference` says what the checkpoint is, for the manifest).
 
     Raises:
         BakeError: The ratio is above `max_ppl_ratio` (never for random weights).
@@ -125,7 +132,7 @@ def check(checkpoint: Path, baked: Any, max_ppl_ratio: float, random_weights: bo
         status = "not enforced (random weights)"
     result = QualityCheck(
         status=status,
-        reference="transformers fp32 of the source checkpoint",
+        reference=reference,
         scored_tokens=len(ids) - 1,
         ppl_reference=round(ppl_ref, 4),
         ppl=round(ppl, 4),

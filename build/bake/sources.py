@@ -45,6 +45,8 @@ class ResolvedSource:
         revision: The resolved commit or version, where the source has one.
         random_weights: True for the built-in random-weight models.
         graph: For an ONNX source, the graph to bake and why it was chosen.
+        gguf: For a GGUF source (a file, or a PyPI package holding one), the file the
+            checkpoint in `folder` was converted from.
     """
 
     spec: str
@@ -55,6 +57,7 @@ class ResolvedSource:
     revision: str | None = None
     random_weights: bool = False
     graph: Variant | None = None
+    gguf: Path | None = None
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -134,7 +137,9 @@ def _from_gguf(source: str, gguf: Path, cache: Path, kind: Literal["gguf", "pypi
     from bake.gguf import checkpoint_from_gguf
 
     folder = checkpoint_from_gguf(gguf, cache / "gguf")
-    return ResolvedSource(source, kind, folder, classify_folder(folder), _gguf_name(gguf), revision)
+    return ResolvedSource(
+        source, kind, folder, classify_folder(folder), _gguf_name(gguf), revision, gguf=gguf
+    )
 
 
 def resolve(

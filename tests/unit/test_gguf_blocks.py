@@ -1,0 +1,65 @@
+"""Every mapped GGUF block format reads, exactly, as gguf-py dequantizes it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from bake.gguf_blocks import MAPPED_TYPES, concat, decode
+
+# Where each format keeps its fp16 scales (byte offsets in a block): random bytes there
+# could be NaN or huge, so the test writes real fp16 values.
+_HALVES = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+}  # fmt: skip
+
+
+def random_rows(
+    kind: str, rows: int, columns: int, seed: int = 0, scale: float = 1.0
+) -> np.ndarray:
+    """Random valid rows of `kind`: every bit pattern of the integers, fp16 scales
+    drawn from [0.001, 0.05]·`scale`."""
+    qtype = GGMLQuantizationType[kind]
+    per, size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, columns // per, size), dtype=np.uint8)
+    for at in _HALVES[kind]:
+        halves = (rng.uniform(0.001, 0.05, (rows, columns // per)) * scale).astype("<f2")
+        raw[..., at : at + 2] = halves[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", MAPPED_TYPES)
+def test_every_type_decodes_to_gguf_pys_own_dequantization(kind: str) -> None:
+    raw = random_rows(kind, 24, 512)
+    blocks = decode(kind, raw, 512)
+    expected = quants.dequantize(raw, GGMLQuantizationType[kind])
+    assert blocks.q.shape == (24, 512) and int(blocks.q.max()) < 2**blocks.bits
+    # Exact up to float rounding: a K-quant's d·sc·q - dmin·m is computed here as
+    # d·sc·(q - zero) + (zero·d·sc - dmin·m).
+    atol = 1e-6 * float(np.abs(expected).max())
+    np.testing.assert_allclose(blocks.dequantize(), expected, rtol=0, atol=atol)
+    # The integers MatMulNBits needs: a zero point per block, an offset only where the
+    # format has one.
+    assert (blocks.offset is not None) == (kind in ("Q4_1", "Q5_1", "Q4_K", "Q5_K"))
+
+
+def test_a_fused_projection_of_mixed_formats_keeps_every_weight() -> None:
+    """q Q4_K (4-bit, offsets), k Q6_K (8-bit, block 16), v Q8_0: one 8-bit block-16
+    weight, rows in order."""
+    parts = [decode(k, random_rows(k, 8, 256, seed=i), 256)
+             for i, k in enumerate(("Q4_K", "Q6_K", "Q8_0"))]  # fmt: skip
+    fused = concat(parts)
+    assert (fused.bits, fused.block) == (8, 16) and fused.offset is not None
+    expected = np.concatenate([p.dequantize() for p in parts])
+    atol = 1e-6 * float(np.abs(expected).max())
+    np.testing.assert_allclose(fused.dequantize(), expected, rtol=0, atol=atol)
+
+
+def test_rows_of_the_wrong_length_are_refused() -> None:
+    with pytest.raises(ValueError, match="are not 512 values"):
+        decode("Q4_0", random_rows("Q4_0", 2, 256), 512)
+    with pytest.raises(KeyError):
+        decode("IQ4_NL", random_rows("Q4_0", 2, 256), 256)
