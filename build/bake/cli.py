@@ -7,6 +7,7 @@ import contextlib
 import sys
 from pathlib import Path
 
+from bake.context import DEFAULT_CONTEXT
 from bake.errors import BakeError
 from bake.recipes import DEFAULT_RECIPE, RECIPES
 from bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
@@ -62,6 +63,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="int4 quantization recipe: which weights, in which layers, are int8: "
         f"{', '.join(RECIPES)} (default: the target's, {DEFAULT_RECIPE}), or a .json/.toml "
         "recipe file (README, 'Bake recipes')",
+    )
+    parser.add_argument(
+        "--context-length",
+        dest="context_length",
+        type=int,
+        metavar="TOKENS",
+        help="the context the model serves: prompt + new tokens (default: the model's "
+        f"maximum, at most {DEFAULT_CONTEXT}; the rotary caches keep that many positions)",
     )
     parser.add_argument(
         "--requantize",
@@ -152,6 +161,10 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     )
     parser.add_argument("--revision", help="hub revision to pin")
     parser.add_argument(
+        "--context-length", dest="context_length", type=int, metavar="TOKENS",
+        help="the context the model serves, as `ortserve bake --context-length`",
+    )  # fmt: skip
+    parser.add_argument(
         "--requantize", action="store_true",
         help="a GGUF source: requantize instead of the exact import, as `ortserve bake`",
     )  # fmt: skip
@@ -199,6 +212,8 @@ def run_model(args: argparse.Namespace) -> int:
         spec["recipe"] = label if label in RECIPES else recipe.model_dump_json()
     if args.requantize:
         spec["requantize"] = True  # absent otherwise: earlier store names stay the same
+    if args.context_length is not None:
+        spec["context_length"] = args.context_length
     root = StoreSettings().models
     name = store.entry_name(spec)
     entry = root / name
@@ -214,6 +229,7 @@ def run_model(args: argparse.Namespace) -> int:
             source=args.model, target=args.target, out=entry, precision=args.precision,
             revision=args.revision, options=spec["options"], force=True, package=False,
             cache_dir=BakeSettings().cache_dir, recipe=args.recipe, requantize=args.requantize,
+            context_length=args.context_length,
         )  # fmt: skip
         try:
             # stdout is the model folder alone with --bake-only (`make demo` reads it).
@@ -258,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=BakeSettings().cache_dir,
         recipe=args.recipe,
         requantize=args.requantize,
+        context_length=args.context_length,
     )
     try:
         result = bake(request)

@@ -26,6 +26,7 @@ import numpy as np
 
 from bake.errors import BakeError, say
 from bake.gguf_blocks import MAPPED_TYPES, OFFSET_BLOCK, Array, Blocks, concat, decode
+from bake.onnx_source import save_graph
 
 # og node name → (layer, projection); the lm_head has no layer.
 _LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(?:attn|mlp)/(\w+)/MatMul")
@@ -194,6 +195,11 @@ class _Graph:
         self.graph.initializer.append(tensor)
         self.inits[name] = tensor
 
+    def drop_unused(self, name: str) -> None:
+        """Remove initializer `name` if no node reads it any more."""
+        if name in self.inits and not any(name in n.input for n in self.graph.node):
+            self.graph.initializer.remove(self.inits.pop(name))
+
     def gathers_sharing(self, scale: str) -> list[Any]:
         return [
             n for n in self.graph.node if n.op_type == "GatherBlockQuantized" and scale in n.input
@@ -243,20 +249,12 @@ class _Graph:
         )
 
     def save(self) -> None:
-        import onnx
-
         nodes = []
         for node in self.graph.node:
             nodes += [*self.before.get(node.name, []), node, *self.after.get(node.name, [])]
         del self.graph.node[:]
         self.graph.node.extend(nodes)
-        data = self.path.with_name(self.path.name + ".data")
-        data.unlink(missing_ok=True)
-        onnx.save_model(
-            self.model, str(self.path), save_as_external_data=True,
-            all_tensors_to_one_file=True, location=data.name, size_threshold=1024,
-        )  # fmt: skip
-        data.chmod(0o644)  # onnx writes it owner-only; the builder's files are readable
+        save_graph(self.model, self.path)
 
 
 def _replace(graph: _Graph, node: Any, blocks: Blocks) -> str | None:
@@ -270,13 +268,23 @@ def _replace(graph: _Graph, node: Any, blocks: Blocks) -> str | None:
         if blocks.offset is not None or _attrs(gather).get("bits") != blocks.bits:
             return "the tied embedding lookup cannot take this format"
     weight, scale, zero = _pack(blocks)
-    names = [*node.input[1:3], node.input[3] if len(node.input) > 3 and node.input[3] else ""]
-    if not names[2]:
-        names[2] = f"{node.input[1]}/zero_points"
-        del node.input[3:]
-        node.input.append(names[2])
-    for name, array in zip(names, (weight, scale, zero), strict=True):
-        graph.put(name, array)
+    old_zero = node.input[3] if len(node.input) > 3 else ""
+    graph.put(node.input[1], weight)
+    graph.put(node.input[2], scale)
+    # The kernels' default zero point is 2**(bits-1) (8 or 128, GatherBlockQuantized's
+    # too): left out when every block has it (Q4_0, Q4_1, Q4_K, Q8_0), as llama.cpp
+    # stores nothing for it either.
+    users = [node, *gathers]
+    if bool(np.all(blocks.zero == 1 << (blocks.bits - 1))):
+        for user in users:
+            del user.input[3:]
+        graph.drop_unused(old_zero)
+    else:
+        name = old_zero or f"{node.input[1]}/zero_points"
+        for user in users:
+            del user.input[3:]
+            user.input.append(name)
+        graph.put(name, zero)
     _set_attr(node, "bits", blocks.bits)
     _set_attr(node, "block_size", blocks.block)
     for gather in gathers:

@@ -161,6 +161,20 @@ def load_graph(path: Path) -> onnx.ModelProto:
         raise BakeError(f"{path.name} is not a readable ONNX model: {exc}") from exc
 
 
+def save_graph(model: onnx.ModelProto, path: Path) -> None:
+    """Write a graph edited in memory back to `path`, its weights to `path.name + .data`
+    (the builder's layout), readable by all as the builder's files are."""
+    import onnx
+
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)
+    onnx.save_model(
+        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+        location=data.name, size_threshold=1024,
+    )  # fmt: skip
+    data.chmod(0o644)  # onnx writes it owner-only
+
+
 def data_files(model: onnx.ModelProto) -> list[str]:
     """The external data files a graph refers to, by the names written inside it."""
     names = set()

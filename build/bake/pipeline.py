@@ -61,6 +61,7 @@ class BakeRequest:
     # A GGUF source's quantized weights go into the int4 graph as they are, unless this
     # asks for the builder's quantization of their fp32 dequantization instead.
     requantize: bool = False
+    context_length: int | None = None  # tokens served (None: bake.context's default)
 
 
 @dataclass
@@ -425,6 +426,7 @@ def bake(request: BakeRequest) -> BakeResult:
             recipe,
         )  # fmt: skip
         imported = _import_gguf(source, staging) if exact else None
+        options = _fit_context(source, staging, request, options)
         record_text(source.folder, staging)
         set_session_options(staging / "genai_config.json", target.intra_op_num_threads)
         manifest = _manifest(source, target, precision, options, inferred, staging, builder)
@@ -469,6 +471,28 @@ def _exact_import(source: ResolvedSource, request: BakeRequest, precision: str) 
             "dequantized weights with the recipe instead"
         )
     return True
+
+
+def _fit_context(
+    source: ResolvedSource, staging: Path, request: BakeRequest, options: dict[str, str]
+) -> dict[str, str]:
+    """Size a built model's context (bake.context); the manifest's options say a cut.
+
+    Raises:
+        BakeError: `--context-length` on an ONNX source (its graph is used as exported),
+            or above the model's maximum.
+    """
+    from bake.context import fit_context
+
+    if source.folder_kind != "hf":
+        if request.context_length is not None:
+            raise BakeError(
+                f"--context-length applies to checkpoints; {source.name} is an ONNX graph, "
+                "used with the context it was exported for"
+            )
+        return options
+    tokens = fit_context(staging, request.context_length)
+    return options if tokens is None else {**options, "context_length": str(tokens)}
 
 
 def _import_gguf(source: ResolvedSource, staging: Path) -> GgufImport:
