@@ -8,9 +8,7 @@ Every adapter (edge daemon, Lambda, Cloud Functions) calls `Api.handle` and writ
 
 from __future__ import annotations
 
-import base64
 import functools
-import hashlib
 import hmac
 import logging
 import re
@@ -19,9 +17,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core import playground
 from core.content_filter import ContentFilterError
 from core.errors import (
     AuthenticationError,
@@ -66,13 +64,13 @@ if TYPE_CHECKING:  # annotations only: adapters import this module without onnxr
 log = logging.getLogger("ortserve")
 
 ROUTES = frozenset(
-    {"/", "/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",
+    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",
      "/readyz", "/openapi.json", "/api/generate", "/api/chat", "/api/tags", "/api/show",
-     "/api/ps", "/api/version"}
+     "/api/ps", "/api/version", *playground.ROUTES}
 )  # fmt: skip
 # With API keys set, every other route needs one (/metrics too, unless METRICS_PUBLIC).
-# "/" is the chat playground: the page holds no data; its API calls carry the user's key.
-PUBLIC_ROUTES = frozenset({"/", "/healthz", "/readyz"})
+# The chat playground ("/" and its scripts) holds no data; its API calls carry the key.
+PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", *playground.ROUTES})
 METRICS_ROUTE = "/metrics"  # the edge daemon's, when it passes a scrape
 _OLLAMA_PREFIX = "/api/"  # Ollama's routes answer errors in Ollama's shape
 _MODEL_PREFIX = "/v1/models/"
@@ -118,6 +116,7 @@ class Api:
         self._keys = [k.encode() for k in settings.api_keys]
         self._routes: dict[str, dict[str, _Route]] = {
             "/": {"GET": self._playground},
+            **{route: {"GET": self._playground_asset} for route in playground.ASSETS},
             "/generate": {"POST": self._generation(GenerateBody)},
             "/v1/completions": {"POST": self._generation(CompletionBody)},
             "/v1/chat/completions": {"POST": self._generation(ChatBody)},
@@ -491,7 +490,7 @@ class Api:
         return json_response(200, openapi_document(limit))
 
     def _playground(self, request: Request, ctx: _Context) -> Response:
-        body, policy = _playground_page()
+        body, policy = playground.page()
         return Response(200, [
             ("content-type", "text/html; charset=utf-8"),
             ("content-security-policy", policy),
@@ -500,24 +499,17 @@ class Api:
             ("cache-control", "no-cache"),
         ], body)  # fmt: skip
 
-
-@functools.cache
-def _playground_page() -> tuple[bytes, str]:
-    """The chat playground (core/playground.html, read once) and its content security
-    policy: only its own inline script and style (by hash) and calls to this origin."""
-    page = (Path(__file__).parent / "playground.html").read_text(encoding="utf-8")
-
-    def digest(tag: str) -> str:
-        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", page, re.DOTALL)
-        hashes = (base64.b64encode(hashlib.sha256(b.encode()).digest()).decode() for b in blocks)
-        return " ".join(f"'sha256-{h}'" for h in hashes) or "'none'"
-
-    policy = (
-        f"default-src 'none'; script-src {digest('script')}; style-src {digest('style')}; "
-        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
-        "frame-ancestors 'none'"
-    )
-    return page.encode(), policy
+    def _playground_asset(self, request: Request, ctx: _Context) -> Response:
+        body, etag = playground.asset(request.path)
+        headers = [
+            ("content-type", "text/javascript; charset=utf-8"),
+            ("etag", etag),
+            ("x-content-type-options", "nosniff"),
+            ("cache-control", "no-cache"),  # revalidated: the ETag makes that a 304
+        ]
+        if playground.not_modified(request.headers.get("if-none-match", ""), etag):
+            return Response(304, headers, b"")  # the browser's copy is this one
+        return Response(200, headers, body)
 
 
 def _merged(dones: list[Completion]) -> Completion:

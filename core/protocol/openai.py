@@ -23,6 +23,7 @@ from core.protocol import (
     MIN_TOKENS_DOC,
     SEED,
     TEMPERATURE_DOC,
+    TOP_K_DOC,
     Body,
     GenerationBody,
     Int,
@@ -53,6 +54,9 @@ class _OpenAIBody(GenerationBody):
     max_tokens: TokenLimit | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: Int = Field(
+        default=0, ge=0, le=100000, description=f"extension (vLLM's, llama-server's): {TOP_K_DOC}"
+    )
     seed: Seed | None = SEED
     stop: Stop = None
     n: Int = Field(
@@ -83,7 +87,7 @@ class _OpenAIBody(GenerationBody):
         minimum = minimum_tokens(self.min_tokens, self.ignore_eos, limit, served)
         options = SamplingOptions(
             max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p,
-            seed=self.seed, min_new_tokens=minimum,
+            top_k=self.top_k, seed=self.seed, min_new_tokens=minimum,
         )  # fmt: skip
         return options, field
 

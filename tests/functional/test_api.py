@@ -15,6 +15,7 @@ import httpx
 import jsonschema
 import pytest
 
+from core import playground
 from core.api import Api
 from core.settings import ServerSettings
 from core.state import ModelState
@@ -173,6 +174,40 @@ def test_top_k_at_or_above_the_vocabulary_keeps_every_token(target: Target) -> N
         reply = target.call("POST", "/generate", {**body, "top_k": top_k})
         assert reply.status == 200, reply.body
         assert reply.json() == unlimited
+
+
+def test_the_playground_and_its_scripts_ship_with_every_target(target: Target) -> None:
+    """Each target's bundle carries the page and its vendored scripts, served without a
+    key, byte for byte."""
+    vendor = Path(playground.__file__).parent / "vendor"
+    page = target.call("GET", "/", headers={"authorization": ""})
+    assert page.status == 200 and page.body.startswith(b"<!doctype html>")
+    for route, name in playground.ASSETS.items():
+        reply = target.call("GET", route, headers={"authorization": ""})
+        assert reply.status == 200, (route, reply.body[:200])
+        assert reply.headers["content-type"] == "text/javascript; charset=utf-8"
+        assert reply.body == (vendor / name).read_bytes()
+
+
+def test_top_k_on_the_openai_routes(target: Target) -> None:
+    """top_k (vLLM's and llama-server's extension, the playground's control) reaches the
+    sampler: at top_k 1 any seed samples the greedy answer; without it, sampling differs."""
+    chat = {"messages": [{"role": "user", "content": "Edge boards"}], "max_tokens": 16}
+
+    def text(path: str, body: dict[str, Any]) -> str:
+        reply = target.call("POST", path, body)
+        assert reply.status == 200, reply.body
+        choice = reply.json()["choices"][0]
+        return str(choice["message"]["content"] if "message" in choice else choice["text"])
+
+    greedy = text("/v1/chat/completions", {**chat, "temperature": 0})
+    for seed in (1, 2):
+        sampled = {**chat, "temperature": 1.0, "seed": seed}
+        assert text("/v1/chat/completions", {**sampled, "top_k": 1}) == greedy
+    assert text("/v1/chat/completions", {**chat, "temperature": 1.0, "seed": 1}) != greedy
+    completion = {"prompt": "Edge boards", "max_tokens": 16}
+    greedy = text("/v1/completions", {**completion, "temperature": 0})
+    assert text("/v1/completions", {**completion, "temperature": 1.0, "top_k": 1}) == greedy
 
 
 def test_models(target: Target) -> None:

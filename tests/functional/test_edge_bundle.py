@@ -23,6 +23,7 @@ from bake.errors import BakeError
 from bake.package_edge import package_edge
 from bake.targets import get_target
 from benchmarks.support.servers import free_port
+from core import playground
 from tests import edge_bundle_qemu as emu
 from tests import models
 from tests.edge_bundle_kit import (
@@ -82,6 +83,13 @@ def _ask(url: str) -> dict[str, float]:
         assert ready.status_code == 200, ready.text
         assert ready.json()["execution_provider"] == "cpu"
         model = ready.json()["model"]
+        # The playground's vendored script came in the ortserve wheel (package data).
+        script = client.get("/vendor/purify.min.js")
+        assert script.status_code == 200
+        assert (
+            script.content
+            == (Path(playground.__file__).parent / "vendor/purify.min.js").read_bytes()
+        )
 
         clock = Stopwatch()
         reply = client.post("/generate", json={"prompt": "Hello", "max_new_tokens": 16})

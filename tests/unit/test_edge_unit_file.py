@@ -99,14 +99,15 @@ def test_the_example_env_file_names_only_real_settings() -> None:
 
 
 def test_the_example_env_file_says_which_routes_stay_open_with_keys() -> None:
-    """What the file calls always open is what the API leaves open (`/` aside: the
-    playground page), and it says /metrics needs a key unless METRICS_PUBLIC."""
+    """What the file calls always open is what the API leaves open (the playground's page
+    and scripts aside), and it says /metrics needs a key unless METRICS_PUBLIC."""
+    from core import playground
     from core.api import PUBLIC_ROUTES
 
     text = (EDGE / "ortserve.env").read_text(encoding="utf-8")
     match = re.search(r"Always open: ([^.]+)\.", text)
     assert match, text
-    assert set(re.findall(r"/\w+", match.group(1))) == PUBLIC_ROUTES - {"/"}
+    assert set(re.findall(r"/\w+", match.group(1))) == PUBLIC_ROUTES - playground.ROUTES
     assert "/metrics needs one too" in text and "#ORTSERVE_METRICS_PUBLIC=false" in text
 
 
