@@ -144,7 +144,9 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         formatter_class=DefaultsFormatter,
     )
     parser.add_argument(
-        "model", help="a stored model's name, or a source as `ortserve bake --model` takes"
+        "model",
+        metavar="MODEL",
+        help="a stored model's name, or a source as `ortserve bake --model` takes",
     ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # shtab's attribute
     parser.add_argument("prompt", nargs="?", metavar="PROMPT",
                         help="answer this and exit (`-`: read it from stdin)")  # fmt: skip
