@@ -19,9 +19,11 @@ from core.settings import EngineSettings, StoreSettings
 
 
 def _default_model_dir(settings: EngineSettings) -> Path:
-    """ORTSERVE_MODEL_DIR when it holds a model, else the store's newest model."""
+    """ORTSERVE_MODEL_DIR (a folder, or a stored model's name) when it holds a model, else
+    the store's newest model."""
     from core import store
 
+    settings, _ = store.with_model(settings)
     if (settings.model_dir / "manifest.json").is_file():
         return settings.model_dir
     models = [m for m in store.list_models(StoreSettings().models) if m.manifest is not None]

@@ -82,6 +82,36 @@ def test_run_of_a_name_that_is_not_stored_says_what_is(home: Path) -> None:
     assert "--precision only apply to a bake" in bake_option.stderr
 
 
+def test_generate_probe_show_and_serve_take_a_stored_name(home: Path) -> None:
+    env = store_env(home)
+    generated = run_ortserve("generate", "--model-dir", "tiny-llama:latest", "Hi",
+                             "--max-new-tokens", "4", env=env)  # fmt: skip
+    assert generated.returncode == 0, generated.stderr
+    assert generated.stderr.startswith("[tiny-llama:latest] "), generated.stderr
+    probed = run_ortserve("probe", "--model-dir", "TINY", env=env)
+    assert probed.returncode == 0 and probed.stdout.startswith("model: TINY  "), probed.stderr
+    shown = run_ortserve("show", "llama", env=env)  # a part of the name
+    assert shown.returncode == 0 and shown.stdout.startswith("name:       tiny-llama\n")
+    missing = run_ortserve("generate", "--model-dir", "smollm2", "Hi", env=env)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (
+        "ortserve generate: error: no folder or stored model 'smollm2' (stored: tiny-llama; "
+        "`ortserve list`)"
+    )
+    port = free_port()
+    serve = subprocess.Popen([*ORTSERVE, "serve", "Tiny-Llama", "--port", str(port)],
+                             env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    try:
+        assert ready_within(serve, port, 120)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+        assert [m["id"] for m in models] == ["Tiny-Llama"]
+    finally:
+        serve.terminate()
+        serve.wait(60)
+
+
 def _serve(home: Path, *args: str) -> Iterator[tuple[str, str]]:
     """`ortserve run ARGS` with no prompt and no terminal (it serves) until ready: its URL
     and, after the caller is done and it was stopped, its stderr (a generator: next twice)."""
