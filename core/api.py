@@ -315,7 +315,7 @@ class Api:
         def route(request: Request, ctx: _Context) -> Response:
             body = parse(body_type, request.body)
             service = self._service(request)
-            served = _served(service)
+            served = self._served(service)
             instant = body.instant_answer(served)
             if instant is not None:
                 return json_response(200, instant)
@@ -423,25 +423,41 @@ class Api:
 
     # -- other routes -----------------------------------------------------------------
 
+    def _served(self, service: Service) -> Served:
+        """What request formats need to know of `service`'s model, under the names it is
+        served as (ALIASES, SERVED_NAME, else the manifest's name)."""
+        engine = service.engine
+        manifest = engine.manifest
+        model, *aliases = self.settings.served_names(engine.model_name)
+        return Served(
+            model, engine.digest, manifest.created_at, service.max_new_tokens,
+            service.default_new_tokens, context_length=engine.context_length,
+            chat_template=engine.text.template, precision=manifest.precision,
+            size=sum(f.size for f in manifest.files), token_bytes=engine.text.token_bytes,
+            aliases=tuple(aliases), also_known_as=(engine.model_name,),
+        )  # fmt: skip
+
     def _models(self, request: Request, ctx: _Context) -> Response:
-        served = _served(self._loaded(request))
-        return json_response(200, {"object": "list", "data": [_model_card(served)]})
+        served = self._served(self._loaded(request))
+        cards = [_model_card(served, name) for name in served.names]
+        return json_response(200, {"object": "list", "data": cards})
 
     def _model(self, request: Request, ctx: _Context) -> Response:
-        served = _served(self._loaded(request))
+        served = self._served(self._loaded(request))
         name = request.path.removeprefix(_MODEL_PREFIX)
-        if name != served.model:
+        listed = served.named(name) if name else None
+        if listed is None:
             raise ModelNotFoundError(
                 f"the model {name!r} does not exist; this server has {served.model!r}"
             )
-        return json_response(200, _model_card(served))
+        return json_response(200, _model_card(served, listed))
 
     def _ollama_tags(self, request: Request, ctx: _Context) -> Response:
-        return json_response(200, ollama.tags(_served(self._loaded(request))))
+        return json_response(200, ollama.tags(self._served(self._loaded(request))))
 
     def _ollama_show(self, request: Request, ctx: _Context) -> Response:
         body = parse(ollama.OllamaShowBody, request.body)
-        return json_response(200, ollama.show(body, _served(self._loaded(request))))
+        return json_response(200, ollama.show(body, self._served(self._loaded(request))))
 
     def _ollama_ps(self, request: Request, ctx: _Context) -> Response:
         # What is loaded now: no wait for a model that is still loading.
@@ -450,7 +466,7 @@ class Api:
             return json_response(200, ollama.ps(None, "", 0))
         engine = service.engine
         return json_response(
-            200, ollama.ps(_served(service), engine.probe.provider, engine.context_length)
+            200, ollama.ps(self._served(service), engine.probe.provider, engine.context_length)
         )
 
     def _ollama_version(self, request: Request, ctx: _Context) -> Response:
@@ -519,17 +535,6 @@ def _merged(dones: list[Completion]) -> Completion:
     return replace(first, completion_tokens=sum(d.completion_tokens for d in dones))
 
 
-def _served(service: Service) -> Served:
-    engine = service.engine
-    manifest = engine.manifest
-    return Served(
-        engine.model_name, engine.digest, manifest.created_at, service.max_new_tokens,
-        service.default_new_tokens, context_length=engine.context_length,
-        chat_template=engine.text.template, precision=manifest.precision,
-        size=sum(f.size for f in manifest.files), token_bytes=engine.text.token_bytes,
-    )  # fmt: skip
-
-
 @functools.cache
 def _version() -> str:
     """ortserve's version (`0.0.0` when it runs from a source tree that is not installed,
@@ -542,10 +547,11 @@ def _version() -> str:
         return "0.0.0"
 
 
-def _model_card(served: Served) -> dict[str, Any]:
-    """An OpenAI model object, with vLLM's `max_model_len` (the context; omitted where
-    unknown) and `max_tokens`: the most new tokens a request may ask for."""
-    card: dict[str, Any] = {"id": served.model, "object": "model", "created": served.created,
+def _model_card(served: Served, name: str) -> dict[str, Any]:
+    """An OpenAI model object for the served model's `name`, with vLLM's `max_model_len`
+    (the context; omitted where unknown) and `max_tokens`: the most new tokens a request
+    may ask for."""
+    card: dict[str, Any] = {"id": name, "object": "model", "created": served.created,
                             "owned_by": "ortserve"}  # fmt: skip
     if served.context_length:
         card["max_model_len"] = served.context_length

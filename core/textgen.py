@@ -19,9 +19,11 @@ from core.settings import EngineSettings, StoreSettings
 
 
 def _default_model_dir(settings: EngineSettings) -> Path:
-    """ORTSERVE_MODEL_DIR when it holds a model, else the store's newest model."""
+    """ORTSERVE_MODEL_DIR (a folder, or a stored model's name) when it holds a model, else
+    the store's newest model."""
     from core import store
 
+    settings, _ = store.with_model(settings)
     if (settings.model_dir / "manifest.json").is_file():
         return settings.model_dir
     models = [m for m in store.list_models(StoreSettings().models) if m.manifest is not None]
@@ -52,16 +54,21 @@ class TextGenerator:
     """
 
     def __init__(self, model_dir: str | Path | None = None, **settings: Any) -> None:
-        """Load `model_dir` (default: ORTSERVE_MODEL_DIR, else the local store's newest
-        model); `settings` are EngineSettings fields (e.g. providers="cuda,cpu",
-        threads=2), over the ORTSERVE_* environment.
+        """Load `model_dir`, a folder or a stored model's name (default:
+        ORTSERVE_MODEL_DIR, else the local store's newest model); `settings` are
+        EngineSettings fields (e.g. providers="cuda,cpu", threads=2), over the ORTSERVE_*
+        environment.
 
         Raises:
             OrtServeError: No model, or it cannot be loaded (the reason says why).
         """
+        from core import store
+
         engine_settings = EngineSettings(**settings)
-        folder = Path(model_dir) if model_dir is not None else None
-        folder = folder or _default_model_dir(engine_settings)
+        if model_dir is not None:  # a folder, or a stored model's name (`smollm2`)
+            folder = store.locate(StoreSettings().models, model_dir).folder
+        else:
+            folder = _default_model_dir(engine_settings)
         self.service = Service.load(engine_settings.model_copy(update={"model_dir": folder}))
 
     @property

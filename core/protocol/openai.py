@@ -75,7 +75,7 @@ class _OpenAIBody(GenerationBody):
     def _options(self, served: Served, default_limit: int) -> tuple[SamplingOptions, str]:
         """Sampling options (OpenAI's default limit when none is given) and the limit's
         field name; refuses a model other than the served one."""
-        if self.model is not None and self.model != served.model:
+        if served.named(self.model) is None:
             raise ModelNotFoundError(
                 f"the model {self.model!r} does not exist; this server has {served.model!r}"
             )

@@ -857,6 +857,46 @@ def test_no_coercion_and_the_routes_own_field_names(
     assert _error(target.call("POST", path, body), 400, "invalid_request")["param"] == param
 
 
+def test_the_one_model_answers_to_its_name_in_any_case_with_latest_or_none(
+    target: Target,
+) -> None:
+    """Single-model mode (#27 item 2): `model` may be the served name in any case, with
+    Ollama's `:latest`, empty or absent (llama-server's rule); another name is a 404."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    ollama_chat = {"messages": [{"role": "user", "content": "Hi"}], "stream": False,
+                   "options": {"num_predict": 2}}  # fmt: skip
+    for name in (None, "", MODEL.upper(), f"{MODEL}:latest", f"{MODEL.upper()}:LATEST"):
+        named = {} if name is None else {"model": name}
+        reply = target.call("POST", "/v1/chat/completions", {**chat, **named})
+        assert reply.status == 200 and reply.json()["model"] == MODEL, (name, reply.body)
+        answer = target.call("POST", "/api/chat", {**ollama_chat, "model": name or ""})
+        assert answer.status == 200 and answer.json()["model"] == MODEL, (name, answer.body)
+        shown = target.call("POST", "/api/show", {"model": name})
+        assert shown.status == 200, (name, shown.body)
+    card = target.call("GET", f"/v1/models/{MODEL.upper()}:latest")
+    assert card.status == 200 and card.json()["id"] == MODEL
+    for other in ("gpt-4", f"{MODEL}:fp32", "latest"):
+        _error(target.call("POST", "/v1/chat/completions", {**chat, "model": other}), 404,
+               "model_not_found")  # fmt: skip
+        assert target.call("POST", "/api/chat", {**ollama_chat, "model": other}).status == 404
+
+
+def test_aliases_are_listed_and_answered_to(tiny_model_dir: Path, core_api: Api) -> None:
+    """ALIASES (`serve --alias`) and SERVED_NAME: the first alias is the id, every name is
+    listed (/v1/models, /api/tags) and may be asked for; the manifest's name still works."""
+    settings = _settings(tiny_model_dir, served_name="tiny", aliases=["gpt-4o-mini", "local"])
+    target = InProcess(Api(core_api.state, settings))  # the same loaded model, other names
+    names = ["gpt-4o-mini", "local", "tiny"]
+    assert [m["id"] for m in target.call("GET", "/v1/models").json()["data"]] == names
+    assert [m["name"] for m in target.call("GET", "/api/tags").json()["models"]] == names
+    assert target.call("GET", "/v1/models/Local").json()["id"] == "local"
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    for name in ("local", "TINY:latest", MODEL, ""):
+        reply = target.call("POST", "/v1/chat/completions", {**chat, "model": name})
+        assert reply.status == 200 and reply.json()["model"] == "gpt-4o-mini", name
+    _error(target.call("POST", "/v1/chat/completions", {**chat, "model": "gpt-4"}), 404)
+
+
 def test_models_retrieve_head_and_options(target: Target) -> None:
     listed = target.call("GET", "/v1/models").json()["data"][0]
     one = target.call("GET", f"/v1/models/{listed['id']}")

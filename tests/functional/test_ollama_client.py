@@ -46,6 +46,15 @@ def test_list_show_and_version(client: ollama.Client) -> None:
     assert isinstance(version["version"], str)
 
 
+def test_name_latest_is_the_served_model(client: ollama.Client) -> None:
+    """Ollama's clients may add `:latest` (or change the case): the one model answers."""
+    for name in (f"{MODEL}:latest", MODEL.upper()):
+        reply = client.chat(model=name, messages=[{"role": "user", "content": "Hi"}],
+                            options={"num_predict": 2})  # fmt: skip
+        assert reply.done and reply.model == MODEL
+        assert client.show(name).details is not None
+
+
 def test_chat_and_streamed_chat_agree(client: ollama.Client) -> None:
     messages = [{"role": "user", "content": "Hi"}]
     options = {"temperature": 0, "num_predict": 12}

