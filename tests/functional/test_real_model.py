@@ -29,9 +29,11 @@ pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 # The 14 of 20 simple questions the fp32 bake answers right (greedy, 40 tokens), with
-# what a right answer holds. Measured: the default int4 bake (q4km-like) gets 11 of them,
-# as k-quant-mixed did (other ones), --recipe int8 12, plain RTN block 32 10, RTN block
-# 128 (the first default) far fewer.
+# what a right answer holds. Measured (2026-12-03): the default bake of this GGUF (its
+# Q4_1 weights imported exactly) gets 13 of them (France, a 0.08-nat near-tie in fp32,
+# tips);
+# the q4km-like recipe on the dequantized weights (`--requantize`) 11, k-quant-mixed 11
+# (other ones), --recipe int8 12, plain RTN block 32 10, RTN block 128 far fewer.
 FACTS = [
     ("What is the capital of France?", "Paris"),
     ("What is the capital of Japan?", "Tokyo"),
@@ -48,8 +50,9 @@ FACTS = [
     ("What is 2 plus 2?", "4|four"),
     ("What is the tallest mountain in the world?", "Everest"),
 ]
-# Kernels differ a little between CPUs (AVX2, AVX-512, AMX): one answer of slack.
-MIN_RIGHT = 10
+# Kernels differ a little between CPUs (AVX2, AVX-512, AMX): one answer of slack, and
+# still more than a re-quantization gets.
+MIN_RIGHT = 12
 PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
