@@ -31,9 +31,9 @@ MODEL = "SmolLM2-135M-Instruct"
 # The 14 of 20 simple questions the fp32 bake answers right (greedy, 40 tokens), with
 # what a right answer holds. Measured (2026-12-03): the default bake of this GGUF (its
 # Q4_1 weights imported exactly) gets 13 of them (France, a 0.08-nat near-tie in fp32,
-# tips);
-# the q4km-like recipe on the dequantized weights (`--requantize`) 11, k-quant-mixed 11
-# (other ones), --recipe int8 12, plain RTN block 32 10, RTN block 128 far fewer.
+# tips); the q4km-like recipe on the dequantized weights (`--requantize`) 11,
+# k-quant-mixed 11 (other ones), --recipe int8 12, plain RTN block 32 10, RTN block 128
+# far fewer.
 FACTS = [
     ("What is the capital of France?", "Paris"),
     ("What is the capital of Japan?", "Tokyo"),
