@@ -257,6 +257,17 @@ class _Graph:
         save_graph(self.model, self.path)
 
 
+def _set_zero_points(node: Any, name: str) -> None:
+    """Make input 3 (zero points) `name` ("": none), keeping any later input (MatMulNBits's
+    g_idx and bias)."""
+    inputs = list(node.input) + [""] * max(0, 4 - len(node.input))
+    inputs[3] = name
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    del node.input[:]
+    node.input.extend(inputs)
+
+
 def _replace(graph: _Graph, node: Any, blocks: Blocks) -> str | None:
     """Put `blocks` in `node`'s place (None), or say why they cannot go there."""
     attrs = _attrs(node)
@@ -277,13 +288,12 @@ def _replace(graph: _Graph, node: Any, blocks: Blocks) -> str | None:
     users = [node, *gathers]
     if bool(np.all(blocks.zero == 1 << (blocks.bits - 1))):
         for user in users:
-            del user.input[3:]
+            _set_zero_points(user, "")
         graph.drop_unused(old_zero)
     else:
         name = old_zero or f"{node.input[1]}/zero_points"
         for user in users:
-            del user.input[3:]
-            user.input.append(name)
+            _set_zero_points(user, name)
         graph.put(name, zero)
     _set_attr(node, "bits", blocks.bits)
     _set_attr(node, "block_size", blocks.block)

@@ -63,3 +63,22 @@ def test_rows_of_the_wrong_length_are_refused() -> None:
         decode("Q4_0", random_rows("Q4_0", 2, 256), 512)
     with pytest.raises(KeyError):
         decode("IQ4_NL", random_rows("Q4_0", 2, 256), 256)
+
+
+def test_zero_points_are_set_or_left_out_keeping_a_bias_input() -> None:
+    """MatMulNBits's inputs are (A, B, scales, zero_points, g_idx, bias): an imported
+    weight's zero points change without losing a bias the builder put after them."""
+    from onnx import helper
+
+    from bake.gguf_import import _set_zero_points
+
+    node = helper.make_node("MatMulNBits", ["a", "b", "s", "z", "", "bias"], ["y"])
+    _set_zero_points(node, "")
+    assert list(node.input) == ["a", "b", "s", "", "", "bias"]
+    _set_zero_points(node, "z2")
+    assert list(node.input) == ["a", "b", "s", "z2", "", "bias"]
+    plain = helper.make_node("MatMulNBits", ["a", "b", "s", "z"], ["y"])
+    _set_zero_points(plain, "")
+    assert list(plain.input) == ["a", "b", "s"]
+    _set_zero_points(plain, "z3")
+    assert list(plain.input) == ["a", "b", "s", "z3"]
