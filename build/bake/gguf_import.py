@@ -200,6 +200,17 @@ class _Graph:
         if name in self.inits and not any(name in n.input for n in self.graph.node):
             self.graph.initializer.remove(self.inits.pop(name))
 
+    def reshape_data(self, gather: Any, shape: list[int]) -> None:
+        """Point the Reshape that feeds `gather` its data (the lm_head's weight viewed as
+        rows) at `shape`: the packed row is K·bits/8 bytes."""
+        producer = next((n for n in self.graph.node if gather.input[0] in n.output), None)
+        if producer is None or producer.op_type != "Reshape":
+            raise BakeError(f"{gather.name}: its data does not come from a Reshape")
+        name, old = f"{gather.name}/ortserve_data_shape", producer.input[1]
+        self.put(name, np.array(shape, dtype=np.int64))
+        producer.input[1] = name
+        self.drop_unused(old)
+
     def gathers_sharing(self, scale: str) -> list[Any]:
         return [
             n for n in self.graph.node if n.op_type == "GatherBlockQuantized" and scale in n.input
@@ -275,9 +286,8 @@ def _replace(graph: _Graph, node: Any, blocks: Blocks) -> str | None:
     if (attrs.get("N"), attrs.get("K")) != (n, k):
         return f"the graph's {node.name} is {attrs.get('N')}x{attrs.get('K')}, not {n}x{k}"
     gathers = graph.gathers_sharing(node.input[2])
-    for gather in gathers:
-        if blocks.offset is not None or _attrs(gather).get("bits") != blocks.bits:
-            return "the tied embedding lookup cannot take this format"
+    if gathers and blocks.offset is not None:
+        return "the tied embedding lookup cannot take a format with offsets"
     weight, scale, zero = _pack(blocks)
     old_zero = node.input[3] if len(node.input) > 3 else ""
     graph.put(node.input[1], weight)
@@ -299,6 +309,8 @@ def _replace(graph: _Graph, node: Any, blocks: Blocks) -> str | None:
     _set_attr(node, "block_size", blocks.block)
     for gather in gathers:
         _set_attr(gather, "block_size", blocks.block)
+        _set_attr(gather, "bits", blocks.bits)
+        graph.reshape_data(gather, [n, k * blocks.bits // 8])
     if blocks.offset is not None:
         graph.add_offset(node, blocks.offset, k)
     return None

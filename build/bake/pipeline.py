@@ -421,6 +421,11 @@ def bake(request: BakeRequest) -> BakeResult:
         # Beside the output, not in `work`: a failed bake's builder log outlives it.
         failed_log = out.with_name(f"{out.name}.builder.log")
         exact = _exact_import(source, request, precision)
+        if exact and "algo_config" not in request.options:
+            # The GGUF's weights replace the builder's: its fastest quantization will do
+            # (RTN; Gemma-3-270M's k_quant_mixed took 9 minutes here), and no recipe. A
+            # tensor the import cannot map keeps this quantization, and the bake says so.
+            options, recipe = {**options, "algo_config": "rtn"}, None
         precision, options, builder, inferred = _convert(
             source, staging, work / "cache", request, target, precision, options, failed_log,
             recipe,
