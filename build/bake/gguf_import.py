@@ -18,6 +18,7 @@ says which and why.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,20 +32,28 @@ from bake.onnx_source import save_graph
 # og node name → (layer, projection); the lm_head has no layer.
 _LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(?:attn|mlp)/(\w+)/MatMul")
 _HEAD_NODE = re.compile(r"^/lm_head/MatMul")
-# og projection → [(GGUF tensor, checkpoint tensor)] in the order og concatenates them.
-_PROJECTIONS: dict[str, list[tuple[str, str]]] = {
+# og projection → candidate lists of (GGUF tensor, checkpoint tensor, half) in the order
+# og concatenates them; the first candidate whose tensors the GGUF and the checkpoint both
+# hold applies. `half` takes the first (0) or second (1) half of both tensors' rows: Phi-3
+# keeps gate and up in one tensor (GGUF `ffn_up`, checkpoint `gate_up_proj`, gate first)
+# where og makes two MatMuls, and q, k, v in one (`attn_qkv`, `qkv_proj`).
+_Candidate = list[tuple[str, str, int | None]]
+_PROJECTIONS: dict[str, list[_Candidate]] = {
     "qkv_proj": [
-        ("attn_q", "self_attn.q_proj"),
-        ("attn_k", "self_attn.k_proj"),
-        ("attn_v", "self_attn.v_proj"),
+        [
+            ("attn_q", "self_attn.q_proj", None),
+            ("attn_k", "self_attn.k_proj", None),
+            ("attn_v", "self_attn.v_proj", None),
+        ],
+        [("attn_qkv", "self_attn.qkv_proj", None)],
     ],
-    "q_proj": [("attn_q", "self_attn.q_proj")],
-    "k_proj": [("attn_k", "self_attn.k_proj")],
-    "v_proj": [("attn_v", "self_attn.v_proj")],
-    "o_proj": [("attn_output", "self_attn.o_proj")],
-    "gate_proj": [("ffn_gate", "mlp.gate_proj")],
-    "up_proj": [("ffn_up", "mlp.up_proj")],
-    "down_proj": [("ffn_down", "mlp.down_proj")],
+    "q_proj": [[("attn_q", "self_attn.q_proj", None)]],
+    "k_proj": [[("attn_k", "self_attn.k_proj", None)]],
+    "v_proj": [[("attn_v", "self_attn.v_proj", None)]],
+    "o_proj": [[("attn_output", "self_attn.o_proj", None)]],
+    "gate_proj": [[("ffn_gate", "mlp.gate_proj", None)], [("ffn_up", "mlp.gate_up_proj", 0)]],
+    "up_proj": [[("ffn_up", "mlp.up_proj", None)], [("ffn_up", "mlp.gate_up_proj", 1)]],
+    "down_proj": [[("ffn_down", "mlp.down_proj", None)]],
 }
 # Heads whose rows llama.cpp's converter permutes (rotary halves interleaved), by the
 # config field that counts them.
@@ -63,10 +72,12 @@ class ImportReport:
 class _Part:
     gguf: str
     checkpoint: str
+    half: int | None = None  # the first (0) or second (1) half of both tensors' rows
 
 
-def _parts(node_name: str, tied: bool) -> list[_Part] | None:
-    """The GGUF and checkpoint tensors a MatMulNBits node computes with (None: unknown)."""
+def _parts(node_name: str, tied: bool, has: Callable[[_Part], bool]) -> list[_Part] | None:
+    """The GGUF and checkpoint tensors a MatMulNBits node computes with: the first
+    candidate whose tensors `has` finds (None: the node is not known)."""
     if _HEAD_NODE.match(node_name):
         if tied:
             return [_Part("token_embd.weight", "model.embed_tokens.weight")]
@@ -75,10 +86,12 @@ def _parts(node_name: str, tied: bool) -> list[_Part] | None:
     if found is None or found.group(2) not in _PROJECTIONS:
         return None
     layer = found.group(1)
-    return [
-        _Part(f"blk.{layer}.{gguf}.weight", f"model.layers.{layer}.{hf}.weight")
-        for gguf, hf in _PROJECTIONS[found.group(2)]
-    ]
+    candidates = [
+        [_Part(f"blk.{layer}.{gguf}.weight", f"model.layers.{layer}.{hf}.weight", half)
+         for gguf, hf, half in candidate]
+        for candidate in _PROJECTIONS[found.group(2)]
+    ]  # fmt: skip
+    return next((c for c in candidates if all(has(p) for p in c)), candidates[0])
 
 
 def _llama_rows(rows: int, heads: int) -> Array:
@@ -112,6 +125,10 @@ class _Source:
         self._weights = safe_open(str(checkpoint / "model.safetensors"), framework="np")
         self.names: set[str] = set(self._weights.keys())  # type: ignore[no-untyped-call]
 
+    def has(self, part: _Part) -> bool:
+        """Whether the GGUF and the checkpoint both hold the part's tensors."""
+        return part.gguf in self.tensors and part.checkpoint in self.names
+
     def reference(self, name: str) -> Array | None:
         if name not in self.names:
             return None
@@ -130,6 +147,10 @@ class _Source:
         if reference is None:
             return f"the checkpoint has no {part.checkpoint}"
         blocks = decode(kind, np.asarray(tensor.data), int(tensor.shape[0]))
+        if part.half is not None:
+            rows, ref_rows = blocks.rows // 2, reference.shape[0] // 2
+            blocks = blocks.take_rows(np.arange(rows) + part.half * rows)
+            reference = reference[part.half * ref_rows : (part.half + 1) * ref_rows]
         if _matches(blocks, reference):
             return blocks
         heads = self.config.get(_PERMUTED.get(part.gguf.split(".")[-2], ""))
@@ -327,7 +348,7 @@ def import_exact(gguf: Path, model_dir: Path, checkpoint: Path, graph_file: str)
     for node in list(graph.graph.node):
         if node.op_type != "MatMulNBits":
             continue
-        parts = _parts(node.name, tied)
+        parts = _parts(node.name, tied, source.has)
         if parts is None:
             report.requantized[node.name] = "no GGUF tensor known for this node"
             continue

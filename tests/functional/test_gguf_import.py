@@ -1,10 +1,12 @@
-"""The exact GGUF import on a small model holding every mapped block format.
+"""The exact GGUF import on small models holding every mapped block format.
 
 A Llama of hidden size 256 (K-quant super-blocks need 256 columns) is written as a GGUF
 of chosen types, llama.cpp's q/k row permutation included, and as the fp32 checkpoint
 that is its dequantization (what transformers' GGUF loader makes). The checkpoint is
 baked, the GGUF's weights are imported into the graph, and the graph's weights are read
-back and compared with the checkpoint's, then run against transformers.
+back and compared with the checkpoint's, then run beside og's fp32 bake. A Phi-3 does
+the same with its fused tensors (GGUF `attn_qkv`, and `ffn_up` holding gate and up, which
+og makes two MatMuls of).
 """
 
 from __future__ import annotations
@@ -61,21 +63,58 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def _make(out: Path) -> None:
-    """The checkpoint (out/hf) and the GGUF it is the dequantization of (out/model.gguf)."""
+def _tokenizer_only(hf: Path) -> tuple[Path, dict[str, Any]]:
+    """A checkpoint folder holding the tiny Llama's tokenizer; its config."""
     import shutil
 
-    import torch
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     tiny = tiny_hf_checkpoint()
-    hf = out / "hf"
     hf.mkdir(parents=True)
     for path in tiny.iterdir():
         if path.name.startswith("tokenizer") or path.name in ("special_tokens_map.json",):
             shutil.copy2(path, hf / path.name)
-    base = json.loads((tiny / "config.json").read_text(encoding="utf-8"))
+    return hf, json.loads((tiny / "config.json").read_text(encoding="utf-8"))
+
+
+def _gguf_tensor(writer: GGUFWriter, name: str, kind: str, w: np.ndarray, seed: int) -> np.ndarray:
+    """Write `w` as GGUF tensor `name` of `kind`; return what it dequantizes to. The
+    K-quants get random blocks (gguf-py cannot quantize to them): every bit pattern of
+    their integers, with scales that keep weights near the model's."""
+    qtype = GGMLQuantizationType[kind]
+    if kind == "F16":
+        writer.add_tensor(name, w.astype(np.float16))
+        back: np.ndarray = w.astype(np.float16).astype(np.float32)
+        return back
+    if kind.endswith("_K"):
+        raw = random_rows(kind, w.shape[0], w.shape[1], seed, scale=0.003)
+    else:
+        raw = quants.quantize(w, qtype)
+    writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+    back = quants.dequantize(raw, qtype)
+    return back
+
+
+def _save(hf: Path, config: Any, model: Any, weights: dict[str, np.ndarray]) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    config.save_pretrained(hf)
+    save_file({k: torch.from_numpy(v).contiguous() for k, v in weights.items()},
+              str(hf / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+
+
+def _bake(hf: Path, out: Path, *extra: str) -> None:
+    done = run_ortserve("bake", "--model", str(hf), "--target", "edge-x86_64", "--model-only",
+                        "--no-smoke", "--no-quality-check", "--out", str(out), *extra)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _make(out: Path) -> None:
+    """The checkpoint (out/hf) and the GGUF it is the dequantization of (out/model.gguf)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf, base = _tokenizer_only(out / "hf")
     config = LlamaConfig(
         vocab_size=base["vocab_size"], hidden_size=256, intermediate_size=512,
         num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
@@ -90,54 +129,38 @@ def _make(out: Path) -> None:
     for seed, (name, kind) in enumerate(TYPES.items()):
         w = weights[_hf_name(name)]
         heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(name.split(".")[-1])
-        stored = _permute(w, heads) if heads else w
-        qtype = GGMLQuantizationType[kind]
-        if kind == "F16":
-            raw, back = stored.astype(np.float16), stored.astype(np.float16).astype(np.float32)
-            writer.add_tensor(f"{name}.weight", raw)
-        else:
-            # Random blocks for the K-quants (gguf-py cannot quantize to them): every bit
-            # pattern of their integers, with scales that keep weights near the model's.
-            if kind.endswith("_K"):
-                raw = random_rows(kind, stored.shape[0], stored.shape[1], seed, scale=0.003)
-            else:
-                raw = quants.quantize(stored, qtype)
-            back = quants.dequantize(raw, qtype)
-            writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
+        back = _gguf_tensor(writer, f"{name}.weight", kind, _permute(w, heads) if heads else w,
+                            seed)  # fmt: skip
         weights[_hf_name(name)] = _unpermute(back, heads) if heads else back
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    config.save_pretrained(hf)
-    save_file({k: torch.from_numpy(v).contiguous() for k, v in weights.items()},
-              str(hf / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
-    baked = run_ortserve("bake", "--model", str(hf), "--target", "edge-x86_64",
-                         "--model-only", "--no-smoke", "--no-quality-check",
-                         "--out", str(out / "baked"))  # fmt: skip
-    assert baked.returncode == 0, baked.stderr[-3000:]
-    fp32 = run_ortserve("bake", "--model", str(hf), "--target", "edge-x86_64", "--model-only",
-                        "--no-smoke", "--no-quality-check", "--precision", "fp32",
-                        "--out", str(out / "fp32"))  # fmt: skip
-    assert fp32.returncode == 0, fp32.stderr[-3000:]
+    _save(hf, config, model, weights)
+    _bake(hf, out / "baked")
+    _bake(hf, out / "fp32", "--precision", "fp32")
 
 
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
+def _import(made: Path, model: Path) -> Any:
+    """Import `made`'s GGUF into a copy of its bake at `model`; the report."""
     import shutil
 
-    made = _cached(f"gguf-types-{_key(Path(__file__).read_text(encoding='utf-8'))}", _make)
-    model = tmp_path_factory.mktemp("imported") / "model"
+    from core.manifest import list_files, read_manifest, write_manifest
+
     shutil.copytree(made / "baked" / "model", model)
     report = import_exact(made / "model.gguf", model, made / "hf", "model.onnx")
     # The manifest lists the builder's files; the import changed the graph (the bake
     # rewrites the manifest after it: bake.pipeline).
-    from core.manifest import list_files, read_manifest, write_manifest
-
     manifest = read_manifest(model)
     write_manifest(model, manifest.model_copy(update={"files": list_files(model)}))
-    return model, made, report
+    return report
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
+    made = _cached(f"gguf-types-{_key(Path(__file__).read_text(encoding='utf-8'))}", _make)
+    model = tmp_path_factory.mktemp("imported") / "model"
+    return model, made, _import(made, model)
 
 
 def test_every_mapped_tensor_is_exact_and_the_f16_one_says_why(imported: Any) -> None:
@@ -227,3 +250,83 @@ def test_the_imported_model_runs_closer_to_fp32_than_the_requantized_one(importe
     exact, requantized = logits(model), logits(made / "baked" / "model")
     assert float(np.mean(exact.argmax(-1) == fp32.argmax(-1))) >= 0.9
     assert _kl(fp32, exact) < 0.5 * _kl(fp32, requantized)
+
+
+# Phi-3's GGUF names (llama.cpp's converter: no q/k permutation for Phi-3) and types.
+PHI3_TYPES = {
+    "blk.0.attn_qkv": "Q4_K", "blk.0.attn_output": "Q5_0", "blk.0.ffn_up": "Q4_1",
+    "blk.0.ffn_down": "Q6_K",
+    "blk.1.attn_qkv": "Q8_0", "blk.1.attn_output": "Q5_1", "blk.1.ffn_up": "Q5_K",
+    "blk.1.ffn_down": "Q4_0", "output": "Q8_0",
+}  # fmt: skip
+_PHI3_HF = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+            "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}  # fmt: skip
+
+
+def _make_phi3(out: Path) -> None:
+    import torch
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    hf, base = _tokenizer_only(out / "hf")
+    # original_max_position_embeddings = the context: og's Phi-3 (4k) builder, no LongRoPE.
+    config = Phi3Config(
+        vocab_size=base["vocab_size"], hidden_size=256, intermediate_size=512,
+        num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+        max_position_embeddings=512, original_max_position_embeddings=512,
+        tie_word_embeddings=False, architectures=["Phi3ForCausalLM"], pad_token_id=None,
+        bos_token_id=base.get("bos_token_id"), eos_token_id=base.get("eos_token_id"),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Phi3ForCausalLM(config)
+    weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    writer = GGUFWriter(str(out / "model.gguf"), "phi3")
+    for seed, (name, kind) in enumerate(PHI3_TYPES.items()):
+        if name == "output":
+            hf_name = "lm_head.weight"
+        else:
+            _, layer, part = name.split(".")
+            hf_name = f"model.layers.{layer}.{_PHI3_HF[part]}.weight"
+        weights[hf_name] = _gguf_tensor(writer, f"{name}.weight", kind, weights[hf_name], seed)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    _save(hf, config, model, weights)
+    _bake(hf, out / "baked")
+
+
+def test_phi3s_fused_tensors_are_imported_into_ogs_separate_matmuls(
+    tmp_path: Path,
+) -> None:
+    """og bakes Phi-3's gate_up_proj as two MatMuls (gate, up) and keeps qkv fused: each
+    gets its rows of the GGUF's `ffn_up` / `attn_qkv`, exactly."""
+    from safetensors.numpy import load_file
+
+    made = _cached(f"gguf-phi3-{_key(Path(__file__).read_text(encoding='utf-8'))}", _make_phi3)
+    model = tmp_path / "model"
+    report = _import(made, model)
+    assert report.requantized == {}
+    assert report.exact == {f"{n}.weight": k for n, k in PHI3_TYPES.items()}
+    checkpoint = load_file(str(made / "hf" / "model.safetensors"))
+    weights = _graph_weights(model)
+
+    def graph(prefix: str) -> np.ndarray:
+        return next(w for name, w in weights.items() if name.startswith(prefix))
+
+    for layer in (0, 1):
+        gate_up = checkpoint[f"model.layers.{layer}.mlp.gate_up_proj.weight"]
+        half = gate_up.shape[0] // 2
+        pairs = [
+            (f"/model/layers.{layer}/attn/qkv_proj/",
+             checkpoint[f"model.layers.{layer}.self_attn.qkv_proj.weight"]),
+            (f"/model/layers.{layer}/mlp/gate_proj/", gate_up[:half]),
+            (f"/model/layers.{layer}/mlp/up_proj/", gate_up[half:]),
+            (f"/model/layers.{layer}/mlp/down_proj/",
+             checkpoint[f"model.layers.{layer}.mlp.down_proj.weight"]),
+        ]  # fmt: skip
+        for prefix, want in pairs:
+            atol = 1e-6 * float(np.abs(want).max())
+            np.testing.assert_allclose(graph(prefix), want, rtol=0, atol=atol, err_msg=prefix)
+    # And it runs.
+    engine = Engine.load(EngineSettings(model_dir=model, providers="cpu"))
+    assert engine.logits([5, 6, 7]).shape[0] == 3
