@@ -18,12 +18,15 @@ PORT   ?= 8000
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# pip's own output is its progress (torch alone is hundreds of MB): not silenced.
 $(VENV)/.bake-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[bake,edge]'
+	@echo "make: installing ortserve with its bake and edge extras into $(VENV) (pip; minutes the first time)"
+	$(BIN)/pip install -e '.[bake,edge]'
 	touch $@
 
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+	@echo "make: installing ortserve with its test tools into $(VENV) (pip; minutes the first time)"
+	$(BIN)/pip install -e '.[dev]'
 	touch $@ $(VENV)/.bake-installed
 
 # The port is checked before the bake (minutes), the store entry reused when there.

@@ -86,6 +86,7 @@ class _Context:
     reply: Reply | None = None  # a generation's: it says how the answer ended
     ending: str = ""  # set where the answer ended otherwise (an error)
     filtered: str = ""  # the content filter's rule that refused the request
+    reason: str = ""  # why the answer is an error (its code and public message)
 
 
 _Route = Callable[[Request, _Context], Response]
@@ -151,11 +152,14 @@ class Api:
             response = self._dispatch(request, ctx)
         except OrtServeError as exc:
             response = error_response(exc, ollama)
+            ctx.reason = _reason(exc)
             if isinstance(exc, ContentFilterError):
                 ctx.filtered = exc.rule
         except Exception:  # never a traceback in a body; the log has it
             log.exception("unhandled error in %s %s", request.method, request.path)
-            response = error_response(OrtServeError("internal error"), ollama)
+            internal = OrtServeError("internal error")
+            response = error_response(internal, ollama)
+            ctx.reason = _reason(internal)
         if ctx.reply is not None and response.status in (500, 504):
             ctx.ending = "error"  # a generation that failed or ran out of time
         response.headers.append(("x-request-id", request_id))
@@ -223,6 +227,7 @@ class Api:
             duration_s=time.perf_counter() - start,
             ending=ending,
             filtered=record.filtered or ctx.filtered,
+            reason=ctx.reason,
         )
         try:
             self.on_record(record)
@@ -408,13 +413,14 @@ class Api:
             for event in events:
                 yield encode(event)
         except OrtServeError as exc:
-            ctx.ending = "error"
+            ctx.ending, ctx.reason = "error", _reason(exc)
             yield encode(reply.error_event(exc))
             return
         except Exception:
-            ctx.ending = "error"
             log.exception("error while streaming %s", ctx.request_id)
-            yield encode(reply.error_event(OrtServeError("internal error")))
+            internal = OrtServeError("internal error")
+            ctx.ending, ctx.reason = "error", _reason(internal)
+            yield encode(reply.error_event(internal))
             return
         finally:
             close()
@@ -490,6 +496,9 @@ class Api:
         ready = payload["status"] == "ready"
         # Retry-After only where waiting helps: not after a failed load.
         retry = not ready and payload["status"] != "failed"
+        if not ready:
+            why = payload.get("reason")
+            ctx.reason = f"not ready: {payload['status']}" + (f" ({why})" if why else "")
         return json_response(200 if ready else 503, payload,
                              [("retry-after", "5")] if retry else None)  # fmt: skip
 
@@ -526,6 +535,11 @@ class Api:
         if playground.not_modified(request.headers.get("if-none-match", ""), etag):
             return Response(304, headers, b"")  # the browser's copy is this one
         return Response(200, headers, body)
+
+
+def _reason(exc: OrtServeError) -> str:
+    """A request record's `reason`: the error's code and the message its answer carries."""
+    return f"{exc.code}: {exc.message}"
 
 
 def _merged(dones: list[Completion]) -> Completion:

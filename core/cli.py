@@ -179,12 +179,17 @@ def _probe(args: argparse.Namespace) -> int:
     settings, name = _located_settings(args)
     engine = Engine.load(settings)
     probe = engine.probe
-    rows = [(name, "skipped", reason) for name, reason in probe.skipped.items()]
+    # Tried in order: those there that failed, then the one chosen; what this build does
+    # not have (five of seven on a Linux CPU wheel) is one line, not a row each.
+    rows = [(name, "skipped", reason) for name, reason in probe.failed().items()]
     rows.append((probe.provider, "CHOSEN", f"loaded in {probe.load_seconds:.2f} s"))
     width = max(len(r[0]) for r in rows)
     print(f"model: {name or engine.model_name}  threads: {probe.threads}")
     for name, state, detail in rows:
         print(f"{name:<{width}}  {state:<7}  {detail}")
+    missing = probe.not_installed()
+    if missing:
+        print(f"not installed: {', '.join(missing)} (not in this onnxruntime-genai build)")
     quality = engine.manifest.quality
     print(f"quality gate: {quality.summary() if quality else 'not run (baked before the gate)'}")
     return 0

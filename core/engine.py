@@ -63,6 +63,11 @@ _AVAILABLE: dict[str, Callable[[], bool]] = {
     "dml": og.is_dml_available,
     "webgpu": og.is_webgpu_available,
 }
+# Why a provider was skipped when this onnxruntime-genai build has no library for it
+# (CoreML, QNN, OpenVINO, WebGPU in Linux's CPU wheel): nothing is wrong with the machine.
+NOT_INSTALLED = "not installed in this onnxruntime-genai build"
+_NOT_SUPPORTED = "not supported by this onnxruntime-genai build"
+_NOT_IN_BUILD = "is not supported in this build"  # what og.Model raises for them
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,17 @@ class ProbeReport:
     skipped: dict[str, str]
     load_seconds: float
     threads: int
+
+    def not_installed(self) -> list[str]:
+        """The skipped providers this onnxruntime-genai build has no library for."""
+        return [
+            name for name, why in self.skipped.items() if why in (NOT_INSTALLED, _NOT_SUPPORTED)
+        ]
+
+    def failed(self) -> dict[str, str]:
+        """The skipped providers that are there but could not load the model, and why."""
+        missing = self.not_installed()
+        return {name: why for name, why in self.skipped.items() if name not in missing}
 
 
 _SEED_RANGE = 2**31
@@ -161,11 +177,11 @@ def _probe(folder: Path, settings: EngineSettings, threads: int) -> tuple[Any, s
     for name in settings.provider_order():
         available = _AVAILABLE.get(name)
         if name != "cpu" and name not in _OG_PROVIDER:
-            skipped[name] = "not supported by this onnxruntime-genai build"
+            skipped[name] = _NOT_SUPPORTED
             continue
         # is_*_available() can say True for an EP that then fails: only a load proves it.
         if available is not None and not available():
-            skipped[name] = "not installed in this onnxruntime-genai build"
+            skipped[name] = NOT_INSTALLED
             continue
         try:
             config = og.Config(str(folder))
@@ -175,7 +191,10 @@ def _probe(folder: Path, settings: EngineSettings, threads: int) -> tuple[Any, s
                 config.append_provider(_OG_PROVIDER[name])
             return og.Model(config), name, skipped
         except RuntimeError as exc:
-            skipped[name] = f"failed to initialise: {_first_line(exc)}"
+            first = _first_line(exc)
+            skipped[name] = (
+                NOT_INSTALLED if _NOT_IN_BUILD in first else f"failed to initialise: {first}"
+            )
     reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
     raise ProviderUnavailableError(
         f"no allowed execution provider could load the model ({reasons})", skipped

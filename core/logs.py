@@ -1,8 +1,10 @@
-"""JSON-line logs: one JSON object per line on stdout, the format every target writes.
+"""JSON-line logs: one JSON object per line on stdout, the format every target writes;
+and the access line a person reads at a terminal.
 
 journald, CloudWatch Logs and Cloud Logging each parse one JSON object per line, so the
 edge daemon, both Lambda images and Cloud Functions log through `JsonLog`: a level, a
-message and fields, and one line per request record. No engine is imported here.
+message and fields, and one line per request record. At a terminal the edge daemon writes
+`access_line` instead (edge.logs). No engine is imported here.
 """
 
 from __future__ import annotations
@@ -23,6 +25,36 @@ def record_fields(record: RequestRecord) -> dict[str, Any]:
         name: round(value, 6) if isinstance(value, float) else value
         for name, value in asdict(record).items()
     }
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.0f} ms"
+
+
+def access_line(record: RequestRecord) -> str:
+    """One request in words: method, route, status, time; for a generation its prompt and
+    new tokens, decode speed, time to the first token and how it ended; for an error why.
+
+    `POST /v1/chat/completions 200 1.35 s: prompt 12 + 64 new tokens, 48.3 tok/s,
+    TTFT 31 ms, stop`; `POST /generate 400 0 ms: invalid_request: max_new_tokens: ...`.
+    """
+    parts: list[str] = []
+    if record.prompt_tokens or record.completion_tokens:
+        parts.append(f"prompt {record.prompt_tokens} + {record.completion_tokens} new tokens")
+        if record.tokens_per_s:
+            parts.append(f"{record.tokens_per_s:.1f} tok/s")
+        if record.ttft_s:
+            parts.append(f"TTFT {_seconds(record.ttft_s)}")
+    if record.ending:
+        parts.append(record.ending)
+    if record.filtered:
+        parts.append(f"filtered by {record.filtered}")
+    if record.redactions:
+        parts.append(f"{record.redactions} redacted")
+    if record.reason:
+        parts.append(record.reason)
+    head = f"{record.method} {record.route} {record.status} {_seconds(record.duration_s)}"
+    return f"{head}: {', '.join(parts)}" if parts else head
 
 
 class JsonLog:

@@ -13,7 +13,9 @@ class RequestRecord:
     `content_filter`, `cancelled` (its client left), `error` (a 500 or 504, or a stream
     cut by an error event); empty for other requests and for refusals before any token).
     `filtered`: the content filter's rule that refused the request or ended its output;
-    `redactions`: spans of personal data the filter replaced.
+    `redactions`: spans of personal data the filter replaced. `reason`: why it failed, for
+    a 4xx or 5xx answer and a stream ended by an error event (the error's code and the
+    message its answer carries, never more than the client was told).
     """
 
     request_id: str
@@ -28,3 +30,4 @@ class RequestRecord:
     ending: str = ""
     filtered: str = ""
     redactions: int = 0
+    reason: str = ""

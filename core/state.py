@@ -299,20 +299,25 @@ class ModelState:
 def _log_ready(service: Service, warmup_s: float | None, name: str | None) -> None:
     engine = service.engine
     probe = engine.probe
-    skipped = ", ".join(f"{name} ({why})" for name, why in probe.skipped.items())
     mismatch = arch_mismatch(engine.manifest, platform.machine())
     if mismatch is not None:
         log.warning("%s", mismatch)
     warm = f", warm-up {warmup_s:.2f} s" if warmup_s is not None else ""
+    # One short line; the details are at DEBUG and in /readyz.
     log.info(
-        "model %s ready on %s in %.2f s%s, %d threads; other providers skipped: %s",
-        name or engine.model_name, probe.provider, probe.load_seconds, warm, probe.threads,
-        skipped or "none",
+        "model %s ready on %s, %d threads (loaded in %.2f s%s)",
+        name or engine.model_name, probe.provider, probe.threads, probe.load_seconds, warm,
     )  # fmt: skip
+    failed = probe.failed()
+    if failed:  # there, but it could not load the model (a driver, a graph): worth a line
+        log.info("providers that could not load it: %s",
+                 "; ".join(f"{ep}: {why}" for ep, why in failed.items()))  # fmt: skip
+    if probe.not_installed():
+        log.debug("providers not installed: %s", ", ".join(probe.not_installed()))
     cache = engine.prompt_cache
     if cache is not None:
         size = cache.describe(engine.kv_bytes_per_token, engine.vocab_size)
-        log.info(
+        log.debug(
             "prompt cache: %d slot(s) of up to %d tokens, %.0f MiB each (KV cache, last logits) "
             "(ORTSERVE_PROMPT_CACHE_SLOTS)", size["slots"], size["tokens_per_slot"],
             size["mib_per_slot"],

@@ -158,9 +158,14 @@ def _bind(host: str, port: int) -> None:
 
 
 def add_listen_args(parser: argparse.ArgumentParser) -> None:
-    """--host, --port and --alias (shared with `ortserve run`)."""
+    """--host, --port, --alias and --log-format (shared with `ortserve run`)."""
     parser.add_argument("--host", help="address to listen on (ORTSERVE_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (ORTSERVE_PORT, default 8000)")
+    parser.add_argument(
+        "--log-format", choices=("auto", "json", "text"),
+        help="each request as a line in words on stderr (text) or a JSON record on stdout "
+        "(json); auto: text at a terminal (ORTSERVE_LOG_FORMAT, default auto)",
+    )  # fmt: skip
     parser.add_argument(
         "--alias", action="append", metavar="NAME",
         help="serve the model under this name (repeatable; the first is its id in /v1/models "
@@ -191,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         args.model_dir = Path(model)
     overrides = {
         name: value
-        for name in ("model_dir", "host", "port", "wait_for_model", "served_name")
+        for name in ("model_dir", "host", "port", "wait_for_model", "served_name", "log_format")
         if (value := getattr(args, name, None)) is not None
     }
     if getattr(args, "alias", None):

@@ -32,12 +32,11 @@ from collections.abc import Iterator
 import uvicorn
 
 from core.api import Api
-from core.logs import JsonLog
 from core.records import RequestRecord
 from core.state import ModelState
 from edge.asgi import EdgeApp
 from edge.connections import guarded_h11
-from edge.logs import configure_stderr_logging
+from edge.logs import RequestLog, configure_stderr_logging, records_as_text
 from edge.metrics import CONTENT_TYPE, Metrics
 from edge.notify import Notifier
 from edge.offload import run_in_thread
@@ -81,7 +80,7 @@ class Daemon:
             settings.notify_socket, settings.watchdog_usec, settings.watchdog_pid
         )
         self.state = ModelState(settings)
-        self._log = JsonLog(sys.stdout)
+        self._log = RequestLog(records_as_text(settings.log_format), sys.stdout)
         self.metrics = Metrics(self.state, in_flight=lambda: self.api.in_flight)
         self.api = Api(self.state, settings, on_record=self._record,
                        metrics=lambda: (CONTENT_TYPE, self.metrics.render()))  # fmt: skip
@@ -100,7 +99,7 @@ class Daemon:
             ws="none",
             timeout_keep_alive=settings.keep_alive_s,
             lifespan="off",
-            access_log=False,  # each request is logged once, as JSON, from its record
+            access_log=False,  # each request is logged once, from its record (edge.logs)
             log_config=None,  # stderr logging is configured by `serve`
             timeout_graceful_shutdown=_CLOSE_TIMEOUT_S,
             server_header=False,  # same headers as the other targets; no version banner

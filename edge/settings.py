@@ -29,7 +29,11 @@ class EdgeSettings(ServerSettings):
         keep_alive_s: A connection idle this long after a response is closed (uvicorn's
             `timeout_keep_alive`).
         log_level: The stderr log's level (ORTSERVE_LOG_LEVEL: DEBUG, INFO, WARNING,
-            ERROR); request records always go to stdout.
+            ERROR).
+        log_format: How each request is logged (ORTSERVE_LOG_FORMAT): `json`, one JSON
+            record per line on stdout (journald, log shippers); `text`, one access line
+            in words on stderr, with the other log lines; `auto`, text when stderr is a
+            terminal, else JSON.
         max_connections: Open connections at most, so slow clients cannot exhaust file
             descriptors or memory. One more closes the connection that has waited longest
             for its request (of the peer with the most open), or, when every connection
@@ -56,7 +60,13 @@ class EdgeSettings(ServerSettings):
     )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["auto", "json", "text"] = "auto"
     read_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("log_level", mode="before")
     @classmethod

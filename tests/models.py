@@ -101,7 +101,8 @@ def baked(
     package: bool = True,
     extra: tuple[str, ...] = (),
 ) -> Path:
-    """`ortserve bake` of `source`, run once and cached: the bundle (model in `model/`).
+    """`ortserve bake` of `source`, run once and cached: the bundle (model in `model/`;
+    what the bake said on stderr beside it, in `bake.log`: `bake_log`).
 
     `package=False` bakes with `--model-only` (no deployment files around the model);
     `extra` are more `ortserve bake` arguments.
@@ -114,6 +115,12 @@ def baked(
         )  # fmt: skip
         if proc.returncode != 0:
             raise RuntimeError(f"bake of {source} failed:\n{proc.stderr[-3000:]}")
+        (out / "bake.log").write_text(proc.stderr, encoding="utf-8")
 
-    key = _key(source, target, precision, str(package), *extra)
+    key = _key(source, target, precision, str(package), "bake.log", *extra)
     return _cached(f"baked-{key}", make) / "bundle"
+
+
+def bake_log(bundle: Path) -> str:
+    """What the cached bake of `bundle` (from `baked`) said on stderr."""
+    return (bundle.parent / "bake.log").read_text(encoding="utf-8")

@@ -18,6 +18,7 @@ from bake.genai_config import infer_genai_config, set_session_options
 from bake.onnx_source import BAKED_GRAPH, copy_graph, data_files, graph_precision, load_graph
 from bake.package import package
 from bake.packaging_common import MODEL_SUBDIR
+from bake.progress import BuilderProgress
 from bake.recipes import RECIPES, Recipe, default_recipe, load_recipe, target_options
 from bake.source_files import PROCESSING_FILES
 from bake.sources import OnnxChoice, ResolvedSource, resolve
@@ -134,10 +135,13 @@ def _run_builder(
     options: dict[str, str],
     failed_log: Path,
     target_opts: dict[str, Any] | None = None,
+    *,
+    layers: int | None = None,
 ) -> None:
-    """Run the builder (with `--target_options` where a recipe has rules); when it fails,
-    its whole log is kept at `failed_log` (outside the bake's temporary folder, which
-    goes) and the error says where."""
+    """Run the builder (with `--target_options` where a recipe has rules), its progress
+    shown as it goes (`layers`: the checkpoint's decoder layers, for the count); when it
+    fails, its whole log is kept at `failed_log` (outside the bake's temporary folder,
+    which goes) and the error says where."""
     cmd = [
         sys.executable, "-m", "onnxruntime_genai.models.builder",
         "-i", str(src), "-o", str(out), "-p", precision, "-e", target.builder_ep,
@@ -150,10 +154,12 @@ def _run_builder(
     say(f"converting with the onnxruntime-genai builder: {precision}, -e {target.builder_ep}, "
          f"{' '.join(f'{k}={v}' for k, v in options.items()) or 'default options'}")  # fmt: skip
     cache.mkdir(parents=True, exist_ok=True)
-    # The builder reads the local folder only, and sends no telemetry (core.settings).
-    env = dict(os.environ, HF_HUB_OFFLINE="1", **PRIVACY_ENVIRONMENT)
+    # The builder reads the local folder only, and sends no telemetry (core.settings);
+    # unbuffered, its lines come as it prints them (bake.progress reads them).
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **PRIVACY_ENVIRONMENT)
     started = time.monotonic()
-    proc = run_step(cmd, "the model builder", env=env)
+    progress = BuilderProgress(layers)
+    proc = run_step(cmd, "the model builder", env=env, progress=progress)
     say(f"the model builder finished in {time.monotonic() - started:.0f} s")
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
@@ -284,18 +290,29 @@ def _load(folder: Path, target: Target) -> Engine:
         raise BakeError(f"the baked model does not load: {exc.message}") from exc
 
 
+_SMOKE_PROMPT = "Hello"
+_SMOKE_TOKENS = 8
+
+
 def _smoke(engine: Engine) -> str:
     """Generate a few tokens from the loaded baked folder, through the service requests
-    take; a bake that cannot generate fails."""
+    take, and say what came out; a bake that cannot generate fails."""
     from core.errors import OrtServeError
     from core.generation import GenerationRequest, SamplingOptions
     from core.service import Service
 
+    options = SamplingOptions(max_new_tokens=_SMOKE_TOKENS)
     try:
-        request = GenerationRequest(prompt="Hello", options=SamplingOptions(max_new_tokens=8))
-        return Service(engine, engine.settings).generate(request).text
+        done = Service(engine, engine.settings).generate(
+            GenerationRequest(prompt=_SMOKE_PROMPT, options=options)
+        )
     except OrtServeError as exc:
         raise BakeError(f"smoke generation on the baked model failed: {exc.message}") from exc
+    # A raw continuation of a one-word prompt, cut after a few tokens: it reads oddly even
+    # from a good model, so the line says what it is.
+    say(f"smoke test on {engine.probe.provider}: {done.completion_tokens} tokens generated "
+        f"from {_SMOKE_PROMPT!r} (raw text, not a chat reply): {done.text!r}")  # fmt: skip
+    return done.text
 
 
 def _quality(source: ResolvedSource, engine: Engine, request: BakeRequest) -> QualityCheck:
@@ -340,7 +357,6 @@ def _verify(
     text = ""
     if request.smoke:
         text = _smoke(engine)
-        say(f"smoke generation on {engine.probe.provider}: {text!r}")
     return manifest, text, engine.probe.provider
 
 
@@ -373,7 +389,9 @@ def _convert(
         target_opts = None
         if recipe is not None:
             recipe, target_opts = _expand(recipe, request.recipe is not None, config, options)
-        _run_builder(folder, staging, cache, precision, target, options, failed_log, target_opts)
+        layers = config.get("text_config", config).get("num_hidden_layers")  # Gemma 3 nests
+        _run_builder(folder, staging, cache, precision, target, options, failed_log, target_opts,
+                     layers=layers if isinstance(layers, int) else None)  # fmt: skip
         if recipe is not None:
             options = {**options, "recipe": recipe[0]}
         return precision, options, "onnxruntime_genai.models.builder {og}", []
@@ -401,23 +419,17 @@ def bake(request: BakeRequest) -> BakeResult:
     # Before a source is fetched (huggingface_hub) or quantized in this process
     # (onnxruntime), for a bake run from Python as from the CLI (core.settings).
     disable_telemetry()
-    target = get_target(request.target)
-    precision = request.precision or "int4"
-    recipe = _recipe(request, target, precision)
-    options = builder_options(target, precision, request.options, recipe[1] if recipe else None)
-    if request.precision in ("fp16",) and target.builder_ep == "cpu":
-        raise BakeError(f"precision fp16 is not supported on the CPU target {target.name}")
-    out = (request.out or default_out(request.source, target.name)).resolve()
-    if out.exists() and not request.force:
-        raise BakeError(f"{out} already exists (use --force to replace it)")
+    target, precision, recipe, options, out = _plan(request)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    steps = _StepTimes()
     try:
         bundle = work / "bundle"
         staging = bundle / MODEL_SUBDIR
         choice = OnnxChoice(request.onnx_file, target.runtime_ep)
         source = resolve(request.source, work / "src", request.revision, request.cache_dir, choice)
         say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
+        steps.done("source")
         # Beside the output, not in `work`: a failed bake's builder log outlives it.
         failed_log = out.with_name(f"{out.name}.builder.log")
         exact = _exact_import(source, request, precision)
@@ -430,16 +442,19 @@ def bake(request: BakeRequest) -> BakeResult:
             source, staging, work / "cache", request, target, precision, options, failed_log,
             recipe,
         )  # fmt: skip
+        steps.done("builder" if source.folder_kind == "hf" else "graph")
         imported = _import_gguf(source, staging) if exact else None
+        steps.done("import")  # shown where it took time: a GGUF's exact import
         options = _fit_context(source, staging, request, options)
-        record_text(source.folder, staging)
-        set_session_options(staging / "genai_config.json", target.intra_op_num_threads)
-        manifest = _manifest(source, target, precision, options, inferred, staging, builder)
+        manifest = _finish_folder(source, staging, target, precision, options, inferred, builder)
         manifest = manifest.model_copy(update={"gguf_import": imported})
         write_manifest(staging, manifest)
+        steps.done("manifest")
         manifest, text, provider = _verify(staging, source, target, request, manifest)
+        steps.done("gate")
         if request.package:
             package(target, bundle)
+            steps.done("packaging")
         _install(bundle, out, request.force)
     except BakeError:
         raise
@@ -454,7 +469,64 @@ def bake(request: BakeRequest) -> BakeResult:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     say(f"baked {manifest.model_name} for {target.name} into {out} (model: {out / MODEL_SUBDIR})")
+    say(steps.summary())
     return BakeResult(out, manifest, text, provider)
+
+
+class _StepTimes:
+    """How long each step of a bake took, for its last line."""
+
+    def __init__(self) -> None:
+        self._start = self._last = time.monotonic()
+        self._steps: list[tuple[str, float]] = []
+
+    def done(self, step: str) -> None:
+        """`step` ended now (it began where the previous one ended)."""
+        now = time.monotonic()
+        self._steps.append((step, now - self._last))
+        self._last = now
+
+    def summary(self) -> str:
+        """`time: source 12 s, builder 113 s, ..., total 142 s` (steps under 0.5 s, such
+        as the manifest's, count in the total only)."""
+        shown = [f"{step} {seconds:.0f} s" for step, seconds in self._steps if seconds >= 0.5]
+        total = time.monotonic() - self._start
+        return f"time: {', '.join([*shown, f'total {total:.0f} s'])}"
+
+
+def _plan(
+    request: BakeRequest,
+) -> tuple[Target, str, tuple[str, Recipe] | None, dict[str, str], Path]:
+    """The target, precision, recipe, builder options and output folder of a bake.
+
+    Raises:
+        BakeError: What cannot be baked, or an output that exists without `force`.
+    """
+    target = get_target(request.target)
+    precision = request.precision or "int4"
+    recipe = _recipe(request, target, precision)
+    options = builder_options(target, precision, request.options, recipe[1] if recipe else None)
+    if request.precision in ("fp16",) and target.builder_ep == "cpu":
+        raise BakeError(f"precision fp16 is not supported on the CPU target {target.name}")
+    out = (request.out or default_out(request.source, target.name)).resolve()
+    if out.exists() and not request.force:
+        raise BakeError(f"{out} already exists (use --force to replace it)")
+    return target, precision, recipe, options, out
+
+
+def _finish_folder(
+    source: ResolvedSource,
+    staging: Path,
+    target: Target,
+    precision: str,
+    options: dict[str, str],
+    inferred: list[str],
+    builder: str,
+) -> Manifest:
+    """Complete the built folder (text settings, the target's threads); its manifest."""
+    record_text(source.folder, staging)
+    set_session_options(staging / "genai_config.json", target.intra_op_num_threads)
+    return _manifest(source, target, precision, options, inferred, staging, builder)
 
 
 def _exact_import(source: ResolvedSource, request: BakeRequest, precision: str) -> bool:

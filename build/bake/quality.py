@@ -124,6 +124,8 @@ def check(
     ids = _gate_ids(checkpoint)
     if baked.context_length:
         ids = ids[: baked.context_length - 1]
+    say(f"quality gate: scoring {len(ids) - 1} tokens of a fixed text with {reference} "
+        "and with the baked model")  # fmt: skip
     ppl_ref, ppl, top1, kl = compare(_reference_logits(checkpoint, ids), baked.logits(ids), ids)
     ratio = ppl / ppl_ref
     passed = ratio <= max_ppl_ratio

@@ -120,11 +120,29 @@ def test_records_carry_counts(tiny_model_dir: Path) -> None:
     client.call("POST", "/generate", {"prompt": "x", "max_new_tokens": 5, "stream": True},
                 headers={"x-request-id": "abc-123"})  # fmt: skip
     client.call("GET", "/nope")
-    first, second = records
+    client.call("POST", "/generate", {"prompt": "x", "max_new_tokens": -1})
+    first, second, third = records
     assert first.request_id == "abc-123"
     assert (first.route, first.status, first.completion_tokens) == ("/generate", 200, 5)
-    assert first.prompt_tokens > 0 and first.duration_s > 0
+    assert first.prompt_tokens > 0 and first.duration_s > 0 and first.reason == ""
     assert (second.status, second.completion_tokens) == (404, 0)
+    # A refusal says why in its record (#27 item 10), as its answer told the client.
+    assert second.reason == "not_found: no route /nope"
+    assert third.status == 400 and third.reason.startswith("invalid_request: max_new_tokens: ")
+
+
+def test_records_of_a_model_that_is_not_there_say_why(tmp_path: Path) -> None:
+    records: list[RequestRecord] = []
+    settings = ServerSettings(model_dir=tmp_path / "nowhere", providers="cpu")
+    state = ModelState(settings)
+    state.load()
+    client = InProcess(Api(state, settings, on_record=records.append))
+    client.call("GET", "/readyz")
+    client.call("POST", "/generate", {"prompt": "x"})
+    ready, generate = records
+    assert ready.status == 503 and ready.reason.startswith("not ready: failed ("), ready
+    assert "does not exist" in ready.reason
+    assert generate.status == 503 and generate.reason.startswith("model_unavailable: the model ")
 
 
 def test_start_loading_answers_at_once_while_a_load_runs(

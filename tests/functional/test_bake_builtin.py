@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from core.engine import Engine, SamplingOptions
 from core.manifest import read_manifest, sha256_file, verify_folder
 from core.settings import EngineSettings
-from tests.models import run_ortserve
+from tests.models import bake_log, run_ortserve
 
 
 def test_baked_folder_is_self_contained_with_a_complete_manifest(tiny_model_dir: Path) -> None:
@@ -81,5 +82,31 @@ def test_probe_cli_prints_the_chosen_provider_and_reasons(tiny_model_dir: Path) 
     proc = run_ortserve("probe", "--model-dir", str(tiny_model_dir), "--providers", "cuda,cpu")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert any(line.startswith("cuda") and "skipped" in line for line in lines)
     assert any(line.startswith("cpu") and "CHOSEN" in line for line in lines)
+    # This machine's onnxruntime-genai has no CUDA: one line says so (#27 item 10).
+    assert "not installed: cuda (not in this onnxruntime-genai build)" in lines, lines
+    every = run_ortserve("probe", "--model-dir", str(tiny_model_dir), "--providers", "auto")
+    # Not a row per provider this build cannot have: one line names them all.
+    missing = [line for line in every.stdout.splitlines() if line.startswith("not installed: ")]
+    assert len(missing) == 1 and "coreml" in missing[0] and "webgpu" in missing[0], every.stdout
+    assert "skipped" not in every.stdout, every.stdout
+
+
+def test_the_bake_says_where_it_is_and_how_long_each_step_took(tiny_model_dir: Path) -> None:
+    """#27 item 5: the builder's own lines become phases with counts (not a bare "still
+    running"), the gate says what it scores, the smoke line what it is, the end the times."""
+    lines = bake_log(tiny_model_dir.parent).splitlines()
+    said = [line.removeprefix("[bake] ") for line in lines if line.startswith("[bake] ")]
+    builder = [line for line in said if line.startswith("the model builder: ")]
+    assert any(line.startswith("the model builder: building layers: 2 layers done in ")
+               for line in builder), said  # fmt: skip
+    assert any(line.startswith("the model builder: quantizing: done in ") for line in builder)
+    assert any(line.startswith("the model builder: saving tensors: ") for line in builder)
+    assert not any("still running" in line for line in said), said
+    assert any(line.startswith("quality gate: scoring 928 tokens of a fixed text with "
+                               "transformers fp32") for line in said), said  # fmt: skip
+    smoke = r"smoke test on cpu: \d+ tokens generated from 'Hello' \(raw text, not a chat reply\): "
+    assert any(re.match(smoke, line) for line in said), said
+    times = said[-1]
+    assert times.startswith("time: source ") and ", builder " in times, times
+    assert times.endswith(" s") and ", total " in times, times

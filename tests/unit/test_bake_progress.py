@@ -1,13 +1,18 @@
-"""A long bake step says it is alive, and still returns (or times out) like subprocess.run."""
+"""A long bake step says it is alive, and still returns (or times out) like subprocess.run;
+the model builder's output becomes progress: layers done of the total, a percentage and the
+time left (#27 item 5)."""
 
 from __future__ import annotations
 
+import io
+import os
 import subprocess
 import sys
 
 import pytest
 
 from bake import errors
+from bake.progress import BuilderProgress
 
 
 def test_a_long_step_has_a_heartbeat(
@@ -25,3 +30,96 @@ def test_a_step_past_its_timeout_is_killed(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(errors, "HEARTBEAT_S", 0.05)
     with pytest.raises(subprocess.TimeoutExpired):
         errors.run_step([sys.executable, "-c", "import time; time.sleep(30)"], "pip", timeout=0.3)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_builders_lines_become_layers_a_percentage_and_a_time_left() -> None:
+    out, clock = io.StringIO(), _Clock()
+    progress = BuilderProgress(30, stream=out, tty=False, interval=9, clock=clock)
+    progress.feed("Loading weights: 100%|██████████| 273/273 [00:02<00:00, 120.5it/s]")
+    clock.now += 1
+    for layer in range(12):
+        progress.feed(f"Reading layer {layer}")
+    clock.now += 8
+    progress.beat()  # 8 s into the phase: no line yet
+    clock.now += 1
+    progress.beat()
+    clock.now += 12
+    progress.feed("Reading LM head")
+    progress.feed("Saving ONNX model in /tmp/out")
+    progress.feed("Progress: [#########           ] 45.45%")
+    clock.now += 30
+    progress.beat()
+    progress.feed(
+        "Saving lm_head.MatMul.weight_Q4G32 (u8, [512,2,16]):  12%|█ | 5/41 [00:00<00:01]"
+    )
+    progress.close()
+    assert out.getvalue().splitlines() == [
+        "[bake] the model builder: loading the checkpoint: 273 tensors done in 1 s",
+        "[bake] the model builder: building layers: 12/30 layers (40%), 9 s, about 13 s left",
+        "[bake] the model builder: building layers: 30 layers done in 21 s",
+        "[bake] the model builder: quantizing: 45%, 30 s, about 36 s left",
+        # The builder moved on: k_quant's last `Progress: 100%` ends no line before this.
+        "[bake] the model builder: quantizing: done in 30 s",
+        "[bake] the model builder: saving tensors: 5/41 tensors (12%), 0 s",
+    ]
+
+
+def test_the_default_quantizer_is_counted_in_layers() -> None:
+    out, clock = io.StringIO(), _Clock()
+    progress = BuilderProgress(4, stream=out, tty=False, interval=1, clock=clock)
+    progress.feed("Saving ONNX model in /tmp/out")
+    logged = "2026-12-03 13:47:48,859 onnxruntime.quantization.matmul_nbits_quantizer [INFO]"
+    progress.feed(f"{logged} - start to quantize /model/layers.1/attn/qkv_proj/MatMul ...")
+    clock.now += 5
+    progress.beat()
+    assert out.getvalue() == (
+        "[bake] the model builder: quantizing: 1/4 layers (25%), 5 s, about 15 s left\n"
+    )
+
+
+def test_at_a_terminal_each_phase_is_a_bar() -> None:
+    out = io.StringIO()
+    progress = BuilderProgress(2, stream=out, tty=True)
+    progress.feed("Reading layer 0")
+    progress.feed("Saving ONNX model in /tmp/out")
+    progress.close()
+    text = out.getvalue()
+    assert "[bake] builder: building layers:  50%|" in text and "| 1/2 [" in text, text
+    assert "[bake] builder: building layers: 100%|" in text and "2/2" in text, text
+    assert "[bake] builder: quantizing: " in text, text
+
+
+def test_a_steps_output_is_read_as_it_comes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builder's lines reach the progress while it runs (a bake's log shows them
+    minutes before it ends), and its whole output is still kept for the failure message."""
+    monkeypatch.setattr(errors, "_TICK_S", 0.05)
+    code = (
+        "import sys, time\n"
+        "print('Reading layer 0'); print('Reading layer 1', flush=True)\n"
+        "time.sleep(1.0)\n"
+        "print('Reading layer 2'); print('Saving ONNX model in /x')\n"
+        "print('\\rProgress: [##  ] 50.00%', end='', flush=True)\n"
+        "print('boom', file=sys.stderr); sys.exit(3)\n"
+    )
+    out = io.StringIO()
+    progress = BuilderProgress(3, stream=out, tty=False, interval=0.3)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = errors.run_step([sys.executable, "-c", code], "the model builder", env=env,
+                           progress=progress)  # fmt: skip
+    assert proc.returncode == 3 and proc.stderr == "boom\n"
+    assert proc.stdout == ("Reading layer 0\nReading layer 1\nReading layer 2\n"
+                           "Saving ONNX model in /x\n\nProgress: [##  ] 50.00%")  # fmt: skip
+    lines = out.getvalue().splitlines()
+    assert any(": building layers: 2/3 layers (67%), " in line for line in lines), lines
+    assert lines[-2:] == [
+        "[bake] the model builder: building layers: 3 layers done in 1 s",
+        "[bake] the model builder: quantizing: 50%, 0 s",
+    ]

@@ -90,5 +90,5 @@ def test_one_json_line_per_record() -> None:
                      "route": "/generate", "status": 200, "prompt_tokens": 5,
                      "completion_tokens": 20, "ttft_s": 0.012, "tokens_per_s": 250.0,
                      "duration_s": 0.09, "ending": "", "filtered": "",
-                     "redactions": 0}  # fmt: skip
+                     "redactions": 0, "reason": ""}  # fmt: skip
     assert json.loads(lines[1])["duration_s"] == 0.000123

@@ -102,7 +102,7 @@ def test_the_model_builder_is_started_without_telemetry(
     """Even where the calling process has not turned it off (a bake step called alone)."""
     seen: list[dict[str, str]] = []
 
-    def run_step(cmd: list[str], what: str, *, env: dict[str, str]) -> Any:
+    def run_step(cmd: list[str], what: str, *, env: dict[str, str], **_: Any) -> Any:
         seen.append(env)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 

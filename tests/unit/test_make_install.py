@@ -1,0 +1,29 @@
+"""`make demo`'s install shows pip's own progress (#27 item 5: it said nothing for minutes)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.models import ROOT
+
+
+@pytest.mark.parametrize("stamp", [".bake-installed", ".dev-installed"])
+def test_the_install_says_what_it_does_and_pip_is_not_silenced(tmp_path: Path, stamp: str) -> None:
+    make = shutil.which("make")
+    assert make, "make is missing"
+    venv = tmp_path / "venv"
+    # -n: the commands a fresh clone's install would run, none of them run.
+    cmd = [make, "-n", "--no-print-directory", "-C", str(ROOT), f"VENV={venv}", f"{venv}/{stamp}"]
+    plan = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    lines = plan.stdout.splitlines()
+    pips = [line for line in lines if "pip install" in line]
+    assert pips, lines
+    for line in pips:
+        words = line.split()
+        assert "--quiet" not in words and "-q" not in words and "-qq" not in words, line
+        assert "--progress-bar" not in words or "off" not in words, line
+    assert any(line.startswith("echo") and "installing ortserve" in line for line in lines), lines
