@@ -196,7 +196,7 @@ def _plot(levels: list[dict[str, Any]], path: Path, model: str, run: str) -> Non
     right.set_ylabel("p99 latency (ms)", color="tab:red")
     right.set_ylim(bottom=0)
     lines = throughput + latency
-    left.legend(lines, [line.get_label() for line in lines], loc="upper center",
+    left.legend(lines, [str(line.get_label()) for line in lines], loc="upper center",
                 bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)  # fmt: skip
     left.set_title(f"ortserve edge daemon on {model}\n{run}", fontsize=10)
     fig.tight_layout()
