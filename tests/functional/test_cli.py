@@ -12,6 +12,7 @@ import signal
 import subprocess
 import termios
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -141,7 +142,8 @@ def test_ctrl_c_during_generate_is_one_line_and_exit_130(tiny_model_dir: Path) -
     env = {**os.environ, "ORTSERVE_MAX_NEW_TOKENS": n, "ORTSERVE_PROVIDERS": "cpu"}
     cmd = [*ORTSERVE, "generate", "--model-dir", str(tiny_model_dir), "--max-new-tokens", n,
            "Hello"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with _sigint_as_in_a_terminal():
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         # A 4 kB pipe that is not read: the generation fills it and waits on it, surely
@@ -157,6 +159,23 @@ def test_ctrl_c_during_generate_is_one_line_and_exit_130(tiny_model_dir: Path) -
         proc.kill()
     assert proc.returncode == 130, err
     assert err.decode().strip().splitlines() == ["ortserve generate: interrupted"]
+
+
+@contextlib.contextmanager
+def _sigint_as_in_a_terminal() -> Iterator[None]:
+    """Commands started within get SIGINT at its default action, as a shell at a terminal
+    starts them. A test run started in the background by a shell without job control
+    (`make test &` in a script) has SIGINT ignored, which children inherit, exec keeps and
+    Python then leaves alone: the command ignored the Ctrl-C these tests send and
+    finished with 0 (both failed so; their SIGTERM twin passed). A handler, unlike
+    SIG_IGN, is reset to the default by exec; it is this process's own only meanwhile."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _unread(fd: int) -> int:
@@ -204,8 +223,9 @@ def test_a_bake_stopped_by_a_signal_says_one_line_and_leaves_nothing(
     cmd = [*ORTSERVE, "bake", "--model", "builtin:tiny-llama", "--target", "edge-x86_64",
            "--model-only", "--out", str(store / "tiny")]  # fmt: skip
     env = {**os.environ, "ORTSERVE_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    with _sigint_as_in_a_terminal():
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
     try:
         assert proc.stderr is not None
         said_before = []
