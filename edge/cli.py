@@ -187,9 +187,10 @@ def run(args: argparse.Namespace) -> int:
     from core.store import with_model
     from edge.settings import EdgeSettings
 
-    command = f"ortserve {args.command}"
+    name = getattr(args, "command", "serve")  # serve.py of the Cloud Run image passes none
+    command = f"ortserve {name}"
     model = getattr(args, "model", None)
-    if args.command == "serve" and model is not None:
+    if name == "serve" and model is not None:
         if args.model_dir is not None:
             print(f"{command}: error: give MODEL or --model-dir, not both", file=sys.stderr)
             return 2

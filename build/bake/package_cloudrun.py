@@ -92,7 +92,7 @@ class PlatformPort(BaseSettings):
 
 if __name__ == "__main__":
     port = PlatformPort().port
-    sys.exit(run(argparse.Namespace(model_dir=None, host=None, port=port)))
+    sys.exit(run(argparse.Namespace(command="serve", model_dir=None, host=None, port=port)))
 '''
 
 
