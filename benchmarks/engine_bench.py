@@ -284,12 +284,14 @@ def run_worker(
     new_tokens: int,
     warmup: int,
     flash_attn: bool,
+    warmup_lens: list[int] | None = None,
 ) -> WorkerResult:
-    """Load one variant, warm it up, measure each prompt length once."""
+    """Load one variant, warm it up (`warmup` runs of each of `warmup_lens`, default the
+    prompt lengths), measure each prompt length once."""
     n_ctx = max(prompt_lens) + new_tokens
     import_s, load_s, stream, info = _load_variant(variant, model_path, threads, n_ctx, flash_attn)
     for _ in range(warmup):
-        for length in prompt_lens:
+        for length in warmup_lens or prompt_lens:
             _timed(time.perf_counter(), stream(prompt_ids(length), new_tokens), length)
     runs = []
     for length in prompt_lens:
@@ -447,6 +449,8 @@ def _spawn(variant: str, path: Path, args: argparse.Namespace) -> WorkerResult:
         "--warmup",
         str(args.warmup),
     ] + (["--llama-flash-attn"] if args.llama_flash_attn else [])
+    if getattr(args, "warmup_lens", None):
+        command += ["--warmup-lens", ",".join(map(str, args.warmup_lens))]
     done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"worker {variant} failed ({done.returncode}):\n{done.stderr}")
@@ -661,6 +665,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=list(PROMPT_LENS),
     )
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument(
+        "--warmup-lens",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="prompt lengths of the warm-up runs (default: --prompt-lens)",
+    )
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--model-path", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -678,6 +687,7 @@ def main(argv: list[str] | None = None) -> None:
             args.new_tokens,
             args.warmup,
             args.llama_flash_attn,
+            args.warmup_lens,
         )
         print(json.dumps(asdict(result)))
         return
