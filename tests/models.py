@@ -124,3 +124,12 @@ def baked(
 def bake_log(bundle: Path) -> str:
     """What the cached bake of `bundle` (from `baked`) said on stderr."""
     return (bundle.parent / "bake.log").read_text(encoding="utf-8")
+
+
+def shape_135m() -> Path:
+    """SmolLM2-135M's shape (random weights), baked once: the default layout and recipe
+    (its int8 layers, so the files' sizes and the memory they take are the default's)
+    with og's RTN quantizer instead of k_quant, which takes ~40 s longer on this shape and
+    changes no size the tests measure."""
+    extra = ("--builder-option", "algo_config=rtn")
+    return baked("builtin:smollm2-135m-shape", package=False, extra=extra) / "model"

@@ -13,6 +13,10 @@ from core.settings import EngineSettings
 from tests.fakehub import FakeRepo, serve_fake_hub
 from tests.functional.bakehelp import bake_fails, bake_ok, copy_without
 
+# What these test is the source: the model alone, no deployment files around it (each
+# packaging is tested with its target).
+ONLY = ("--model-only", "--no-smoke")
+
 
 def _greedy(model_dir: Path, prompt: str = "Edge boards run a daemon") -> list[int]:
     engine = Engine.load(EngineSettings(model_dir=model_dir, providers="cpu"))
@@ -21,7 +25,7 @@ def _greedy(model_dir: Path, prompt: str = "Edge boards run a daemon") -> list[i
 
 @pytest.mark.slow
 def test_local_checkpoint_folder(tiny_hf_dir: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
-    manifest = bake_ok("--model", str(tiny_hf_dir), "--target", "gcf", out=tmp_path / "m")
+    manifest = bake_ok("--model", str(tiny_hf_dir), "--target", "gcf", *ONLY, out=tmp_path / "m")
     assert manifest.source_kind == "local-hf"
     assert manifest.target == "gcf"
     assert manifest.precision == "int4"
@@ -36,7 +40,7 @@ def test_onnx_folder_without_genai_config_is_inferred(
     src = copy_without(tiny_model_dir, tmp_path / "onnx", "genai_config.json", "manifest.json")
     for name in ("config.json", "generation_config.json"):
         shutil.copy(tiny_hf_dir / name, src / name)
-    manifest = bake_ok("--model", str(src), "--target", "edge-x86_64", out=tmp_path / "m")
+    manifest = bake_ok("--model", str(src), "--target", "edge-x86_64", *ONLY, out=tmp_path / "m")
     assert manifest.source_kind == "onnx"
     assert manifest.inferred, "the bake must say what it inferred"
     assert "genai_config.json was missing" in manifest.inferred[0]
@@ -49,7 +53,7 @@ def test_onnx_folder_without_genai_config_is_inferred(
 @pytest.mark.slow
 def test_onnx_folder_with_genai_config_is_used_as_is(tiny_model_dir: Path, tmp_path: Path) -> None:
     src = copy_without(tiny_model_dir, tmp_path / "onnx", "manifest.json")
-    manifest = bake_ok("--model", str(src), "--target", "lambda-arm64", out=tmp_path / "m")
+    manifest = bake_ok("--model", str(src), "--target", "lambda-arm64", *ONLY, out=tmp_path / "m")
     assert manifest.inferred == []
     assert manifest.target == "lambda-arm64"
     config = json.loads((tmp_path / "m" / "model" / "genai_config.json").read_text())
@@ -105,7 +109,13 @@ def test_hub_download_pins_revision_sends_token_and_fetches_only_needed_files(
     with serve_fake_hub(hub_repo) as hub:
         env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "s3cr3t"}
         manifest = bake_ok(
-            "--model", "acme/tiny-llama", "--target", "edge-x86_64", out=tmp_path / "m", env=env
+            "--model",
+            "acme/tiny-llama",
+            "--target",
+            "edge-x86_64",
+            *ONLY,
+            out=tmp_path / "m",
+            env=env,
         )
         assert manifest.source_kind == "hub"
         assert manifest.source == "acme/tiny-llama"
@@ -119,12 +129,12 @@ def test_hub_download_pins_revision_sends_token_and_fetches_only_needed_files(
 
         pinned = hub.commit_sha("acme/tiny-llama", "v1")
         manifest = bake_ok(
-            "--model", "acme/tiny-llama", "--revision", pinned, "--target", "gcf",
+            "--model", "acme/tiny-llama", "--revision", pinned, "--target", "gcf", *ONLY,
             out=tmp_path / "pinned", env=env,
         )  # fmt: skip
         assert manifest.revision == pinned
         tag = bake_ok(
-            "--model", "acme/tiny-llama", "--revision", "v1", "--target", "gcf",
+            "--model", "acme/tiny-llama", "--revision", "v1", "--target", "gcf", *ONLY,
             out=tmp_path / "tag", env=env,
         )  # fmt: skip
         assert tag.revision == pinned
@@ -141,7 +151,13 @@ def test_hub_download_pins_revision_sends_token_and_fetches_only_needed_files(
     # The hub is gone: offline mode still bakes from the local cache...
     offline = {**env, "HF_HUB_OFFLINE": "1"}
     manifest = bake_ok(
-        "--model", "acme/tiny-llama", "--target", "edge-x86_64", out=tmp_path / "off", env=offline
+        "--model",
+        "acme/tiny-llama",
+        "--target",
+        "edge-x86_64",
+        *ONLY,
+        out=tmp_path / "off",
+        env=offline,
     )
     assert manifest.revision == hub.commit_sha("acme/tiny-llama", "main")
     assert _greedy(tmp_path / "off" / "model") == _greedy(tiny_model_dir)

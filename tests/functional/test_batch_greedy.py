@@ -31,7 +31,7 @@ PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog", "Edge",
 def service() -> Iterator[Service]:
     """The 135M shape with batching on: 4 to a batch, room for a blocker beside one; a
     wide window, so that requests from threads on a busy machine still meet."""
-    folder = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    folder = models.shape_135m()
     settings = EngineSettings(model_dir=folder, providers="cpu", max_batch=4,
                               max_concurrency=2, batch_window_ms=200)  # fmt: skip
     yield Service.load(settings)

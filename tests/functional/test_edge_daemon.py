@@ -271,7 +271,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_at_once(start: Any) -> N
     # One slot and no queue: a slot still held would make the next request a 503. On the
     # 135M shape: the tiny model's 2,000 tokens took 0.14 s in a fresh clone, about the
     # time a disconnect takes to be seen, so "mid-stream" was not certain.
-    shape = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    shape = models.shape_135m()
     n = 600  # about 4 s on this shape
     daemon = start(shape, MAX_NEW_TOKENS=str(n), MAX_CONCURRENCY="1", MAX_QUEUE="0")
     daemon.wait_for("READY=1")
@@ -460,7 +460,7 @@ def test_a_buffered_request_whose_client_leaves_stops_at_once_and_is_logged_499(
 def test_a_queued_request_whose_client_leaves_leaves_the_queue_at_once(start: Any) -> None:
     # The 135M shape: the request ahead must outlast the queued one's arrival and
     # departure (400 tokens take seconds there; the tiny model's 2,000 take ~0.3 s).
-    shape = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    shape = models.shape_135m()
     daemon = start(shape, MAX_NEW_TOKENS=str(LONG), MAX_CONCURRENCY="1", MAX_QUEUE="1",
                    MAX_BATCH="1", QUEUE_TIMEOUT_S="60")  # fmt: skip
     daemon.wait_for("READY=1")
@@ -626,7 +626,7 @@ def test_at_the_cap_a_newcomer_is_closed_unread_if_every_connection_has_a_reques
     start: Any,
 ) -> None:
     # The 135M shape: its 2,000 tokens take seconds, so the stream is surely still running.
-    shape = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    shape = models.shape_135m()
     daemon = start(shape, MAX_NEW_TOKENS=str(LONG), MAX_CONNECTIONS="1")
     daemon.wait_for("READY=1")
     with _connect(daemon.url) as busy:
@@ -646,7 +646,7 @@ def test_the_drain_timeout_ends_streams_and_buffered_requests_with_shutting_down
     exit status is 0 and no traceback reaches the log."""
     # The 135M shape, not the tiny model: its 2,000 tokens take seconds, so both requests
     # are surely still generating when SIGTERM comes (the tiny model's took ~0.3 s in CI).
-    shape = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    shape = models.shape_135m()
     daemon = start(shape, MAX_NEW_TOKENS=str(LONG), MAX_CONCURRENCY="2", MAX_BATCH="1",
                    DRAIN_TIMEOUT_S="0")  # fmt: skip
     daemon.wait_for("READY=1")
@@ -689,7 +689,7 @@ def test_ctrl_c_says_it_drains_and_a_second_one_ends_the_stream_with_the_error_e
     """The first Ctrl-C drains and says so; the second stops at once, yet the stream still
     ends with its `shutting_down` event (not cut off); exit 130, as after any Ctrl-C."""
     # The 135M shape: 1,500 tokens take ~10 s, so the stream is surely still running.
-    shape = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    shape = models.shape_135m()
     n = 1500
     daemon = start(shape, MAX_NEW_TOKENS=str(n))
     daemon.wait_for("READY=1")

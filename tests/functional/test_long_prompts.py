@@ -31,7 +31,7 @@ KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4
 
 
 def _shape() -> Path:
-    return models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    return models.shape_135m()
 
 
 def _prompt(tokens: int) -> str:

@@ -33,7 +33,7 @@ def _chat(service: Service, turns: int, options: SamplingOptions) -> list[Comple
 
 @pytest.mark.slow
 def test_greedy_turns_equal_without_the_cache_on_the_135m_shape() -> None:
-    folder = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    folder = models.shape_135m()
     greedy = SamplingOptions(max_new_tokens=12)
     cached = _chat(_service(folder, 1), 4, greedy)
     fresh = _chat(_service(folder, 0), 4, greedy)
@@ -48,7 +48,7 @@ def test_the_same_prompt_again_equals_its_first_answer() -> None:
     """A prompt the cache holds whole is still prefilled for its last two tokens: one
     alone goes through the decode step's kernel (M = 1), which rounds differently from a
     prefill, and on this prompt the 22nd greedy token flipped."""
-    folder = models.baked("builtin:smollm2-135m-shape", package=False) / "model"
+    folder = models.shape_135m()
     system = " ".join(
         ["You are the assistant of an edge board that serves a small language model."] * 70
     )
