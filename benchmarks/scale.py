@@ -367,7 +367,8 @@ def run_shape(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
     lam, edge, cloudrun = work / "lambda", work / "edge", work / "cloudrun"
     if "bake" not in record or (record["bake"]["returncode"] == 0 and not lam.is_dir()):
         command = [*ORTSERVE, "bake", "--model", str(hf_dir), "--target", "lambda-x86_64",
-                   "--out", str(lam), "--force"]  # fmt: skip
+                   "--out", str(lam), "--force", *args.bake_arg]  # fmt: skip
+        record["bake_args"] = args.bake_arg
         _bake(record, "bake", command, work / "bake.log")
         _save(work, record)
     if record["bake"]["returncode"] != 0:
@@ -543,6 +544,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=RESULTS / "scale.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "scale.png")
     parser.add_argument("--report-only", action="store_true", help="table from the records")
+    parser.add_argument(
+        "--bake-arg", action="append", default=[], metavar="ARG",
+        help="one more `ortserve bake` argument for the checkpoint's bake (repeat it)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
