@@ -400,6 +400,7 @@ def run_shape(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
         _save(work, record)
     if "speed" not in record:
         record["speed"] = _speeds(model, record.get("ggufs", {}), args)
+        record["bandwidth_bps"] = args.bandwidth  # eta uses its own run's bandwidth
         _save(work, record)
     if "cold_start" not in record and args.cold_reps:
         record["cold_start"] = cold_starts(lam, edge / "model", args.cold_reps)
@@ -463,7 +464,8 @@ def rows(records: list[dict[str, Any]], bandwidth_bps: float) -> list[dict[str, 
                 row[f"{key}_decode_{length}"] = decode
                 row[f"{key}_prefill_{length}"] = medians.get(f"prefill_tps_{length}")
                 if decode:
-                    row[f"{key}_eta_{length}"] = per_token * decode / bandwidth_bps
+                    measured = rec.get("bandwidth_bps", bandwidth_bps)
+                    row[f"{key}_eta_{length}"] = per_token * decode / measured
             row[f"{key}_peak_mib"] = medians.get("peak_rss_mib")
         cold = rec.get("cold_start", {})
         row.update({f"cold_{k}": v for k, v in cold.items()})
@@ -566,19 +568,22 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [n for n in names if n not in SHAPES]
     if unknown:
         raise SystemExit(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
-    bw = bandwidth()
+    bw = args.bandwidth = bandwidth()
     print(f"memory bandwidth (numpy copy, 2 threads): {bw / GB:.1f} GB/s", flush=True)
     records = []
     for name in names:
-        records.append(_record(args.work / name) if args.report_only
-                       else run_shape(SHAPES[name], args))  # fmt: skip
+        if args.report_only:
+            records.append(_record(args.work / name))
+            continue
+        records.append(run_shape(SHAPES[name], args))
     table = rows([r for r in records if r], bw)
     print_table(table)
     environment = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
                    "bandwidth_gbps": bw / GB}  # fmt: skip
     args.json.write_text(json.dumps({"environment": environment, "rows": table,
                                      "records": records}, indent=2), encoding="utf-8")  # fmt: skip
-    plot(table, args.plot, f"{environment['cpu']}, 2 threads, {bw / GB:.1f} GB/s copy")
+    title = f"{environment['cpu']}, 2 threads; eta with each run's copy bandwidth (weights only)"
+    plot(table, args.plot, title)
     print(f"wrote {args.json} and {args.plot}")
 
 
