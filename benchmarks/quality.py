@@ -618,11 +618,12 @@ def prepare_og(
 
 
 # The converter's process: the sdist's gguf-py first (it must match the converter).
-_CONVERT = """\
+# Arguments: the converter's root, the checkpoint, the output and its type (f32, bf16).
+CONVERT = """\
 import runpy, sys
-src, hf_dir, out = sys.argv[1:4]
+src, hf_dir, out, outtype = sys.argv[1:5]
 sys.path[:0] = [src + "/gguf-py", src]
-sys.argv = [src + "/convert_hf_to_gguf.py", hf_dir, "--outfile", out, "--outtype", "f32"]
+sys.argv = [src + "/convert_hf_to_gguf.py", hf_dir, "--outfile", out, "--outtype", outtype]
 runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
@@ -676,7 +677,7 @@ def prepare_llama(variant: Variant, hf_dir: Path, work: Path, src: Path) -> Prep
         print(f"converting {hf_dir} to {f32} with {src}/convert_hf_to_gguf.py", flush=True)
         partial = f32.with_suffix(".partial")
         done = subprocess.run(
-            [sys.executable, "-c", _CONVERT, str(src), str(hf_dir), str(partial)],
+            [sys.executable, "-c", CONVERT, str(src), str(hf_dir), str(partial), "f32"],
             capture_output=True,
             text=True,
             check=False,
@@ -795,7 +796,8 @@ def plot(rows: list[dict[str, Any]], reference: dict[str, Any], out: Path, title
     plt.close(fig)
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo)."""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
@@ -1016,7 +1018,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         "reference": reference,
         "environment": {
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "llama_cpp": version,

@@ -59,6 +59,7 @@ from typing import Any
 
 from benchmarks.engine_bench import ENGINE, LLAMA, WorkerResult, summarize
 from benchmarks.engine_bench import _measure as measure_worker
+from benchmarks.quality import CONVERT, cpu_model
 from benchmarks.support.servers import ORTSERVE, daemon
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,14 +270,6 @@ def gguf_bytes_per_token(path: Path) -> int:
 
 # -- llama.cpp GGUFs --------------------------------------------------------------------------
 
-_CONVERT = """\
-import runpy, sys
-src, hf_dir, out = sys.argv[1:4]
-sys.path[:0] = [src + "/gguf-py", src]
-sys.argv = [src + "/convert_hf_to_gguf.py", hf_dir, "--outfile", out, "--outtype", "bf16"]
-runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
-
 
 def make_ggufs(hf_dir: Path, work: Path, src: Path, log: Path) -> dict[str, Path]:
     """Q4_K_M and Q4_0 GGUFs of `hf_dir` (via one bf16 GGUF, deleted afterwards)."""
@@ -288,8 +281,8 @@ def make_ggufs(hf_dir: Path, work: Path, src: Path, log: Path) -> dict[str, Path
     bf16 = work / "bf16.gguf"
     if not bf16.is_file():
         partial = bf16.with_suffix(".partial")
-        done = run_measured([sys.executable, "-c", _CONVERT, str(src), str(hf_dir), str(partial)],
-                            log)  # fmt: skip
+        convert = [sys.executable, "-c", CONVERT, str(src), str(hf_dir), str(partial), "bf16"]
+        done = run_measured(convert, log)
         if done.returncode != 0:
             raise RuntimeError("convert_hf_to_gguf failed: " + " | ".join(done.tail))
         partial.rename(bf16)
@@ -578,20 +571,13 @@ def main(argv: list[str] | None = None) -> None:
         records.append(run_shape(SHAPES[name], args))
     table = rows([r for r in records if r], bw)
     print_table(table)
-    environment = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
+    environment = {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
                    "bandwidth_gbps": bw / GB}  # fmt: skip
     args.json.write_text(json.dumps({"environment": environment, "rows": table,
                                      "records": records}, indent=2), encoding="utf-8")  # fmt: skip
     title = f"{environment['cpu']}, 2 threads; eta with each run's copy bandwidth (weights only)"
     plot(table, args.plot, title)
     print(f"wrote {args.json} and {args.plot}")
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -5,11 +5,8 @@ test (the tiny model copied in), so nothing is baked."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pty
 import re
-import select
 import signal
 import subprocess
 import time
@@ -24,6 +21,7 @@ import pytest
 from benchmarks.support.servers import ORTSERVE, free_port
 from tests.functional.harness import ready_within
 from tests.functional.storehelp import TINY, spec, store_env, stored
+from tests.functional.terminal import Terminal
 from tests.models import run_ortserve
 
 
@@ -167,61 +165,6 @@ def test_run_of_a_stored_source_serves_it_under_its_stored_name(home: Path) -> N
     assert "is in the store" in err and "baking" not in err, err
 
 
-class _Terminal:
-    """`ortserve run` in a pseudo-terminal, as a person at a terminal runs it."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: the terminal is its stdin, stdout and stderr
-            # SIGINT at its default, as a shell at a terminal starts a command: a test run
-            # started in the background without job control inherits it ignored, and the
-            # Ctrl-C typed here would be ignored too (exec keeps an ignored signal).
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.execve(argv[0], argv, env)
-        self.seen = b""
-
-    def expect(self, pattern: bytes, timeout: float = 60) -> bytes:
-        """Read until `pattern`; what came before and including it."""
-        deadline = time.monotonic() + timeout
-        while (match := re.search(pattern, self.seen)) is None:
-            left = deadline - time.monotonic()
-            assert left > 0, f"no {pattern!r} in {self.seen[-2000:]!r}"
-            if select.select([self.fd], [], [], left)[0]:
-                try:
-                    data = os.read(self.fd, 65536)
-                except OSError:  # EIO: the child closed the terminal
-                    data = b""
-                assert data, f"the terminal closed before {pattern!r}: {self.seen[-2000:]!r}"
-                self.seen += data
-        out, self.seen = self.seen[: match.end()], self.seen[match.end() :]
-        return out
-
-    def drain(self, quiet_s: float = 0.5) -> None:
-        """Read what the terminal holds until it stays quiet for `quiet_s`."""
-        while select.select([self.fd], [], [], quiet_s)[0]:
-            try:
-                self.seen += os.read(self.fd, 65536)
-            except OSError:
-                return
-
-    def type(self, text: bytes) -> None:
-        os.write(self.fd, text)
-
-    def exit_code(self, timeout: float = 30) -> int:
-        """The child's exit code, once it ends (reading the terminal until then)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                os.close(self.fd)
-                return os.waitstatus_to_exitcode(status)
-            if select.select([self.fd], [], [], 0.1)[0]:
-                with contextlib.suppress(OSError):  # EIO: the child closed the terminal
-                    self.seen += os.read(self.fd, 65536)
-        os.kill(self.pid, signal.SIGKILL)
-        raise AssertionError(f"still running: {self.seen[-2000:]!r}")
-
-
 PROMPT = rb">>> "
 
 
@@ -233,7 +176,7 @@ def _figures(text: bytes) -> tuple[int, int]:
 
 def test_chat_at_a_terminal_keeps_the_conversation_until_bye(home: Path) -> None:
     env = {**os.environ, **store_env(home)}
-    term = _Terminal([*ORTSERVE, "run", "tiny-llama", "--max-new-tokens", "8", "--verbose"], env)
+    term = Terminal([*ORTSERVE, "run", "tiny-llama", "--max-new-tokens", "8", "--verbose"], env)
     assert b"chatting with tiny-llama: /bye or Ctrl-D to leave" in term.expect(PROMPT)
     term.type(b"Hi\r")
     first_tokens, first_prompt = _figures(term.expect(PROMPT))
@@ -253,7 +196,7 @@ def test_chat_at_a_terminal_keeps_the_conversation_until_bye(home: Path) -> None
 
 def test_ctrl_c_stops_an_answer_and_ctrl_d_leaves_the_chat(home: Path) -> None:
     env = {**os.environ, **store_env(home), "ORTSERVE_MAX_NEW_TOKENS": "0"}
-    term = _Terminal([*ORTSERVE, "run", "tiny-llama", "--max-new-tokens", "2000"], env)
+    term = Terminal([*ORTSERVE, "run", "tiny-llama", "--max-new-tokens", "2000"], env)
     term.expect(PROMPT)
     term.type(b"Hi\r")
     term.expect(rb"Hi\r\n")

@@ -93,6 +93,14 @@ def _gguf_tensor(writer: GGUFWriter, name: str, kind: str, w: np.ndarray, seed: 
     return back
 
 
+def _close(writer: GGUFWriter) -> None:
+    """Write the GGUF's header, metadata and tensors, and close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def _save(hf: Path, config: Any, model: Any, weights: dict[str, np.ndarray]) -> None:
     import torch
     from safetensors.torch import save_file
@@ -132,10 +140,7 @@ def _make(out: Path) -> None:
         back = _gguf_tensor(writer, f"{name}.weight", kind, _permute(w, heads) if heads else w,
                             seed)  # fmt: skip
         weights[_hf_name(name)] = _unpermute(back, heads) if heads else back
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _close(writer)
     _save(hf, config, model, weights)
     _bake(hf, out / "baked")
     _bake(hf, out / "fp32", "--precision", "fp32")
@@ -287,10 +292,7 @@ def _make_phi3(out: Path) -> None:
             _, layer, part = name.split(".")
             hf_name = f"model.layers.{layer}.{_PHI3_HF[part]}.weight"
         weights[hf_name] = _gguf_tensor(writer, f"{name}.weight", kind, weights[hf_name], seed)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _close(writer)
     _save(hf, config, model, weights)
     _bake(hf, out / "baked")
 

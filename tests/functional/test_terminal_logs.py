@@ -4,78 +4,34 @@ ORTSERVE_LOG_FORMAT=json the records are JSON on stdout again."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pty
 import re
-import select
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 
 from benchmarks.support.servers import ORTSERVE, free_port
 from tests.functional.harness import ready_within
+from tests.functional.terminal import Terminal
 
 _STAMP = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
-
-
-class _Pty:
-    """A command whose stdin, stdout and stderr are one pseudo-terminal."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child
-            os.execve(argv[0], argv, env)
-        self.seen = b""
-
-    def expect(self, pattern: bytes, timeout: float = 60) -> bytes:
-        """Read until `pattern` is on the terminal; everything read so far."""
-        deadline = time.monotonic() + timeout
-        while re.search(pattern, self.seen) is None:
-            left = deadline - time.monotonic()
-            assert left > 0, f"no {pattern!r} in {self.seen[-3000:]!r}"
-            if select.select([self.fd], [], [], left)[0]:
-                try:
-                    data = os.read(self.fd, 65536)
-                except OSError:  # EIO: the child closed the terminal
-                    data = b""
-                assert data, f"the terminal closed before {pattern!r}: {self.seen[-3000:]!r}"
-                self.seen += data
-        return self.seen
-
-    def stop(self) -> int:
-        """SIGINT (Ctrl-C), then its exit code."""
-        os.kill(self.pid, signal.SIGINT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                os.close(self.fd)
-                return os.waitstatus_to_exitcode(status)
-            if select.select([self.fd], [], [], 0.1)[0]:
-                with contextlib.suppress(OSError):  # EIO: the child closed the terminal
-                    self.seen += os.read(self.fd, 65536)
-        os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
-        raise AssertionError(f"still running: {self.seen[-2000:]!r}")
 
 
 def test_at_a_terminal_each_request_is_one_line_in_words(tiny_model_dir: Path) -> None:
     port = free_port()
     env = {**os.environ, "ORTSERVE_PROVIDERS": "auto"}
     env.pop("ORTSERVE_LOG_FORMAT", None)
-    term = _Pty([*ORTSERVE, "serve", "--model-dir", str(tiny_model_dir), "--port", str(port)],
+    term = Terminal([*ORTSERVE, "serve", "--model-dir", str(tiny_model_dir), "--port", str(port)],
                 env)  # fmt: skip
     try:
-        term.expect(rb"playground at http://127\.0\.0\.1:\d+/\r?\n")
+        seen = term.expect(rb"playground at http://127\.0\.0\.1:\d+/\r?\n")
         base = f"http://127.0.0.1:{port}"
         assert httpx.post(f"{base}/generate", json={"prompt": "Hi", "max_new_tokens": 4}).is_success
         refused = httpx.post(f"{base}/generate", json={"prompt": "Hi", "max_new_tokens": -1})
         assert refused.status_code == 400
-        seen = term.expect(rb"POST /generate 400 [^\r\n]*\r?\n")
+        seen += term.expect(rb"POST /generate 400 [^\r\n]*\r?\n")
     finally:
         assert term.stop() == 130
     lines = seen.decode().splitlines()
