@@ -375,6 +375,7 @@ def run_shape(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
             _save(work, record)
     model = lam / "model"
     memory = model_memory(model)
+    record["machine"] = {"cpu": cpu_model(), "date": time.strftime("%Y-%m-%d")}  # of the bake
     record["artefacts"] = {
         "model_bytes": folder_bytes(model),
         "lambda_bundle_bytes": folder_bytes(lam),
@@ -394,6 +395,7 @@ def run_shape(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
     if "speed" not in record:
         record["speed"] = _speeds(model, record.get("ggufs", {}), args)
         record["bandwidth_bps"] = args.bandwidth  # eta uses its own run's bandwidth
+        record["speed_machine"] = {"cpu": cpu_model(), "date": time.strftime("%Y-%m-%d")}
         _save(work, record)
     if "cold_start" not in record and args.cold_reps:
         record["cold_start"] = cold_starts(lam, edge / "model", args.cold_reps)

@@ -24,7 +24,7 @@ from bake.source_files import PROCESSING_FILES
 from bake.sources import OnnxChoice, ResolvedSource, resolve
 from bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
 from bake.text import record_text
-from bake.upstream import builder_input
+from bake.upstream import BUILDER_MODULE, builder_input
 from core.manifest import GgufImport, Manifest, QualityCheck, list_files, write_manifest
 from core.settings import PRIVACY_ENVIRONMENT, disable_telemetry
 
@@ -143,7 +143,7 @@ def _run_builder(
     fails, its whole log is kept at `failed_log` (outside the bake's temporary folder,
     which goes) and the error says where."""
     cmd = [
-        sys.executable, "-m", "onnxruntime_genai.models.builder",
+        sys.executable, "-m", BUILDER_MODULE,
         "-i", str(src), "-o", str(out), "-p", precision, "-e", target.builder_ep,
         "-c", str(cache),
     ]  # fmt: skip
@@ -394,7 +394,7 @@ def _convert(
                      layers=layers if isinstance(layers, int) else None)  # fmt: skip
         if recipe is not None:
             options = {**options, "recipe": recipe[0]}
-        return precision, options, "onnxruntime_genai.models.builder {og}", []
+        return precision, options, "onnxruntime_genai.models.builder {og} (bake.upstream)", []
     if request.recipe is not None:
         raise BakeError(
             f"--recipe applies to checkpoints (the model builder's quantization); {source.name} "

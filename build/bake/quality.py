@@ -2,7 +2,8 @@
 
 After converting, the bake scores a built-in text (a few hundred tokens of plain
 English prose, a short dialogue and a little code) with the source checkpoint in
-transformers (fp32, the reference for what the weights mean) and with the baked
+transformers (fp32 arithmetic, the reference for what the weights mean; the weights stay
+in the checkpoint's dtype until each layer runs) and with the baked
 folder in onnxruntime-genai, on the same token ids. It records the perplexity ratio
 (baked ÷ source), the top-1 agreement (how often both pick the same next token) and
 the mean KL divergence in the manifest, and fails the bake when the ratio is above
@@ -12,6 +13,7 @@ nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,12 +91,39 @@ def compare(
     return ppl_ref, ppl_cand, top1, kl
 
 
+def _fp32_while_running(model: Any) -> None:
+    """Make `model` (weights kept in the checkpoint's dtype) compute in fp32: each module
+    that holds weights is cast to fp32 just before it runs and back just after.
+
+    bf16 → fp32 is exact, so the logits are those of the whole model loaded in fp32, but
+    the memory is the checkpoint's (2 bytes a parameter for bf16) plus one module in fp32:
+    a 4B model's fp32 copy (16 GB) beside the baked model does not fit a 24 GB machine.
+    """
+    import torch
+
+    def up(module: Any, _args: Any) -> None:
+        module.float()
+
+    def back(module: Any, _args: Any, _out: Any, dtype: Any) -> None:
+        module.to(dtype)
+
+    for module in model.modules():
+        own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+        if not any(t.is_floating_point() and t.dtype != torch.float32 for t in own):
+            continue
+        dtype = next(t.dtype for t in own if t.is_floating_point())
+        module.register_forward_pre_hook(up)
+        module.register_forward_hook(functools.partial(back, dtype=dtype))
+
+
 def _reference_logits(checkpoint: Path, ids: list[int]) -> np.ndarray[Any, Any]:
+    """The source checkpoint's logits in fp32 arithmetic (its weights in their own dtype)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto")
     model.eval()  # type: ignore[no-untyped-call]  # untyped upstream
+    _fp32_while_running(model)
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0]
     out: np.ndarray[Any, Any] = logits.float().numpy()

@@ -9,15 +9,38 @@ fails any generation shorter than the sliding window ("KV cache capacity (40) mu
 least local_window_size (512)"), so Gemma 3 is baked with `windowed_kv_cache=false`.
 Linear RoPE scaling (Gemma 3 4B and larger) is refused: the builder scales the local
 attention's rotary cache too, which makes wrong output without an error.
+
+Quantization memory: `python -m bake.upstream ARGS` is `python -m
+onnxruntime_genai.models.builder ARGS` (what the bake runs) with `Model.to_nbits`
+replaced. og 0.18's turns the whole graph into one ModelProto (`ir.to_proto`: every
+weight materialized in fp32, 4 bytes a parameter on top of the checkpoint the builder
+holds), quantizes that copy with onnxruntime's `MatMulNBitsQuantizer`, and converts the
+result back (`ir.from_proto`: another copy): a 1.7B checkpoint peaked at 14.2 GiB, a 3-4B
+one does not fit 24 GB. Here each quantizable node is cut out into a one-node model,
+quantized by the same `MatMulNBitsQuantizer` with the same algorithm, block size,
+accuracy level and per-node bits (the recipe's overrides, og's presets), and spliced
+back; its fp32 weight goes at once. The bytes written are the builder's own
+(tests/unit/test_upstream_builder.py compares them); the memory is the checkpoint, the
+quantized weights and one fp32 tensor. QDQ output and pre-quantized checkpoints keep
+og's own `to_nbits`.
 """
 
 from __future__ import annotations
 
 import json
+import runpy
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bake.errors import BakeError, say
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+
+# What the bake runs: og's builder with the streaming `to_nbits` below.
+BUILDER_MODULE = "bake.upstream"
 
 _GEMMA3 = ("gemma3_text", "gemma3")
 
@@ -64,3 +87,161 @@ def builder_input(src: Path, work: Path, options: dict[str, str]) -> tuple[Path,
     (work / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     say("Gemma 3: flat RoPE keys added for the builder, windowed_kv_cache=false (README)")
     return work, {"windowed_kv_cache": "false", **options}
+
+
+_UPSTREAM = "onnxruntime_genai.models.builder"
+
+
+def _one_node_model(node: ir.Node, weight_index: int, opsets: dict[str, int]) -> onnx.ModelProto:
+    """`node` alone, its weight as the only initializer (materialized here, in fp32)."""
+    import onnx
+    import onnx_ir as ir
+
+    inputs, initializers = [], []
+    for index, value in enumerate(node.inputs):
+        if value is None:
+            continue
+        if index == weight_index:
+            assert value.const_value is not None
+            tensor = ir.serde.serialize_tensor(value.const_value)
+            tensor.name = value.name or ""
+            initializers.append(tensor)
+        else:
+            dtype = value.dtype.value if value.dtype is not None else onnx.TensorProto.FLOAT
+            inputs.append(onnx.helper.make_tensor_value_info(value.name or "", dtype, None))
+    outputs = [
+        onnx.helper.make_tensor_value_info(
+            out.name or "",
+            out.dtype.value if out.dtype is not None else onnx.TensorProto.FLOAT,
+            None,
+        )
+        for out in node.outputs
+    ]
+    graph = onnx.helper.make_graph(
+        [ir.serde.serialize_node(node)], "one_node", inputs, outputs, initializers
+    )
+    return onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()]
+    )
+
+
+def _splice(
+    graph: ir.Graph, node: ir.Node, quantized: onnx.ModelProto, values: dict[str, ir.Value]
+) -> None:
+    """Replace `node` in `graph` by the nodes of `quantized` (its one-node model, quantized).
+
+    `values` is the builder's name → value table: a name the builder already refers to
+    (a tied embedding's GatherBlockQuantized names the lm_head's quantized weights before
+    they exist) becomes that value, so the graph holds one value per name.
+    """
+    import onnx_ir as ir
+
+    small = ir.from_proto(quantized)
+    outer = {v.name: v for v in node.inputs if v is not None}
+    mapped: dict[int, ir.Value] = {}
+    for name, value in small.graph.initializers.items():
+        fresh = values.get(name) or ir.Value(name=name)
+        fresh.type, fresh.shape, fresh.const_value = value.type, value.shape, value.const_value
+        graph.register_initializer(fresh)
+        mapped[id(value)] = values.setdefault(name, fresh)
+    for value in small.graph.inputs:
+        mapped[id(value)] = outer[value.name]
+    fresh_nodes = []
+    for qnode in small.graph:
+        made = ir.Node(
+            qnode.domain,
+            qnode.op_type,
+            [mapped[id(v)] if v is not None else None for v in qnode.inputs],
+            attributes=list(qnode.attributes.values()),
+            num_outputs=len(qnode.outputs),
+            name=qnode.name,
+        )
+        for old, new in zip(qnode.outputs, made.outputs, strict=True):
+            new.type, new.shape = old.type, old.shape
+            mapped[id(old)] = new
+        fresh_nodes.append(made)
+    graph.insert_after(node, fresh_nodes)
+    weights = [v for v in node.inputs if v is not None and v.const_value is not None]
+    outputs = [
+        (old, mapped[id(new)]) for old, new in zip(node.outputs, small.graph.outputs, strict=True)
+    ]
+    for old, new in outputs:
+        ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+    graph.remove(node, safe=True)
+    for old, new in outputs:
+        new.name = old.name
+        if old.name in values:
+            values[old.name] = new
+    for weight in weights:
+        if weight.name and not weight.uses() and weight.name in graph.initializers:
+            del graph.initializers[weight.name]
+            values.pop(weight.name, None)
+
+
+def to_nbits_streaming(self: Any, upstream: Any) -> ir.Model:
+    """og's `Model.to_nbits`, one node at a time (see the module's docstring)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization.quant_utils import QuantFormat
+
+    attrs = self.quant_attrs
+    if attrs["use_qdq"] or self.quant_type is not None:
+        whole: ir.Model = upstream(self)
+        return whole
+    graph: ir.Graph = self.model.graph
+    op_types = attrs["op_types_to_quantize"]
+    excluded = set(attrs["nodes_to_exclude"])
+    custom: dict[str, dict[str, int]] = getattr(self, "int4_customized_weight_config", {}) or {}
+    method = getattr(self, "quantization_algo", "default")
+    opsets = dict(self.model.opset_imports)
+    eligible = {n.name for n in graph if n.op_type in op_types}
+    # og checks the recipe's exact node names (its presets may name nodes it did not emit)
+    unknown = sorted(getattr(self, "exact_quant_override_names", set()) - eligible)
+    if unknown:
+        raise ValueError(
+            "exact quantization override(s) matched no quantizable node: " + ", ".join(unknown)
+        )
+    for node in list(graph):
+        if node.op_type not in op_types or node.name in excluded:
+            continue
+        weight_index = 0 if node.op_type == "Gather" else 1
+        if len(node.inputs) <= weight_index:
+            continue
+        weight = node.inputs[weight_index]
+        if weight is None or weight.const_value is None or len(weight.shape or ()) != 2:
+            continue
+        bits = custom.get(node.name or "", {}).get("bits", attrs["bits"])
+        algo = None
+        if method != "default":
+            algo = self.make_algo_config(method, {node.name: {"bits": bits}})
+        quantizer = MatMulNBitsQuantizer(
+            model=_one_node_model(node, weight_index, opsets),
+            bits=bits,
+            block_size=attrs["matmul_block_size"],
+            is_symmetric=attrs["is_symmetric"],
+            accuracy_level=attrs["accuracy_level"],
+            nodes_to_exclude=[],
+            quant_format=QuantFormat.QOperator,
+            op_types_to_quantize=op_types,
+            algo_config=algo,
+        )
+        quantizer.process()
+        quantized = quantizer.model.model
+        self.prepack_matmulnbits_weights(quantized)
+        _splice(graph, node, quantized, self.values)
+    model: ir.Model = self.model
+    return model
+
+
+def main() -> None:
+    """Run og's builder (its command line) with the streaming `to_nbits`."""
+    import onnxruntime_genai.models  # noqa: F401  (puts og's `builders` on sys.path)
+    from builders.base import Model  # type: ignore[import-not-found]
+
+    upstream = Model.to_nbits
+    Model.to_nbits = lambda self: to_nbits_streaming(self, upstream)
+    sys.argv[0] = _UPSTREAM
+    runpy.run_module(_UPSTREAM, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

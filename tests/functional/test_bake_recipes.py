@@ -110,3 +110,66 @@ def test_recipe_errors(tied_hf_dir: Path, tmp_path: Path) -> None:
     error = bake_fails("--model", str(tied_hf_dir), "--target", "gcf", "--recipe", str(bad),
                        out=out)  # fmt: skip
     assert error == "recipe: layer 5 does not exist in a model of 2 layers"
+
+
+# `bake.upstream` run with `onnx_ir.to_proto` refusing a whole model: og's own `to_nbits`
+# converts the whole graph (every weight in fp32) into one ModelProto, the streaming one
+# converts one node at a time.
+_GUARDED = """\
+import sys
+import onnx_ir
+whole = onnx_ir.to_proto
+def one_node_only(obj):
+    if isinstance(obj, onnx_ir.Model) and len(obj.graph) > 1:
+        raise SystemExit("the whole graph went through onnx_ir.to_proto")
+    return whole(obj)
+onnx_ir.to_proto = one_node_only
+from bake.upstream import main
+sys.argv = ["bake.upstream", *sys.argv[1:]]
+main()
+"""
+
+
+def _initializers(model: Path) -> dict[str, bytes]:
+    graph = onnx.load(str(model / "model.onnx")).graph
+    return {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in graph.initializer}
+
+
+@pytest.mark.slow
+def test_the_streaming_quantizer_writes_the_builders_own_bytes(
+    tied_hf_dir: Path, tmp_path: Path
+) -> None:
+    """What the bake runs (`bake.upstream`: one node quantized at a time) writes the same
+    nodes and the same weights, byte for byte, as og's builder, for the default recipe
+    (k_quant, int8 layers by exact name, og's presets, the tied embedding)."""
+    import subprocess
+    import sys
+
+    from bake.recipes import DEFAULT_RECIPE, RECIPES, target_options
+    from bake.targets import builder_options, get_target
+    from bake.upstream import BUILDER_MODULE
+
+    assert BUILDER_MODULE == "bake.upstream"  # what bake.pipeline runs
+    config = json.loads((tied_hf_dir / "config.json").read_text())
+    recipe = RECIPES[DEFAULT_RECIPE]
+    options = builder_options(get_target("edge-x86_64"), "int4", {}, recipe)
+    expanded = target_options(recipe, options, config)
+    assert expanded is not None
+    outputs = {}
+    for name, runner in (("og", ["-m", "onnxruntime_genai.models.builder"]),
+                         ("streaming", ["-c", _GUARDED])):  # fmt: skip
+        outputs[name] = tmp_path / name
+        proc = subprocess.run(
+            [sys.executable, *runner, "-i", str(tied_hf_dir), "-o", str(outputs[name]),
+             "-p", "int4", "-e", "cpu", "-c", str(tmp_path / f"cache-{name}"),
+             "--extra_options", *(f"{k}={v}" for k, v in options.items()),
+             "--target_options", json.dumps(expanded)],
+            capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    og, streaming = _initializers(outputs["og"]), _initializers(outputs["streaming"])
+    assert sorted(og) == sorted(streaming)
+    assert [n for n in og if og[n] != streaming[n]] == []
+    assert sorted(map(str, _nodes(outputs["og"]))) == sorted(map(str, _nodes(outputs["streaming"])))
+    ops = {n.op_type for n in _nodes(outputs["streaming"])}
+    assert {"MatMulNBits", "GatherBlockQuantized"} <= ops and "MatMul" not in ops

@@ -190,7 +190,7 @@ def _builder_of(folder: Path) -> int | None:
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         with contextlib.suppress(OSError):
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if "onnxruntime_genai.models.builder" in text and str(folder) in text:
+            if "bake.upstream" in text and str(folder) in text:
                 return int(cmdline.parent.name)
     return None
 

@@ -1,0 +1,45 @@
+"""The quality gate's reference: fp32 arithmetic on weights kept in the checkpoint's dtype."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bake.quality import _reference_logits
+
+
+@pytest.fixture(scope="module")
+def bf16_dir(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama saved in bf16, as real checkpoints are."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("bf16")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_hf_dir), dtype=torch.bfloat16)
+    model.save_pretrained(str(folder))
+    for name in tiny_hf_dir.glob("tokenizer*"):
+        shutil.copy(name, folder)
+    return folder
+
+
+def test_a_bf16_checkpoint_is_scored_as_if_loaded_in_fp32(bf16_dir: Path) -> None:
+    """The logits equal those of the whole model loaded in fp32 (bf16 -> fp32 is exact),
+    while the weights stay bf16 between forward passes (half the memory of an fp32 copy)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = list(range(3, 120))
+    fp32 = AutoModelForCausalLM.from_pretrained(str(bf16_dir), dtype=torch.float32)
+    with torch.no_grad():
+        expected = fp32(torch.tensor([ids])).logits[0].numpy()
+    got = _reference_logits(bf16_dir, ids)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, expected)
+    # the same model in bf16 arithmetic differs: the hooks did the work
+    bf16 = AutoModelForCausalLM.from_pretrained(str(bf16_dir), dtype=torch.bfloat16)
+    with torch.no_grad():
+        plain = bf16(torch.tensor([ids])).logits[0].float().numpy()
+    assert np.abs(plain - expected).max() > 1e-4
