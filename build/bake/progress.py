@@ -6,9 +6,10 @@ onnxruntime-genai 0.18's builder (`python -m onnxruntime_genai.models.builder`) 
 - `Loading weights: 40%|…| 8/21` (transformers, stderr) while it reads the checkpoint;
 - `Reading layer N` (stdout) as it builds each decoder layer's graph, then `Reading final
   norm` and `Reading LM head`;
-- `Saving ONNX model in …` (stdout), then quantizes the weights: the k_quant and RTN
-  quantizers print `\\rProgress: [###  ] 45.45%` (stdout, one step per MatMul), the default
-  one logs `start to quantize /model/layers.N/…` (stderr) for each weight;
+- `Saving ONNX model in …` (stdout), then quantizes the weights: the builder the bake
+  runs (`bake.upstream`, one weight at a time) prints `Quantizing weight 12/197 NAME int4`
+  (stdout) per weight; in og's own whole-model pass the k_quant and RTN quantizers print
+  `\\rProgress: [###  ] 45.45%` (stdout, one step per MatMul), the default one logs `start to quantize /model/layers.N/…` (stderr) for each weight;
 - `Saving NAME: 40%|…| 16/41 [...]` (tqdm, stderr) while the tensors are written.
 
 The phases take different times (k_quant's quantization is most of a CPU bake's builder
@@ -34,6 +35,7 @@ _LAYER = re.compile(r"^Reading layer (\d+)\s*$")
 _LAYERS_DONE = re.compile(r"^Reading (final norm|LM head)")
 _SAVING_MODEL = re.compile(r"^Saving ONNX model in ")
 _PERCENT = re.compile(r"^Progress: \[[# ]*\] ([\d.]+)%")
+_QUANT_WEIGHT = re.compile(r"^Quantizing weight (\d+)/(\d+) ")
 _QUANT_LAYER = re.compile(r"start to quantize /model/layers\.(\d+)/")
 _QUANT_HEAD = re.compile(r"start to quantize /lm_head/")
 _SAVING = re.compile(r"^Saving .*\|\s*(\d+)/(\d+) \[")
@@ -140,6 +142,8 @@ class BuilderProgress:
                 self._at(1, "building layers", "layers", self._layers, self._layers)
         elif _SAVING_MODEL.match(line):
             self._at(2, "quantizing", "%", None, 0)
+        elif match := _QUANT_WEIGHT.match(line):
+            self._at(2, "quantizing", "weights", int(match[2]), int(match[1]))
         elif match := _PERCENT.match(line):
             self._at(2, "quantizing", "%", 100, float(match[1]))
         elif match := _QUANT_LAYER.search(line):

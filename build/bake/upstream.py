@@ -27,9 +27,12 @@ og's own `to_nbits`.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import runpy
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,6 +181,30 @@ def _splice(
             values.pop(weight.name, None)
 
 
+def _weight_index(node: ir.Node) -> int | None:
+    """Where `node`'s constant 2-D weight is among its inputs (None: it has none)."""
+    index = 0 if node.op_type == "Gather" else 1
+    weight = node.inputs[index] if len(node.inputs) > index else None
+    if weight is None or weight.const_value is None or len(weight.shape or ()) != 2:
+        return None
+    return index
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str) -> Iterator[None]:
+    """Only warnings and errors from `loggers` (and the loggers under them) meanwhile."""
+    import logging
+
+    saved = [(logging.getLogger(name), logging.getLogger(name).level) for name in loggers]
+    for logger, _ in saved:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in saved:
+            logger.setLevel(level)
+
+
 def to_nbits_streaming(self: Any, upstream: Any) -> ir.Model:
     """og's `Model.to_nbits`, one node at a time (see the module's docstring)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -200,15 +227,11 @@ def to_nbits_streaming(self: Any, upstream: Any) -> ir.Model:
         raise ValueError(
             "exact quantization override(s) matched no quantizable node: " + ", ".join(unknown)
         )
-    for node in list(graph):
-        if node.op_type not in op_types or node.name in excluded:
-            continue
-        weight_index = 0 if node.op_type == "Gather" else 1
-        if len(node.inputs) <= weight_index:
-            continue
-        weight = node.inputs[weight_index]
-        if weight is None or weight.const_value is None or len(weight.shape or ()) != 2:
-            continue
+    todo = [n for n in graph if n.op_type in op_types and n.name not in excluded]
+    todo = [n for n in todo if _weight_index(n) is not None]
+    for done, node in enumerate(todo, 1):
+        weight_index = _weight_index(node)
+        assert weight_index is not None
         bits = custom.get(node.name or "", {}).get("bits", attrs["bits"])
         algo = None
         if method != "default":
@@ -224,7 +247,11 @@ def to_nbits_streaming(self: Any, upstream: Any) -> ir.Model:
             op_types_to_quantize=op_types,
             algo_config=algo,
         )
-        quantizer.process()
+        # Each one-node run would print its own "Progress: 100%" and log "start to
+        # quantize": one line per weight instead (bake.progress reads it).
+        with contextlib.redirect_stdout(io.StringIO()), _quiet("onnxruntime", "neural_compressor"):
+            quantizer.process()
+        print(f"Quantizing weight {done}/{len(todo)} {node.name} int{bits}", flush=True)
         quantized = quantizer.model.model
         self.prepack_matmulnbits_weights(quantized)
         _splice(graph, node, quantized, self.values)

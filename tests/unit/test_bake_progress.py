@@ -72,6 +72,22 @@ def test_the_builders_lines_become_layers_a_percentage_and_a_time_left() -> None
     ]
 
 
+def test_the_streaming_quantizer_is_counted_in_weights() -> None:
+    out, clock = io.StringIO(), _Clock()
+    progress = BuilderProgress(4, stream=out, tty=False, interval=1, clock=clock)
+    progress.feed("Saving ONNX model in /tmp/out")
+    progress.feed("Quantizing weight 1/20 /model/layers.0/attn/qkv_proj/MatMul int8")
+    progress.feed("Quantizing weight 5/20 /model/layers.0/mlp/down_proj/MatMul int4")
+    clock.now += 5
+    progress.beat()
+    progress.feed("Quantizing weight 20/20 /lm_head/MatMul int8")
+    progress.close()
+    assert out.getvalue().splitlines() == [
+        "[bake] the model builder: quantizing: 5/20 weights (25%), 5 s, about 15 s left",
+        "[bake] the model builder: quantizing: 20 weights done in 5 s",
+    ]
+
+
 def test_the_default_quantizer_is_counted_in_layers() -> None:
     out, clock = io.StringIO(), _Clock()
     progress = BuilderProgress(4, stream=out, tty=False, interval=1, clock=clock)
