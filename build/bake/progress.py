@@ -9,7 +9,8 @@ onnxruntime-genai 0.18's builder (`python -m onnxruntime_genai.models.builder`) 
 - `Saving ONNX model in …` (stdout), then quantizes the weights: the builder the bake
   runs (`bake.upstream`, one weight at a time) prints `Quantizing weight 12/197 NAME int4`
   (stdout) per weight; in og's own whole-model pass the k_quant and RTN quantizers print
-  `\\rProgress: [###  ] 45.45%` (stdout, one step per MatMul), the default one logs `start to quantize /model/layers.N/…` (stderr) for each weight;
+  `\\rProgress: [###  ] 45.45%` (stdout, one step per MatMul), the default one logs
+  `start to quantize /model/layers.N/…` (stderr) for each weight;
 - `Saving NAME: 40%|…| 16/41 [...]` (tqdm, stderr) while the tensors are written.
 
 The phases take different times (k_quant's quantization is most of a CPU bake's builder
