@@ -144,7 +144,12 @@ def _splice(
     mapped: dict[int, ir.Value] = {}
     for name, value in small.graph.initializers.items():
         fresh = values.get(name) or ir.Value(name=name)
-        fresh.type, fresh.shape, fresh.const_value = value.type, value.shape, value.const_value
+        assert value.const_value is not None
+        # A copy of its own: the proto's tensors would keep the whole one-node model alive,
+        # its fp32 weight included (the quantizer leaves it there).
+        data = value.const_value.numpy().copy()
+        tensor = ir.Tensor(data, dtype=value.const_value.dtype, name=name)
+        fresh.type, fresh.shape, fresh.const_value = value.type, value.shape, tensor
         graph.register_initializer(fresh)
         mapped[id(value)] = values.setdefault(name, fresh)
     for value in small.graph.inputs:
