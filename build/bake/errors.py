@@ -55,7 +55,10 @@ class _Reader(threading.Thread):
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         pending = ""
         while True:
-            chunk = os.read(self._pipe.fileno(), 1 << 16)  # what is there, not 64 KiB
+            try:
+                chunk = os.read(self._pipe.fileno(), 1 << 16)  # what is there, not 64 KiB
+            except (OSError, ValueError):  # closed under it: the step was stopped (Ctrl-C)
+                chunk = b""
             text = decoder.decode(chunk, final=not chunk)
             self._parts.append(text)
             if self._progress is not None:
