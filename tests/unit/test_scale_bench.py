@@ -80,3 +80,14 @@ def test_the_tree_holds_a_childs_memory() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_lambda_fits_by_the_memory_its_own_bake_declares() -> None:
+    """Lambda serves one request at a time: its bake sizes MemorySize for one sequence, and
+    that (not the four-sequence memory of the other targets) is held against 10,240 MB."""
+    from benchmarks.scale import _fits
+
+    art = {"lambda_bundle_bytes": 4 * 10**9, "memory_mib": 10569, "lambda_memory_mb": 7113}
+    assert _fits({"artefacts": art}) == {"lambda": True, "cloudrun": True, "board_8gb": False}
+    too_big = {**art, "lambda_memory_mb": 10300}
+    assert _fits({"artefacts": too_big})["lambda"] is False
