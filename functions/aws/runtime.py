@@ -162,6 +162,12 @@ class LambdaApp:
         self._figures.update(load_phase="init" if at_init else "first_invoke", load_plan=why)
         if at_init:
             self._setup_if_due()
+        elif settings.warmup and "warmup" not in settings.model_fields_set:
+            # The first invoke loads the model, then answers: a warm-up generation there
+            # would only delay that answer (the request pays the first inference's costs
+            # itself). A big model's warm-up is seconds (Llama-3.2-3B: 3 s at 2 threads).
+            self.state.settings = self.state.settings.model_copy(update={"warmup": False})
+            self._figures["warmup"] = "skipped: the load is on the first invoke"
         self._figures["init_s"] = round(time.perf_counter() - self._created, 3)
         end_age = _process_age_s()
         if age is not None and end_age is not None:

@@ -219,6 +219,21 @@ def test_a_deferred_load_happens_on_the_first_invoke(
     (cold,) = [line for line in _lines(capsys.readouterr().out) if line["message"] != "request"]
     assert cold["message"] == "cold start" and cold["load_phase"] == "first_invoke"
     assert cold["status"] == "ready" and cold["setup_s"] > 0
+    # the first invoke waits for the load, not for a warm-up generation too
+    assert cold["warmup"] == "skipped: the load is on the first invoke"
+    assert cold["warmup_seconds"] is None
+
+
+def test_a_warm_up_the_operator_asks_for_runs_on_the_first_invoke_too(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    app = lambda_app(tiny_model_dir, lambda_load_at_init="never", warmup=True)
+    assert (
+        LambdaTarget(app.handle).call("POST", "/generate", {"prompt": "Hi", **GREEDY}).status == 200
+    )
+    (cold,) = [line for line in _lines(capsys.readouterr().out) if line["message"] == "cold start"]
+    assert cold["load_phase"] == "first_invoke" and cold["warmup_seconds"] > 0
+    assert "warmup" not in cold
 
 
 def test_a_missing_model_answers_503_then_recovers(
