@@ -13,7 +13,6 @@ nothing.
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,19 +100,23 @@ def _fp32_while_running(model: Any) -> None:
     """
     import torch
 
-    def up(module: Any, _args: Any) -> None:
-        module.float()
-
-    def back(module: Any, _args: Any, _out: Any, dtype: Any) -> None:
-        module.to(dtype)
+    def cast(module: Any, dtypes: dict[str, Any] | None) -> None:
+        """The module's own floating tensors to fp32 (`dtypes` None) or back to theirs."""
+        for name, param in module.named_parameters(recurse=False):
+            param.data = param.data.to(torch.float32 if dtypes is None else dtypes[name])
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point():
+                module._buffers[name] = buffer.to(torch.float32 if dtypes is None else dtypes[name])
 
     for module in model.modules():
-        own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
-        if not any(t.is_floating_point() and t.dtype != torch.float32 for t in own):
+        own = dict(module.named_parameters(recurse=False)) | dict(
+            module.named_buffers(recurse=False)
+        )
+        dtypes = {name: t.dtype for name, t in own.items() if t.is_floating_point()}
+        if all(dtype == torch.float32 for dtype in dtypes.values()):
             continue
-        dtype = next(t.dtype for t in own if t.is_floating_point())
-        module.register_forward_pre_hook(up)
-        module.register_forward_hook(functools.partial(back, dtype=dtype))
+        module.register_forward_pre_hook(lambda m, _args: cast(m, None))
+        module.register_forward_hook(lambda m, _args, _out, d=dtypes: cast(m, d))
 
 
 def _reference_logits(checkpoint: Path, ids: list[int]) -> np.ndarray[Any, Any]:

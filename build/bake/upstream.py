@@ -19,10 +19,11 @@ result back (`ir.from_proto`: another copy): a 1.7B checkpoint peaked at 14.2 Gi
 one does not fit 24 GB. Here each quantizable node is cut out into a one-node model,
 quantized by the same `MatMulNBitsQuantizer` with the same algorithm, block size,
 accuracy level and per-node bits (the recipe's overrides, og's presets), and spliced
-back; its fp32 weight goes at once. The bytes written are the builder's own
-(tests/unit/test_upstream_builder.py compares them); the memory is the checkpoint, the
-quantized weights and one fp32 tensor. QDQ output and pre-quantized checkpoints keep
-og's own `to_nbits`.
+back, the quantized tensors copied out of the one-node model (which still holds the fp32
+weight); that weight goes at once. The bytes written are the builder's own
+(tests/functional/test_bake_recipes.py compares them); the memory is the checkpoint, the
+quantized weights and one weight's transient (Qwen3-1.7B: 14.2 -> 10.0 GiB). QDQ output
+and pre-quantized checkpoints keep og's own `to_nbits`.
 """
 
 from __future__ import annotations
