@@ -233,11 +233,14 @@ def to_nbits_streaming(self: Any, upstream: Any) -> ir.Model:
         raise ValueError(
             "exact quantization override(s) matched no quantizable node: " + ", ".join(unknown)
         )
-    todo = [n for n in graph if n.op_type in op_types and n.name not in excluded]
-    todo = [n for n in todo if _weight_index(n) is not None]
-    for done, node in enumerate(todo, 1):
-        weight_index = _weight_index(node)
-        assert weight_index is not None
+    todo = [
+        (node, index)
+        for node in graph
+        if node.op_type in op_types
+        and node.name not in excluded
+        and (index := _weight_index(node)) is not None
+    ]
+    for done, (node, weight_index) in enumerate(todo, 1):
         bits = custom.get(node.name or "", {}).get("bits", attrs["bits"])
         algo = None
         if method != "default":
