@@ -31,7 +31,7 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 
 # The port is checked before the bake (minutes), the store entry reused when there.
 demo: $(VENV)/.bake-installed
-	@$(BIN)/python -c 'import sys; from edge.cli import port_problem; \
+	@$(BIN)/python -c 'import sys; from ortserve.edge.cli import port_problem; \
 	  why = port_problem("$(HOST)", $(PORT), "make demo PORT="); sys.exit(why and f"make demo: {why}")'
 	@model=$$($(BIN)/ortserve run $(MODEL) --target $(TARGET) --bake-only) && \
 	  $(BIN)/ortserve probe --model-dir "$$model" && \
@@ -52,7 +52,7 @@ system-deps:
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy core edge functions build/bake ortserve tests benchmarks
+	$(BIN)/mypy ortserve tests benchmarks
 
 pytest: $(VENV)/.dev-installed system-deps
 	$(BIN)/python -m pytest

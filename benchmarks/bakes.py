@@ -16,7 +16,16 @@ def baked(work: Path, model: str, target: str, package: bool = True) -> Path:
     """
     out = work / f"{model.removeprefix('builtin:').replace('/', '--')}-{target}"
     if not (out / "model" / "manifest.json").is_file():
-        command = [*ORTSERVE, "bake", "--model", model, "--target", target,
-                   "--out", str(out), "--force"]  # fmt: skip
+        command = [
+            *ORTSERVE,
+            "bake",
+            "--model",
+            model,
+            "--target",
+            target,
+            "--out",
+            str(out),
+            "--force",
+        ]
         subprocess.run(command + ([] if package else ["--model-only"]), check=True)
     return out

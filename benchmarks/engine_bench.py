@@ -249,8 +249,8 @@ def _load_variant(
     import onnxruntime_genai as og
 
     if variant == ENGINE:
-        from core.engine import Engine, SamplingOptions
-        from core.settings import EngineSettings
+        from ortserve.core.engine import Engine, SamplingOptions
+        from ortserve.core.settings import EngineSettings
 
         imported = time.perf_counter()
         settings = EngineSettings(model_dir=model_path, providers="cpu", threads=threads)
@@ -328,7 +328,7 @@ def ensure_hf_checkpoint(model: str, work: Path) -> Path:
         raise SystemExit(f"llama.cpp needs a builtin: model to convert; got {model}")
     out = work / f"{_slug(model)}-hf"
     if not (out / "model.safetensors").is_file():
-        from bake.builtin import write_builtin
+        from ortserve.bake.builtin import write_builtin
 
         print(f"writing the Hugging Face checkpoint of builtin:{name} to {out}", flush=True)
         write_builtin(name, out)

@@ -38,15 +38,24 @@ def _timed(client: httpx.Client, base: str, tokens: int) -> tuple[float, float]:
 
 
 def _run(model_dir: Path, warmup: bool, threads: int, tokens: int) -> dict[str, float]:
-    env = {**os.environ, "ORTSERVE_WARMUP": "1" if warmup else "0",
-           "ORTSERVE_THREADS": str(threads), "ORTSERVE_PROVIDERS": "cpu"}  # fmt: skip
+    env = {
+        **os.environ,
+        "ORTSERVE_WARMUP": "1" if warmup else "0",
+        "ORTSERVE_THREADS": str(threads),
+        "ORTSERVE_PROVIDERS": "cpu",
+    }
     start = time.perf_counter()
     with daemon(model_dir, env) as (base, _), httpx.Client(timeout=120) as client:
         ready = time.perf_counter() - start
         ttft1, total1 = _timed(client, base, tokens)
         ttft2, total2 = _timed(client, base, tokens)
-    return {"ready_s": ready, "first_ttft_s": ttft1, "first_total_s": total1,
-            "second_ttft_s": ttft2, "second_total_s": total2}  # fmt: skip
+    return {
+        "ready_s": ready,
+        "first_ttft_s": ttft1,
+        "first_total_s": total1,
+        "second_ttft_s": ttft2,
+        "second_total_s": total2,
+    }
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ from benchmarks.support.lambda_runtime_api import running
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "functions" / "aws" / "Dockerfile"
-HANDLER = "functions.aws.handler.handler"
+HANDLER = "ortserve.functions.aws.handler.handler"
 BARE = """
 import sys, onnxruntime_genai as og
 config = og.Config(sys.argv[1])
@@ -58,16 +58,24 @@ def _lambda(bundle: Path, threads: int) -> float:
     with running() as api:
         env.update(image_env(DOCKERFILE, bundle))  # the image's ENV
         env.update(
-            AWS_LAMBDA_RUNTIME_API=api.address, AWS_LAMBDA_FUNCTION_NAME="ortserve",
-            AWS_LAMBDA_FUNCTION_MEMORY_SIZE="3008", AWS_LAMBDA_INITIALIZATION_TYPE="on-demand",
-            LAMBDA_TASK_ROOT=str(bundle), PYTHONPATH=str(bundle), PYTHONDONTWRITEBYTECODE="1",
+            AWS_LAMBDA_RUNTIME_API=api.address,
+            AWS_LAMBDA_FUNCTION_NAME="ortserve",
+            AWS_LAMBDA_FUNCTION_MEMORY_SIZE="3008",
+            AWS_LAMBDA_INITIALIZATION_TYPE="on-demand",
+            LAMBDA_TASK_ROOT=str(bundle),
+            PYTHONPATH=str(bundle),
+            PYTHONDONTWRITEBYTECODE="1",
             ORTSERVE_THREADS=str(threads),
             # The template refuses a deployment without keys unless told: this one is told
             # (keys would cost their resolution, not what is measured).
             ORTSERVE_ALLOW_UNAUTHENTICATED="true",
-        )  # fmt: skip
-        event = v2_event("POST", "/generate", {"content-type": "application/json"},
-                         json.dumps({"prompt": "Hello", "max_new_tokens": 1}).encode())  # fmt: skip
+        )
+        event = v2_event(
+            "POST",
+            "/generate",
+            {"content-type": "application/json"},
+            json.dumps({"prompt": "Hello", "max_new_tokens": 1}).encode(),
+        )
         start = time.perf_counter()
         cmd = [sys.executable, "-m", "awslambdaric", HANDLER]
         quiet = subprocess.DEVNULL
@@ -84,8 +92,9 @@ def _lambda(bundle: Path, threads: int) -> float:
 
 def _bare(model_dir: Path, threads: int) -> float:
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", BARE % threads, str(model_dir)],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BARE % threads, str(model_dir)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     elapsed = time.perf_counter() - start
@@ -115,8 +124,10 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in runs.items()}
         results[model] = {**med, "ratio": med["lambda"] / med["bare"]}
         ratio = med["lambda"] / med["bare"]
-        print(f"{model}: lambda cold start {med['lambda']:.3f} s, bare script "
-              f"{med['bare']:.3f} s, ratio {ratio:.2f} (goal <= 1.5)")  # fmt: skip
+        print(
+            f"{model}: lambda cold start {med['lambda']:.3f} s, bare script "
+            f"{med['bare']:.3f} s, ratio {ratio:.2f} (goal <= 1.5)"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from benchmarks.support.servers import daemon
-from core.manifest import read_manifest
+from ortserve.core.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,9 +59,13 @@ def _rss_kib(pid: int, key: str) -> int:
 
 
 def _one(client: httpx.Client, base: str, max_tokens: int, tally: Tally) -> None:
-    body = {"messages": [{"role": "user", "content": "Tell me about edge boards."}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "Tell me about edge boards."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     first = 0.0
     tokens = 0
@@ -143,9 +147,14 @@ def _soak(base: str, pid: int, count: int, max_tokens: int) -> dict[str, Any]:
             if (i + 1) % step == 0:
                 samples.append(_rss_kib(pid, "VmRSS"))
     early, late = samples[0], _rss_kib(pid, "VmRSS")
-    return {"requests": count, "rss_early_kib": early, "rss_late_kib": late,
-            "growth": late / early - 1, "rss_kib_every_tenth": samples,
-            "errors": len(tally.errors) + tally.busy}  # fmt: skip
+    return {
+        "requests": count,
+        "rss_early_kib": early,
+        "rss_late_kib": late,
+        "growth": late / early - 1,
+        "rss_kib_every_tenth": samples,
+        "errors": len(tally.errors) + tally.busy,
+    }
 
 
 def _ab(base_a: str, base_b: str, count: int, max_tokens: int) -> dict[str, Any]:
@@ -181,8 +190,13 @@ def _plot(levels: list[dict[str, Any]], path: Path, model: str, run: str) -> Non
 
     n = [lv["clients"] for lv in levels]
     fig, left = plt.subplots(figsize=(7, 4.4))
-    throughput = left.plot(n, [lv["tokens_per_s"] for lv in levels], "o-", color="tab:blue",
-                           label="throughput, all clients (tokens/s, left)")  # fmt: skip
+    throughput = left.plot(
+        n,
+        [lv["tokens_per_s"] for lv in levels],
+        "o-",
+        color="tab:blue",
+        label="throughput, all clients (tokens/s, left)",
+    )
     left.set_xlabel("concurrent streaming clients")
     left.set_ylabel("tokens/s", color="tab:blue")
     left.set_xscale("log", base=2)
@@ -191,13 +205,24 @@ def _plot(levels: list[dict[str, Any]], path: Path, model: str, run: str) -> Non
     left.set_ylim(bottom=0)
     left.grid(True, alpha=0.3)
     right = left.twinx()
-    latency = right.plot(n, [lv["latency_p99_ms"] for lv in levels], "s--", color="tab:red",
-                         label="p99 request latency (ms, right)")  # fmt: skip
+    latency = right.plot(
+        n,
+        [lv["latency_p99_ms"] for lv in levels],
+        "s--",
+        color="tab:red",
+        label="p99 request latency (ms, right)",
+    )
     right.set_ylabel("p99 latency (ms)", color="tab:red")
     right.set_ylim(bottom=0)
     lines = throughput + latency
-    left.legend(lines, [str(line.get_label()) for line in lines], loc="upper center",
-                bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)  # fmt: skip
+    left.legend(
+        lines,
+        [str(line.get_label()) for line in lines],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        ncol=2,
+        frameon=False,
+    )
     left.set_title(f"ortserve edge daemon on {model}\n{run}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -217,16 +242,16 @@ def main() -> None:
     parser.add_argument("--ab", action="append", default=[], help="KEY=VALUE for daemon B")
     parser.add_argument("--ab-requests", type=int, default=30)
     args = parser.parse_args()
-    env = {**os.environ, "ORTSERVE_PROVIDERS": "cpu",
-           **dict(kv.split("=", 1) for kv in args.env)}  # fmt: skip
+    env = {**os.environ, "ORTSERVE_PROVIDERS": "cpu", **dict(kv.split("=", 1) for kv in args.env)}
     result: dict[str, Any] = {"levels": []}
     if args.ab:
         env_b = {**env, **dict(kv.split("=", 1) for kv in args.ab)}
         rounds = []
         for first, second in ((env, env_b), (env_b, env)):  # each config started first once
-            with daemon(args.model_dir, first) as (one, _), daemon(args.model_dir, second) as (
-                two, _
-            ):  # fmt: skip
+            with (
+                daemon(args.model_dir, first) as (one, _),
+                daemon(args.model_dir, second) as (two, _),
+            ):
                 base_a, base_b = (one, two) if first is env else (two, one)
                 rounds.append(_ab(base_a, base_b, args.ab_requests // 2, args.max_tokens))
         ratios = [r["latency_a_over_b_paired"] for r in rounds]
@@ -237,16 +262,25 @@ def main() -> None:
             level = _level(base, clients, args.seconds, args.max_tokens)
             level["peak_rss_mib"] = _rss_kib(proc.pid, "VmHWM") / 1024
             result["levels"].append(level)
-            print(json.dumps({k: round(v, 1) if isinstance(v, float) else v
-                              for k, v in level.items()}), flush=True)  # fmt: skip
+            print(
+                json.dumps(
+                    {k: round(v, 1) if isinstance(v, float) else v for k, v in level.items()}
+                ),
+                flush=True,
+            )
         if args.soak:
             result["soak"] = _soak(base, proc.pid, args.soak, args.max_tokens)
             print(json.dumps(result["soak"]), flush=True)
     if args.plot and result["levels"]:
-        run = (f"N closed-loop clients, {args.max_tokens}-token greedy chats, "
-               f"{args.seconds:g} s per N")  # fmt: skip
-        _plot(result["levels"], args.plot, read_manifest(args.model_dir).model_name,
-              run + "".join(f", {kv}" for kv in args.env))  # fmt: skip
+        run = (
+            f"N closed-loop clients, {args.max_tokens}-token greedy chats, {args.seconds:g} s per N"
+        )
+        _plot(
+            result["levels"],
+            args.plot,
+            read_manifest(args.model_dir).model_name,
+            run + "".join(f", {kv}" for kv in args.env),
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

@@ -140,7 +140,7 @@ def make_prompt(model_dir: Path, pool: list[int], length: int, seed: int) -> Pro
     through the daemon's tokenizer, BOS/EOS it adds included)."""
     from tokenizers import Tokenizer
 
-    from core.text import TextCodec
+    from ortserve.core.text import TextCodec
 
     rng = random.Random(seed)  # noqa: S311 - reproducible prompt ids, not secrets
     ids = [rng.choice(pool) for _ in range(length)]
@@ -179,9 +179,11 @@ def _cpu_s(pids: list[int]) -> float:
     busy = (user + nice + system + irq + softirq + steal) / tick
     own = sum(
         u.ru_utime + u.ru_stime
-        for u in (resource.getrusage(resource.RUSAGE_SELF),
-                  resource.getrusage(resource.RUSAGE_CHILDREN))
-    )  # fmt: skip
+        for u in (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+    )
     for pid in pids:
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         own += (int(stat[11]) + int(stat[12])) / tick
@@ -219,13 +221,24 @@ class Stream:
     error: str = ""
 
 
-def stream_completion(client: httpx.Client, base: str, text: str, new_tokens: int,
-                      out: Stream, first: threading.Event | None = None) -> None:  # fmt: skip
+def stream_completion(
+    client: httpx.Client,
+    base: str,
+    text: str,
+    new_tokens: int,
+    out: Stream,
+    first: threading.Event | None = None,
+) -> None:
     """POST a streamed /v1/completions and fill `out`; set `first` at the first token."""
     # Plain greedy requests, batchable as most are (an `ignore_eos` or seeded one takes a
     # whole generation slot, and with MAX_CONCURRENCY=1 a second request waits for it).
-    body = {"prompt": text, "max_tokens": new_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "prompt": text,
+        "max_tokens": new_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     out.sent = time.perf_counter()
     try:
         with client.stream("POST", f"{base}/v1/completions", json=body) as response:
@@ -301,8 +314,9 @@ class DaemonRun:
         return (self.peak_rss_kib - self.idle_rss_kib) / 1024
 
 
-def measure_daemon(base: str, pid: int, chunk: int, length: int, rep: int, long: Prompt,
-                   short: Prompt) -> DaemonRun:  # fmt: skip
+def measure_daemon(
+    base: str, pid: int, chunk: int, length: int, rep: int, long: Prompt, short: Prompt
+) -> DaemonRun:
     """One long request with the health sampler and the short request beside it."""
     idle = proc_kib(pid, "VmRSS")
     reset = reset_peak(pid)
@@ -339,13 +353,21 @@ def measure_daemon(base: str, pid: int, chunk: int, length: int, rep: int, long:
     if side.prompt_tokens != len(short.ids) or not 1 <= side.completion_tokens <= SHORT_NEW:
         errors.append(f"short: usage {side.prompt_tokens}/{side.completion_tokens}")
     return DaemonRun(
-        chunk=chunk, length=length, rep=rep, ttft_s=main.ttft_s,
-        prompt_tokens=main.prompt_tokens, completion_tokens=main.completion_tokens,
-        health_s=health[1:], short_ttft_s=side.ttft_s,
+        chunk=chunk,
+        length=length,
+        rep=rep,
+        ttft_s=main.ttft_s,
+        prompt_tokens=main.prompt_tokens,
+        completion_tokens=main.completion_tokens,
+        health_s=health[1:],
+        short_ttft_s=side.ttft_s,
         short_sent_after_first_token=side.sent > main.sent + main.ttft_s,
-        idle_rss_kib=idle, peak_rss_kib=peak, peak_reset=reset, other_load=load.cores,
+        idle_rss_kib=idle,
+        peak_rss_kib=peak,
+        peak_reset=reset,
+        other_load=load.cores,
         errors=errors,
-    )  # fmt: skip
+    )
 
 
 # -- llama.cpp ---------------------------------------------------------------------------
@@ -363,8 +385,9 @@ class LlamaRun:
     peak_reset: bool
 
 
-def llama_worker(path: Path, prompts: dict[int, list[int]], warmup: list[int],
-                 flash_attn: bool, threads: int) -> dict[str, Any]:  # fmt: skip
+def llama_worker(
+    path: Path, prompts: dict[int, list[int]], warmup: list[int], flash_attn: bool, threads: int
+) -> dict[str, Any]:
     """Load the GGUF, warm up, and time each prompt's prefill and first token."""
     import llama_cpp
     import numpy as np
@@ -372,9 +395,13 @@ def llama_worker(path: Path, prompts: dict[int, list[int]], warmup: list[int],
     start = time.perf_counter()
     # Any: llama_cpp is typed in part (Llama.reset is not), and absent without the extra.
     llm: Any = llama_cpp.Llama(
-        model_path=str(path), n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads,
-        flash_attn=flash_attn, verbose=False,
-    )  # fmt: skip
+        model_path=str(path),
+        n_ctx=N_CTX,
+        n_threads=threads,
+        n_threads_batch=threads,
+        flash_attn=flash_attn,
+        verbose=False,
+    )
     load_s = time.perf_counter() - start
     n_vocab = int(llm.n_vocab())
 
@@ -404,12 +431,24 @@ def llama_worker(path: Path, prompts: dict[int, list[int]], warmup: list[int],
 
 def spawn_llama(path: Path, ids_file: Path, flash_attn: bool, threads: int) -> dict[str, Any]:
     """Run `llama_worker` in a fresh interpreter and return what it measured."""
-    command = [sys.executable, "-m", "benchmarks.long_prompt", "--llama-worker", str(path),
-               "--ids-file", str(ids_file), "--threads", str(threads)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.long_prompt",
+        "--llama-worker",
+        str(path),
+        "--ids-file",
+        str(ids_file),
+        "--threads",
+        str(threads),
+    ]
     done = subprocess.run(
         command + (["--flash-attn"] if flash_attn else []),
-        capture_output=True, text=True, check=False, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
     if done.returncode != 0:
         raise SystemExit(f"llama.cpp worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -504,10 +543,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         s = row["summary"]
         if row["engine"] == "og":
-            health = (f"{_f(s['health_p50_ms'], 1)} / {_f(s['health_p99_ms'], 1)} / "
-                      f"{_f(s['health_max_ms'], 1)} ({s['health_samples']}"
-                      + (f", {s['health_failures']} failed" if s.get("health_failures") else "")
-                      + ")")  # fmt: skip
+            health = (
+                f"{_f(s['health_p50_ms'], 1)} / {_f(s['health_p99_ms'], 1)} / "
+                f"{_f(s['health_max_ms'], 1)} ({s['health_samples']}"
+                + (f", {s['health_failures']} failed" if s.get("health_failures") else "")
+                + ")"
+            )
             busy = s.get("short_busy", 0)
             short = _f(s["short_ttft_ms"]) + (f" ({busy}x 503)" if busy else "")
         else:
@@ -612,34 +653,62 @@ class Bench:
     def rows(self, quiet: bool = False) -> list[dict[str, Any]]:
         """Summaries per (length, variant) of every run, or of the quiet ones only."""
         return summary_rows(
-            self.daemon_runs, self.llama_runs, self.args.lengths, self.args.chunks,
-            list(self.ggufs), self.args.max_other_load if quiet else float("inf"),
-        )  # fmt: skip
+            self.daemon_runs,
+            self.llama_runs,
+            self.args.lengths,
+            self.args.chunks,
+            list(self.ggufs),
+            self.args.max_other_load if quiet else float("inf"),
+        )
 
 
-def summary_rows(daemon_runs: dict[int, list[DaemonRun]],
-                 llama_runs: dict[str, list[dict[str, Any]]], lengths: list[int],
-                 chunks: list[int], ftypes: list[str], max_other_load: float,
-                 ) -> list[dict[str, Any]]:  # fmt: skip
+def summary_rows(
+    daemon_runs: dict[int, list[DaemonRun]],
+    llama_runs: dict[str, list[dict[str, Any]]],
+    lengths: list[int],
+    chunks: list[int],
+    ftypes: list[str],
+    max_other_load: float,
+) -> list[dict[str, Any]]:
     """Summaries per (length, variant), in the table's order, of the runs during which
     other processes used at most `max_other_load` cores."""
     rows: list[dict[str, Any]] = []
     for length in lengths:
         for chunk in chunks:
-            runs = [r for r in daemon_runs.get(chunk, [])
-                    if r.length == length and r.other_load <= max_other_load]  # fmt: skip
+            runs = [
+                r
+                for r in daemon_runs.get(chunk, [])
+                if r.length == length and r.other_load <= max_other_load
+            ]
             if runs:
-                rows.append({"engine": "og", "variant": daemon_label(chunk), "chunk": chunk,
-                             "length": length, "summary": summarize_daemon(runs)})  # fmt: skip
+                rows.append(
+                    {
+                        "engine": "og",
+                        "variant": daemon_label(chunk),
+                        "chunk": chunk,
+                        "length": length,
+                        "summary": summarize_daemon(runs),
+                    }
+                )
         for ftype in ftypes:
             for flash in (False, True):
                 label = llama_label(ftype, flash)
-                found = [r for r in llama_runs.get(f"{label}|{length}", [])
-                         if r["other_load"] <= max_other_load]  # fmt: skip
+                found = [
+                    r
+                    for r in llama_runs.get(f"{label}|{length}", [])
+                    if r["other_load"] <= max_other_load
+                ]
                 if found:
-                    rows.append({"engine": "llama.cpp", "variant": label, "ftype": ftype,
-                                 "flash_attn": flash, "length": length,
-                                 "summary": summarize_llama(found)})  # fmt: skip
+                    rows.append(
+                        {
+                            "engine": "llama.cpp",
+                            "variant": label,
+                            "ftype": ftype,
+                            "flash_attn": flash,
+                            "length": length,
+                            "summary": summarize_llama(found),
+                        }
+                    )
     return rows
 
 
@@ -647,15 +716,18 @@ def render(path: Path, max_other_load: float) -> None:
     """Print, and store in the report, both tables of a saved report (re-summarized)."""
     report = json.loads(path.read_text(encoding="utf-8"))
     proto = report["protocol"]
-    daemon_runs = {int(c): [DaemonRun(**r) for r in runs]
-                   for c, runs in report["runs"]["og"].items()}  # fmt: skip
+    daemon_runs = {
+        int(c): [DaemonRun(**r) for r in runs] for c, runs in report["runs"]["og"].items()
+    }
     args = (report["runs"]["llama.cpp"], proto["lengths"], proto["chunks"], list(proto["ggufs"]))
     report["rows"] = summary_rows(daemon_runs, *args, float("inf"))
     report["table"] = markdown(report["rows"])
     report["rows_quiet"] = summary_rows(daemon_runs, *args, max_other_load)
     report["table_quiet"] = markdown(report["rows_quiet"])
-    print(f"every run:\n{report['table']}\n\nothers <= {max_other_load} cores:\n"
-          f"{report['table_quiet']}")  # fmt: skip
+    print(
+        f"every run:\n{report['table']}\n\nothers <= {max_other_load} cores:\n"
+        f"{report['table_quiet']}"
+    )
     path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
 
 
@@ -713,8 +785,12 @@ def main(argv: list[str] | None = None) -> None:
     if llama_version is not None:
         ggufs = {t: ensure_quantized(args.model, args.work, args.threads, t) for t in LLAMA_FTYPES}
     reps_8k = args.reps if args.reps_8k is None else args.reps_8k
-    env = {**os.environ, "ORTSERVE_THREADS": str(args.threads), "ORTSERVE_PROVIDERS": "cpu",
-           "ORTSERVE_PROMPT_CACHE_SLOTS": "0"}  # fmt: skip
+    env = {
+        **os.environ,
+        "ORTSERVE_THREADS": str(args.threads),
+        "ORTSERVE_PROVIDERS": "cpu",
+        "ORTSERVE_PROMPT_CACHE_SLOTS": "0",
+    }
     with tempfile.TemporaryDirectory() as tmp:
         bench = Bench(
             args=args,
@@ -728,8 +804,10 @@ def main(argv: list[str] | None = None) -> None:
     wall_s = time.monotonic() - began
     rows, rows_quiet = bench.rows(), bench.rows(quiet=True)
     table, table_quiet = markdown(rows), markdown(rows_quiet)
-    print(f"\n{args.model}, {args.threads} threads, {NEW_TOKENS} new tokens, medians of "
-          f"{args.reps} repetitions (8,000: {reps_8k}); wall {wall_s / 60:.1f} min\n")  # fmt: skip
+    print(
+        f"\n{args.model}, {args.threads} threads, {NEW_TOKENS} new tokens, medians of "
+        f"{args.reps} repetitions (8,000: {reps_8k}); wall {wall_s / 60:.1f} min\n"
+    )
     print(table)
     print(f"\nonly the runs during which others used <= {args.max_other_load} cores:\n")
     print(table_quiet)
@@ -737,15 +815,25 @@ def main(argv: list[str] | None = None) -> None:
     if errors:
         print("\ndaemon errors:\n" + "\n".join(errors))
     protocol = {
-        "lengths": args.lengths, "chunks": args.chunks, "whole": WHOLE, "reps": args.reps,
-        "reps_8k": reps_8k, "threads": args.threads, "new_tokens": NEW_TOKENS,
-        "short_prompt": SHORT_LEN, "short_new": SHORT_NEW, "short_delay_s": SHORT_DELAY_S,
-        "health_period_s": HEALTH_PERIOD_S, "n_ctx_llama": N_CTX,
+        "lengths": args.lengths,
+        "chunks": args.chunks,
+        "whole": WHOLE,
+        "reps": args.reps,
+        "reps_8k": reps_8k,
+        "threads": args.threads,
+        "new_tokens": NEW_TOKENS,
+        "short_prompt": SHORT_LEN,
+        "short_new": SHORT_NEW,
+        "short_delay_s": SHORT_DELAY_S,
+        "health_period_s": HEALTH_PERIOD_S,
+        "n_ctx_llama": N_CTX,
         "daemon_env": {k: v for k, v in env.items() if k.startswith("ORTSERVE_")},
         "seeds": {"long": SEED_LONG, "short": SEED_SHORT, "warmup": SEED_WARMUP},
-        "word_tokens": len(pool), "max_other_load": args.max_other_load,
-        "ggufs": {t: str(p) for t, p in ggufs.items()}, "llama": bench.llama_info,
-    }  # fmt: skip
+        "word_tokens": len(pool),
+        "max_other_load": args.max_other_load,
+        "ggufs": {t: str(p) for t, p in ggufs.items()},
+        "llama": bench.llama_info,
+    }
     report = {
         "model": args.model,
         "model_dir": str(model_dir),

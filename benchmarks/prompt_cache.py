@@ -29,10 +29,16 @@ SYSTEM = " ".join(
 )
 
 
-def _turn(client: httpx.Client, base: str, messages: list[dict[str, Any]],
-          tokens: int) -> tuple[float, str, int]:  # fmt: skip
-    body = {"messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+def _turn(
+    client: httpx.Client, base: str, messages: list[dict[str, Any]], tokens: int
+) -> tuple[float, str, int]:
+    body = {
+        "messages": messages,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     first = 0.0
     text, cached = "", 0
@@ -75,9 +81,11 @@ def main() -> None:
     )
     env = {**os.environ, "ORTSERVE_THREADS": str(args.threads), "ORTSERVE_PROVIDERS": "cpu"}
     runs: dict[str, list[list[tuple[float, str, int]]]] = {"cache": [], "none": []}
-    with (daemon(model_dir, {**env, "ORTSERVE_PROMPT_CACHE_SLOTS": "1"}) as (on, _),
-          daemon(model_dir, {**env, "ORTSERVE_PROMPT_CACHE_SLOTS": "0"}) as (off, _),
-          httpx.Client(timeout=600) as client):  # fmt: skip
+    with (
+        daemon(model_dir, {**env, "ORTSERVE_PROMPT_CACHE_SLOTS": "1"}) as (on, _),
+        daemon(model_dir, {**env, "ORTSERVE_PROMPT_CACHE_SLOTS": "0"}) as (off, _),
+        httpx.Client(timeout=600) as client,
+    ):
         for rep in range(args.reps):
             order = [("cache", on), ("none", off)]
             for name, base in order if rep % 2 == 0 else order[::-1]:
@@ -86,15 +94,19 @@ def main() -> None:
         [t[1] for t in a] == [t[1] for t in b]
         for a, b in zip(runs["cache"], runs["none"], strict=True)
     )
-    print(f"{args.model}: {args.turns} turns, {args.tokens} new tokens each, "
-          f"{args.threads} threads, medians of {args.reps}; same answers: {same}")  # fmt: skip
+    print(
+        f"{args.model}: {args.turns} turns, {args.tokens} new tokens each, "
+        f"{args.threads} threads, medians of {args.reps}; same answers: {same}"
+    )
     print("turn  cached tokens  TTFT with cache  without  ratio")
     for turn in range(args.turns):
         with_cache = statistics.median(r[turn][0] for r in runs["cache"]) * 1000
         without = statistics.median(r[turn][0] for r in runs["none"]) * 1000
         cached = runs["cache"][-1][turn][2]
-        print(f"{turn + 1:>4}  {cached:>13}  {with_cache:>12.0f} ms  {without:>6.0f} ms"
-              f"  {with_cache / without:5.2f}")  # fmt: skip
+        print(
+            f"{turn + 1:>4}  {cached:>13}  {with_cache:>12.0f} ms  {without:>6.0f} ms"
+            f"  {with_cache / without:5.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -299,8 +299,10 @@ def protocol_texts() -> list[dict[str, Any]]:
         data = path.read_bytes()
         actual = _sha256(data)
         if actual != pinned:
-            print(f"warning: {path} differs from the pinned text (sha256 {actual}); the "
-                  "figures are not comparable with runs on the pinned text")  # fmt: skip
+            print(
+                f"warning: {path} differs from the pinned text (sha256 {actual}); the "
+                "figures are not comparable with runs on the pinned text"
+            )
         texts.append(
             {
                 "name": name,
@@ -445,8 +447,8 @@ def _all_logits(variant: Variant, path: Path, chunks: list[list[int]]) -> Iterat
             llm.eval(chunk)
             yield np.array(llm.scores[: len(chunk)], dtype=np.float32)
         return
-    from core.engine import Engine
-    from core.settings import EngineSettings
+    from ortserve.core.engine import Engine
+    from ortserve.core.settings import EngineSettings
 
     engine = Engine.load(EngineSettings(model_dir=path, providers="cpu", threads=2))
     for chunk in chunks:
@@ -508,9 +510,9 @@ def worker_speed(variant: Variant, path: Path, prompt: list[int], threads: int) 
 
         info = {"llama_cpp": str(llama_cpp.__version__)}
     else:
-        from core.engine import Engine
-        from core.generation import SamplingOptions
-        from core.settings import EngineSettings
+        from ortserve.core.engine import Engine
+        from ortserve.core.generation import SamplingOptions
+        from ortserve.core.settings import EngineSettings
 
         engine = Engine.load(EngineSettings(model_dir=path, providers="cpu", threads=threads))
         options = SamplingOptions(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
@@ -540,8 +542,9 @@ def _ortserve() -> list[str]:
 
 def _has_quality_gate() -> bool:
     """Whether this `ortserve bake` has a quality gate to switch off."""
-    done = subprocess.run([*_ortserve(), "bake", "--help"], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        [*_ortserve(), "bake", "--help"], capture_output=True, text=True, check=False
+    )
     return "--no-quality-check" in done.stdout
 
 
@@ -549,13 +552,39 @@ def bake_command(variant: Variant, hf_dir: Path, out: Path, model: str = "") -> 
     """The `ortserve bake` command line of an og variant (`model`: the --model spec, for
     a variant baked from the GGUF itself)."""
     if variant.from_gguf:
-        command = [*_ortserve(), "bake", "--model", model, "--target", TARGET, "--model-only",
-                   "--force", "--no-smoke", "--out", str(out)]  # fmt: skip
+        command = [
+            *_ortserve(),
+            "bake",
+            "--model",
+            model,
+            "--target",
+            TARGET,
+            "--model-only",
+            "--force",
+            "--no-smoke",
+            "--out",
+            str(out),
+        ]
         return [*command, "--no-quality-check"] if _has_quality_gate() else command
-    command = [*_ortserve(), "bake", "--model", str(hf_dir), "--target", TARGET,
-               "--model-only", "--force", "--no-smoke", "--out", str(out),
-               "--precision", variant.precision, "--block-size", str(variant.block_size),
-               "--accuracy-level", "4"]  # fmt: skip
+    command = [
+        *_ortserve(),
+        "bake",
+        "--model",
+        str(hf_dir),
+        "--target",
+        TARGET,
+        "--model-only",
+        "--force",
+        "--no-smoke",
+        "--out",
+        str(out),
+        "--precision",
+        variant.precision,
+        "--block-size",
+        str(variant.block_size),
+        "--accuracy-level",
+        "4",
+    ]
     if _has_quality_gate():
         command.append("--no-quality-check")  # every variant is measured, good or not
     for key, value in variant.options:
@@ -705,9 +734,20 @@ def prepare_llama(variant: Variant, hf_dir: Path, work: Path, src: Path) -> Prep
 
 def _spawn(mode: str, variant: str, path: Path, work: Path, extra: list[str]) -> Any:
     """Run one `--worker` process; its last stdout line is JSON (or raise with stderr)."""
-    command = [sys.executable, "-m", "benchmarks.quality", "--worker", mode,
-               "--worker-variant", variant, "--worker-path", str(path),
-               "--work", str(work), *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.quality",
+        "--worker",
+        mode,
+        "--worker-variant",
+        variant,
+        "--worker-path",
+        str(path),
+        "--work",
+        str(work),
+        *extra,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
@@ -747,8 +787,10 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_table(rows: list[dict[str, Any]], reference: dict[str, Any], reps: int) -> None:
     """The table the README quotes."""
-    print(f"\nfp32 reference (transformers): perplexity {reference['perplexity']:.2f} over "
-          f"{reference['positions']} positions; speed: medians of {reps} repetitions")  # fmt: skip
+    print(
+        f"\nfp32 reference (transformers): perplexity {reference['perplexity']:.2f} over "
+        f"{reference['positions']} positions; speed: medians of {reps} repetitions"
+    )
     header = (
         f"{'variant':<32} {'MB':>6} {'ppl':>7} {'top-1':>6} {'KL':>7} "
         f"{'prefill/s':>9} {'decode/s':>8}  note"
@@ -778,12 +820,23 @@ def plot(rows: list[dict[str, Any]], reference: dict[str, Any], out: Path, title
         colour = "tab:orange" if row["engine"] == "llama.cpp" else "tab:blue"
         ax.scatter(row["decode_tps"], row["perplexity"], color=colour, s=36, zorder=3)
         label = f"{row['variant']} ({row['size_mb']:.0f} MB)"
-        ax.annotate(label, (row["decode_tps"], row["perplexity"]), fontsize=7,
-                    xytext=(4, 3), textcoords="offset points", color=colour)  # fmt: skip
+        ax.annotate(
+            label,
+            (row["decode_tps"], row["perplexity"]),
+            fontsize=7,
+            xytext=(4, 3),
+            textcoords="offset points",
+            color=colour,
+        )
     ax.axhline(reference["perplexity"], color="grey", linestyle="--", linewidth=1)
-    ax.annotate(f"transformers fp32 {reference['perplexity']:.2f}",
-                (ax.get_xlim()[0], reference["perplexity"]), fontsize=7, color="grey",
-                xytext=(2, -10), textcoords="offset points")  # fmt: skip
+    ax.annotate(
+        f"transformers fp32 {reference['perplexity']:.2f}",
+        (ax.get_xlim()[0], reference["perplexity"]),
+        fontsize=7,
+        color="grey",
+        xytext=(2, -10),
+        textcoords="offset points",
+    )
     ax.scatter([], [], color="tab:blue", label="onnxruntime-genai (ortserve bake)")
     ax.scatter([], [], color="tab:orange", label="llama.cpp")
     ax.set_xlabel("decode tokens/s (512-token prompt, 128 new, 2 threads; median)")
@@ -905,8 +958,10 @@ def _score_all(prepared: list[Prepared], work: Path) -> dict[str, dict[str, Any]
             print(f"  {exc}", flush=True)
             continue
         quality[prep.variant.name] = q
-        print(f"  ppl {q['perplexity']:.2f} top-1 {q['top1_agreement']:.3f} KL {q['kl_mean']:.4f}",
-              flush=True)  # fmt: skip
+        print(
+            f"  ppl {q['perplexity']:.2f} top-1 {q['top1_agreement']:.3f} KL {q['kl_mean']:.4f}",
+            flush=True,
+        )
     return quality
 
 
@@ -921,9 +976,12 @@ def _time_all(prepared: list[Prepared], args: argparse.Namespace) -> dict[str, l
                 print(f"  {exc}", flush=True)
                 continue
             runs[prep.variant.name].append(run)
-            print(f"rep {rep + 1}/{args.reps} {prep.variant.name:<32} prefill "
-                  f"{run['prefill_tps']:6.0f}/s decode {run['decode_tps']:6.1f}/s "
-                  f"(others {run['other_load']:.2f} cores)", flush=True)  # fmt: skip
+            print(
+                f"rep {rep + 1}/{args.reps} {prep.variant.name:<32} prefill "
+                f"{run['prefill_tps']:6.0f}/s decode {run['decode_tps']:6.1f}/s "
+                f"(others {run['other_load']:.2f} cores)",
+                flush=True,
+            )
     return runs
 
 
@@ -971,8 +1029,8 @@ def main(argv: list[str] | None = None) -> None:
     variants = _selected(args.variants)
     args.work.mkdir(parents=True, exist_ok=True)
 
-    from bake.settings import BakeSettings
-    from bake.sources import resolve
+    from ortserve.bake.settings import BakeSettings
+    from ortserve.bake.sources import resolve
 
     source = resolve(args.model, args.work / "source", None, BakeSettings().cache_dir)
     hf_dir = source.folder
@@ -982,8 +1040,10 @@ def main(argv: list[str] | None = None) -> None:
     ids = {"chunks": chunks, "prompt": prompt, "reference": str(ref_path)}
     (args.work / "ids.json").write_text(json.dumps(ids), encoding="utf-8")
     scored = sum(len(c) - 1 for c in chunks)
-    print(f"text: {scored} scored positions in {len(chunks)} chunks; prompt {len(prompt)} "
-          "tokens", flush=True)  # fmt: skip
+    print(
+        f"text: {scored} scored positions in {len(chunks)} chunks; prompt {len(prompt)} tokens",
+        flush=True,
+    )
     reference = _reference(args, hf_dir, ref_path)
     print(f"fp32 reference perplexity {reference['perplexity']:.3f}", flush=True)
 
@@ -1031,8 +1091,10 @@ def main(argv: list[str] | None = None) -> None:
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    title = (f"{args.model}: perplexity on {scored} tokens (GPL-3 + colorsys.py) "
-             f"vs decode speed, {args.threads} threads")  # fmt: skip
+    title = (
+        f"{args.model}: perplexity on {scored} tokens (GPL-3 + colorsys.py) "
+        f"vs decode speed, {args.threads} threads"
+    )
     plot(rows, reference, args.plot, title)
     print(f"wrote {args.json} and {args.plot}")
 

@@ -85,27 +85,81 @@ class Shape:
     real: str = ""  # the real model it stands for
 
 
-_QWEN3 = {"head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
-          "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-          "num_key_value_heads": 8}  # fmt: skip
+_QWEN3 = {
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "num_key_value_heads": 8,
+}
 SHAPES: dict[str, Shape] = {
     s.name: s
     for s in (
-        Shape("qwen3-0.6b", "qwen3", {**_QWEN3, "hidden_size": 1024, "intermediate_size": 3072,
-              "num_hidden_layers": 28, "num_attention_heads": 16}, "Qwen/Qwen3-0.6B"),
-        Shape("qwen3-1.7b", "qwen3", {**_QWEN3, "hidden_size": 2048, "intermediate_size": 6144,
-              "num_hidden_layers": 28, "num_attention_heads": 16}, "Qwen/Qwen3-1.7B"),
-        Shape("llama3.2-3b", "llama3", {
-            "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
-            "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
-            "vocab_size": 128256, "max_position_embeddings": 131072, "rope_theta": 500000.0,
-            "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-            "rms_norm_eps": 1e-5, "tie_word_embeddings": True}, "meta-llama/Llama-3.2-3B"),
-        Shape("qwen3-4b", "qwen3", {**_QWEN3, "hidden_size": 2560, "intermediate_size": 9728,
-              "num_hidden_layers": 36, "num_attention_heads": 32}, "Qwen/Qwen3-4B"),
+        Shape(
+            "qwen3-0.6b",
+            "qwen3",
+            {
+                **_QWEN3,
+                "hidden_size": 1024,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 16,
+            },
+            "Qwen/Qwen3-0.6B",
+        ),
+        Shape(
+            "qwen3-1.7b",
+            "qwen3",
+            {
+                **_QWEN3,
+                "hidden_size": 2048,
+                "intermediate_size": 6144,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 16,
+            },
+            "Qwen/Qwen3-1.7B",
+        ),
+        Shape(
+            "llama3.2-3b",
+            "llama3",
+            {
+                "hidden_size": 3072,
+                "intermediate_size": 8192,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 24,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "vocab_size": 128256,
+                "max_position_embeddings": 131072,
+                "rope_theta": 500000.0,
+                "rope_scaling": {
+                    "factor": 32.0,
+                    "high_freq_factor": 4.0,
+                    "low_freq_factor": 1.0,
+                    "original_max_position_embeddings": 8192,
+                    "rope_type": "llama3",
+                },
+                "rms_norm_eps": 1e-5,
+                "tie_word_embeddings": True,
+            },
+            "meta-llama/Llama-3.2-3B",
+        ),
+        Shape(
+            "qwen3-4b",
+            "qwen3",
+            {
+                **_QWEN3,
+                "hidden_size": 2560,
+                "intermediate_size": 9728,
+                "num_hidden_layers": 36,
+                "num_attention_heads": 32,
+            },
+            "Qwen/Qwen3-4B",
+        ),
     )
-}  # fmt: skip
+}
 
 
 # -- checkpoints -------------------------------------------------------------------------
@@ -123,9 +177,13 @@ def write_checkpoint(shape: Shape, out: Path) -> int:
     source = npm_tokenizer(shape.family)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
     config = getattr(transformers, spec.config)(
-        **shape.config, bos_token_id=spec.bos[0], eos_token_id=[i for i, _ in spec.eos],
-        pad_token_id=tokenizer.pad_token_id, initializer_range=0.02, dtype="bfloat16",
-    )  # fmt: skip
+        **shape.config,
+        bos_token_id=spec.bos[0],
+        eos_token_id=[i for i, _ in spec.eos],
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.02,
+        dtype="bfloat16",
+    )
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # never the fp32 copy: 16 GB at 4B
@@ -135,9 +193,10 @@ def write_checkpoint(shape: Shape, out: Path) -> int:
         torch.set_default_dtype(previous)
     params = sum(p.numel() for p in model.parameters())
     model.generation_config = transformers.GenerationConfig(  # type: ignore[no-untyped-call]  # upstream
-        bos_token_id=spec.bos[0], eos_token_id=[i for i, _ in spec.eos],
+        bos_token_id=spec.bos[0],
+        eos_token_id=[i for i, _ in spec.eos],
         pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+    )
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(str(partial), safe_serialization=True, max_shard_size="2GB")
@@ -223,8 +282,10 @@ def bandwidth(threads: int = 2, mib: int = 512, reps: int = 5) -> float:
     targets = [np.zeros(n) for _ in range(threads)]
     best = 0.0
     for _ in range(reps):
-        workers = [threading.Thread(target=np.copyto, args=(t, s))
-                   for s, t in zip(sources, targets, strict=True)]  # fmt: skip
+        workers = [
+            threading.Thread(target=np.copyto, args=(t, s))
+            for s, t in zip(sources, targets, strict=True)
+        ]
         start = time.perf_counter()
         for worker in workers:
             worker.start()
@@ -326,23 +387,40 @@ def gcf_cold_starts(bundle: Path, reps: int) -> float:
     from benchmarks.support.servers import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORTSERVE_")}
-    env.update(PYTHONPATH=str(bundle), ORTSERVE_API_KEYS="scale-key", ORTSERVE_THREADS="2",
-               ORTSERVE_PROVIDERS="cpu")  # fmt: skip
+    env.update(
+        PYTHONPATH=str(bundle),
+        ORTSERVE_API_KEYS="scale-key",
+        ORTSERVE_THREADS="2",
+        ORTSERVE_PROVIDERS="cpu",
+    )
     body = {"prompt": "Hello", "max_new_tokens": 1}
     times = []
     for _ in range(reps):
         port = free_port()
-        cmd = [str(Path(sys.executable).parent / "functions-framework"), "--source", "main.py",
-               "--target", "ortserve", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        cmd = [
+            str(Path(sys.executable).parent / "functions-framework"),
+            "--source",
+            "main.py",
+            "--target",
+            "ortserve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=bundle, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, cwd=bundle, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             while True:
                 try:
-                    reply = httpx.post(f"http://127.0.0.1:{port}/generate", json=body,
-                                       headers={"authorization": "Bearer scale-key"},
-                                       timeout=600)  # fmt: skip
+                    reply = httpx.post(
+                        f"http://127.0.0.1:{port}/generate",
+                        json=body,
+                        headers={"authorization": "Bearer scale-key"},
+                        timeout=600,
+                    )
                     break
                 except httpx.TransportError:
                     if proc.poll() is not None or time.perf_counter() - start > 600:
@@ -372,11 +450,17 @@ def _save(work: Path, record: dict[str, Any]) -> None:
 def _bake(record: dict[str, Any], key: str, command: list[str], log: Path) -> Timed:
     print(f"  {key}: {' '.join(command[1:])}", flush=True)
     done = run_measured(command, log)
-    record[key] = {"seconds": round(done.seconds, 1), "peak_rss_mib": round(done.peak_rss_mib),
-                   "at_peak_mib": done.at_peak, "returncode": done.returncode,
-                   "tail": done.tail}  # fmt: skip
-    print(f"    {done.seconds:.0f} s, peak RSS {done.peak_rss_mib:.0f} MiB, "
-          f"exit {done.returncode}", flush=True)  # fmt: skip
+    record[key] = {
+        "seconds": round(done.seconds, 1),
+        "peak_rss_mib": round(done.peak_rss_mib),
+        "at_peak_mib": done.at_peak,
+        "returncode": done.returncode,
+        "tail": done.tail,
+    }
+    print(
+        f"    {done.seconds:.0f} s, peak RSS {done.peak_rss_mib:.0f} MiB, exit {done.returncode}",
+        flush=True,
+    )
     if done.returncode != 0:
         print("    " + "\n    ".join(done.tail), flush=True)
     return done
@@ -384,7 +468,7 @@ def _bake(record: dict[str, Any], key: str, command: list[str], log: Path) -> Ti
 
 def run_shape(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
     """Every step for one shape, each skipped when its record is there."""
-    from bake.sizing import model_memory
+    from ortserve.bake.sizing import model_memory
 
     work: Path = args.work / shape.name
     work.mkdir(parents=True, exist_ok=True)
@@ -399,18 +483,39 @@ def run_shape(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
         _save(work, record)
     lam, edge, cloudrun = work / "lambda", work / "edge", work / "cloudrun"
     if "bake" not in record or (record["bake"]["returncode"] == 0 and not lam.is_dir()):
-        command = [*ORTSERVE, "bake", "--model", str(hf_dir), "--target", "lambda-x86_64",
-                   "--out", str(lam), "--force", *args.bake_arg]  # fmt: skip
+        command = [
+            *ORTSERVE,
+            "bake",
+            "--model",
+            str(hf_dir),
+            "--target",
+            "lambda-x86_64",
+            "--out",
+            str(lam),
+            "--force",
+            *args.bake_arg,
+        ]
         record["bake_args"] = args.bake_arg
         _bake(record, "bake", command, work / "bake.log")
         _save(work, record)
     if record["bake"]["returncode"] != 0:
         return record
-    for key, out, target in (("edge_bake", edge, "edge-x86_64"),
-                             ("cloudrun_bake", cloudrun, "cloudrun")):  # fmt: skip
+    for key, out, target in (
+        ("edge_bake", edge, "edge-x86_64"),
+        ("cloudrun_bake", cloudrun, "cloudrun"),
+    ):
         if key not in record or not out.is_dir():
-            command = [*ORTSERVE, "bake", "--model", str(lam / "model"), "--target", target,
-                       "--out", str(out), "--force"]  # fmt: skip
+            command = [
+                *ORTSERVE,
+                "bake",
+                "--model",
+                str(lam / "model"),
+                "--target",
+                target,
+                "--out",
+                str(out),
+                "--force",
+            ]
             _bake(record, key, command, work / f"{key}.log")
             _save(work, record)
     model = lam / "model"
@@ -430,9 +535,14 @@ def run_shape(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
     _save(work, record)
     if args.llama_src and "ggufs" not in record:
         ggufs = make_ggufs(hf_dir, work, args.llama_src, work / "convert.log")
-        record["ggufs"] = {k: {"path": str(p), "bytes": p.stat().st_size,
-                               "bytes_per_token": gguf_bytes_per_token(p)}
-                           for k, p in ggufs.items()}  # fmt: skip
+        record["ggufs"] = {
+            k: {
+                "path": str(p),
+                "bytes": p.stat().st_size,
+                "bytes_per_token": gguf_bytes_per_token(p),
+            }
+            for k, p in ggufs.items()
+        }
         _save(work, record)
     if "speed" not in record:
         record["speed"] = _speeds(model, record.get("ggufs", {}), args)
@@ -445,8 +555,17 @@ def run_shape(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
     gcf = work / "gcf"
     if args.cold_reps and "gcf_s" not in record.get("cold_start", {}):
         if not gcf.is_dir():
-            command = [*ORTSERVE, "bake", "--model", str(lam / "model"), "--target", "gcf",
-                       "--out", str(gcf), "--force"]  # fmt: skip
+            command = [
+                *ORTSERVE,
+                "bake",
+                "--model",
+                str(lam / "model"),
+                "--target",
+                "gcf",
+                "--out",
+                str(gcf),
+                "--force",
+            ]
             _bake(record, "gcf_bake", command, work / "gcf_bake.log")
         record["cold_start"]["gcf_s"] = gcf_cold_starts(gcf, args.cold_reps)
         record["artefacts"]["gcf_bundle_bytes"] = folder_bytes(gcf)
@@ -457,21 +576,33 @@ def run_shape(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
 def _speeds(model: Path, ggufs: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Medians per variant (engine_bench workers, alternating)."""
     worker_args = argparse.Namespace(
-        threads=2, prompt_lens=list(PROMPT_LENS), new_tokens=args.new_tokens, warmup=1,
-        warmup_lens=[PROMPT_LENS[0]], llama_flash_attn=False, retries=1, quiet_wait=60,
+        threads=2,
+        prompt_lens=list(PROMPT_LENS),
+        new_tokens=args.new_tokens,
+        warmup=1,
+        warmup_lens=[PROMPT_LENS[0]],
+        llama_flash_attn=False,
+        retries=1,
+        quiet_wait=60,
         max_other_load=0.3,
-    )  # fmt: skip
-    paths = {"og": (ENGINE, model), **{f"llama.cpp {k}": (LLAMA, Path(v["path"]))
-                                       for k, v in ggufs.items()}}  # fmt: skip
+    )
+    paths = {
+        "og": (ENGINE, model),
+        **{f"llama.cpp {k}": (LLAMA, Path(v["path"])) for k, v in ggufs.items()},
+    }
     results: dict[str, list[WorkerResult]] = {name: [] for name in paths}
     for rep in range(args.reps):
         for name, (variant, path) in paths.items():
             result = measure_worker(variant, path, worker_args)
             results[name].append(result)
-            cells = ", ".join(f"{r.prompt_len}: {r.prefill_tps:.0f}/{r.decode_tps:.1f}"
-                              for r in result.runs)  # fmt: skip
-            print(f"  rep {rep + 1} {name:<18} prefill/decode tok/s {cells}, "
-                  f"peak {result.peak_rss_kib / 1024:.0f} MiB", flush=True)  # fmt: skip
+            cells = ", ".join(
+                f"{r.prompt_len}: {r.prefill_tps:.0f}/{r.decode_tps:.1f}" for r in result.runs
+            )
+            print(
+                f"  rep {rep + 1} {name:<18} prefill/decode tok/s {cells}, "
+                f"peak {result.peak_rss_kib / 1024:.0f} MiB",
+                flush=True,
+            )
     return summarize(results)
 
 
@@ -495,18 +626,24 @@ def rows(records: list[dict[str, Any]], bandwidth_bps: float) -> list[dict[str, 
     for rec in records:
         speed = rec.get("speed", {})
         art = rec.get("artefacts", {})
-        row: dict[str, Any] = {"shape": rec["name"], "params_b": rec.get("params", 0) / 1e9,
-                               "bake_s": rec.get("bake", {}).get("seconds"),
-                               "bake_peak_gib": rec.get("bake", {}).get("peak_rss_mib", 0) / 1024,
-                               "model_gb": art.get("model_bytes", 0) / GB,
-                               "lambda_gb": art.get("lambda_bundle_bytes", 0) / GB,
-                               "memory_mib": art.get("memory_mib"),
-                               "lambda_memory_mb": art.get("lambda_memory_mb"),
-                               **_fits(rec)}  # fmt: skip
+        row: dict[str, Any] = {
+            "shape": rec["name"],
+            "params_b": rec.get("params", 0) / 1e9,
+            "bake_s": rec.get("bake", {}).get("seconds"),
+            "bake_peak_gib": rec.get("bake", {}).get("peak_rss_mib", 0) / 1024,
+            "model_gb": art.get("model_bytes", 0) / GB,
+            "lambda_gb": art.get("lambda_bundle_bytes", 0) / GB,
+            "memory_mib": art.get("memory_mib"),
+            "lambda_memory_mb": art.get("lambda_memory_mb"),
+            **_fits(rec),
+        }
         for name, medians in speed.items():
             key = "og" if name == "og" else name.split()[-1]
-            per_token = (art.get("og_bytes_per_token", 0) if name == "og"
-                         else rec["ggufs"][key]["bytes_per_token"])  # fmt: skip
+            per_token = (
+                art.get("og_bytes_per_token", 0)
+                if name == "og"
+                else rec["ggufs"][key]["bytes_per_token"]
+            )
             for length in PROMPT_LENS:
                 decode = medians.get(f"decode_tps_{length}")
                 row[f"{key}_decode_{length}"] = decode
@@ -527,11 +664,13 @@ def _fmt(value: Any, spec: str) -> str:
 
 def print_table(table: list[dict[str, Any]]) -> None:
     """The table the docs show."""
-    head = ("| shape | params | bake s | bake peak GiB | model GB | Lambda bundle GB "
-            "| memory MiB: 4 seqs / Lambda "
-            "| og decode 128 / 4k | Q4_K_M decode 128 / 4k | Q4_0 decode 128 / 4k "
-            "| og/Q4_K_M 128 / 4k | og prefill 128 / 4k | Q4_K_M prefill 128 / 4k "
-            "| eta og / Q4_K_M | og peak MiB | cold s: Lambda / bare / GCF / edge |")  # fmt: skip
+    head = (
+        "| shape | params | bake s | bake peak GiB | model GB | Lambda bundle GB "
+        "| memory MiB: 4 seqs / Lambda "
+        "| og decode 128 / 4k | Q4_K_M decode 128 / 4k | Q4_0 decode 128 / 4k "
+        "| og/Q4_K_M 128 / 4k | og prefill 128 / 4k | Q4_K_M prefill 128 / 4k "
+        "| eta og / Q4_K_M | og peak MiB | cold s: Lambda / bare / GCF / edge |"
+    )
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
 
@@ -539,20 +678,25 @@ def print_table(table: list[dict[str, Any]]) -> None:
         return f"{_fmt(r.get(f'{key}_128'), spec)} / {_fmt(r.get(f'{key}_4096'), spec)}"
 
     for r in table:
-        ratio = [r[f"og_decode_{n}"] / r[f"Q4_K_M_decode_{n}"]
-                 if r.get(f"og_decode_{n}") and r.get(f"Q4_K_M_decode_{n}") else None
-                 for n in PROMPT_LENS]  # fmt: skip
-        print(f"| {r['shape']} | {r['params_b']:.2f}B | {_fmt(r['bake_s'], '.0f')} "
-              f"| {r['bake_peak_gib']:.1f} | {r['model_gb']:.2f} | {r['lambda_gb']:.2f} "
-              f"| {_fmt(r['memory_mib'], 'd')} / {_fmt(r.get('lambda_memory_mb'), 'd')} "
-              f"| {pair(r, 'og_decode')} "
-              f"| {pair(r, 'Q4_K_M_decode')} | {pair(r, 'Q4_0_decode')} "
-              f"| {_fmt(ratio[0], '.2f')} / {_fmt(ratio[1], '.2f')} "
-              f"| {pair(r, 'og_prefill', '.0f')} | {pair(r, 'Q4_K_M_prefill', '.0f')} "
-              f"| {_fmt(r.get('og_eta_128'), '.2f')} / {_fmt(r.get('Q4_K_M_eta_128'), '.2f')} "
-              f"| {_fmt(r.get('og_peak_mib'), '.0f')} | {_fmt(r.get('cold_lambda_s'), '.1f')} "
-              f"/ {_fmt(r.get('cold_bare_s'), '.1f')} / {_fmt(r.get('cold_gcf_s'), '.1f')} "
-              f"/ {_fmt(r.get('cold_edge_ready_s'), '.1f')} |")  # fmt: skip
+        ratio = [
+            r[f"og_decode_{n}"] / r[f"Q4_K_M_decode_{n}"]
+            if r.get(f"og_decode_{n}") and r.get(f"Q4_K_M_decode_{n}")
+            else None
+            for n in PROMPT_LENS
+        ]
+        print(
+            f"| {r['shape']} | {r['params_b']:.2f}B | {_fmt(r['bake_s'], '.0f')} "
+            f"| {r['bake_peak_gib']:.1f} | {r['model_gb']:.2f} | {r['lambda_gb']:.2f} "
+            f"| {_fmt(r['memory_mib'], 'd')} / {_fmt(r.get('lambda_memory_mb'), 'd')} "
+            f"| {pair(r, 'og_decode')} "
+            f"| {pair(r, 'Q4_K_M_decode')} | {pair(r, 'Q4_0_decode')} "
+            f"| {_fmt(ratio[0], '.2f')} / {_fmt(ratio[1], '.2f')} "
+            f"| {pair(r, 'og_prefill', '.0f')} | {pair(r, 'Q4_K_M_prefill', '.0f')} "
+            f"| {_fmt(r.get('og_eta_128'), '.2f')} / {_fmt(r.get('Q4_K_M_eta_128'), '.2f')} "
+            f"| {_fmt(r.get('og_peak_mib'), '.0f')} | {_fmt(r.get('cold_lambda_s'), '.1f')} "
+            f"/ {_fmt(r.get('cold_bare_s'), '.1f')} / {_fmt(r.get('cold_gcf_s'), '.1f')} "
+            f"/ {_fmt(r.get('cold_edge_ready_s'), '.1f')} |"
+        )
 
 
 def plot(table: list[dict[str, Any]], out: Path, title: str) -> None:
@@ -563,22 +707,38 @@ def plot(table: list[dict[str, Any]], out: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for key, label, style in (("og", "og (ortserve)", "o-"), ("Q4_K_M", "llama.cpp Q4_K_M", "s--"),
-                              ("Q4_0", "llama.cpp Q4_0", "^:")):  # fmt: skip
+    for key, label, style in (
+        ("og", "og (ortserve)", "o-"),
+        ("Q4_K_M", "llama.cpp Q4_K_M", "s--"),
+        ("Q4_0", "llama.cpp Q4_0", "^:"),
+    ):
         for length, alpha in ((128, 1.0), (4096, 0.5)):
-            points = [(r["params_b"], r[f"{key}_decode_{length}"], r.get(f"{key}_eta_{length}"))
-                      for r in table if r.get(f"{key}_decode_{length}")]  # fmt: skip
+            points = [
+                (r["params_b"], r[f"{key}_decode_{length}"], r.get(f"{key}_eta_{length}"))
+                for r in table
+                if r.get(f"{key}_decode_{length}")
+            ]
             if not points:
                 continue
             xs = [p[0] for p in points]
-            left.plot(xs, [p[1] for p in points], style, alpha=alpha,
-                      label=f"{label}, {length} ctx")  # fmt: skip
-            right.plot(xs, [p[2] for p in points], style, alpha=alpha,
-                       label=f"{label}, {length} ctx")  # fmt: skip
-    left.set(xscale="log", yscale="log", xlabel="parameters (billions)",
-             ylabel="decode tokens/s (2 threads)")  # fmt: skip
-    right.set(xscale="log", xlabel="parameters (billions)",
-              ylabel="eta = bytes/token x tokens/s / bandwidth", ylim=(0, 1))  # fmt: skip
+            left.plot(
+                xs, [p[1] for p in points], style, alpha=alpha, label=f"{label}, {length} ctx"
+            )
+            right.plot(
+                xs, [p[2] for p in points], style, alpha=alpha, label=f"{label}, {length} ctx"
+            )
+    left.set(
+        xscale="log",
+        yscale="log",
+        xlabel="parameters (billions)",
+        ylabel="decode tokens/s (2 threads)",
+    )
+    right.set(
+        xscale="log",
+        xlabel="parameters (billions)",
+        ylabel="eta = bytes/token x tokens/s / bandwidth",
+        ylim=(0, 1),
+    )
     right.axhline(0.7, color="grey", lw=0.8)
     left.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
@@ -598,9 +758,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, default=RESULTS / "scale.png")
     parser.add_argument("--report-only", action="store_true", help="table from the records")
     parser.add_argument(
-        "--bake-arg", action="append", default=[], metavar="ARG",
+        "--bake-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
         help="one more `ortserve bake` argument for the checkpoint's bake (repeat it)",
-    )  # fmt: skip
+    )
     return parser.parse_args(argv)
 
 
@@ -629,10 +792,16 @@ def main(argv: list[str] | None = None) -> None:
         records.append(run_shape(SHAPES[name], args))
     table = rows([r for r in records if r], bw)
     print_table(table)
-    environment = {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                   "bandwidth_gbps": bw / GB}  # fmt: skip
-    args.json.write_text(json.dumps({"environment": environment, "rows": table,
-                                     "records": records}, indent=2), encoding="utf-8")  # fmt: skip
+    environment = {
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "bandwidth_gbps": bw / GB,
+    }
+    args.json.write_text(
+        json.dumps({"environment": environment, "rows": table, "records": records}, indent=2),
+        encoding="utf-8",
+    )
     title = f"{environment['cpu']}, 2 threads; eta with each run's copy bandwidth (weights only)"
     plot(table, args.plot, title)
     print(f"wrote {args.json} and {args.plot}")

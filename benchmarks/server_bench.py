@@ -30,10 +30,10 @@ import httpx
 from benchmarks.bakes import baked
 from benchmarks.engine_bench import og_tokens
 from benchmarks.support.servers import daemon
-from core.engine import Engine
-from core.generation import GenerationRequest, SamplingOptions
-from core.service import Service
-from core.settings import EngineSettings
+from ortserve.core.engine import Engine
+from ortserve.core.generation import GenerationRequest, SamplingOptions
+from ortserve.core.service import Service
+from ortserve.core.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = [
@@ -138,8 +138,12 @@ def main() -> None:
     prompt = _prompt(engine, args.prompt_tokens)
     ids = engine.encode(prompt)  # the tokens the server and the service feed og
     bare = _bare_model(model_dir, args.threads)
-    env = {**os.environ, "ORTSERVE_THREADS": str(args.threads), "ORTSERVE_PROVIDERS": "cpu",
-           "ORTSERVE_MAX_NEW_TOKENS": str(args.new_tokens)}  # fmt: skip
+    env = {
+        **os.environ,
+        "ORTSERVE_THREADS": str(args.threads),
+        "ORTSERVE_PROVIDERS": "cpu",
+        "ORTSERVE_MAX_NEW_TOKENS": str(args.new_tokens),
+    }
     runs: dict[str, list[dict[str, float]]] = {"server": [], "service": [], "bare": []}
     # One keep-alive connection, as HTTP clients (openai's included) use.
     with daemon(model_dir, env) as (base, _), httpx.Client(timeout=300) as client:
@@ -157,8 +161,10 @@ def main() -> None:
         k: {m: statistics.median(r[m] for r in v) for m in ("ttft_s", "decode_tps")}
         for k, v in runs.items()
     }
-    print(f"{args.model}: prompt {len(ids)} tokens, {args.new_tokens} new, "
-          f"{args.threads} threads, medians of {args.reps} alternating runs")  # fmt: skip
+    print(
+        f"{args.model}: prompt {len(ids)} tokens, {args.new_tokens} new, "
+        f"{args.threads} threads, medians of {args.reps} alternating runs"
+    )
     for name in ("bare", "service", "server"):
         row = med[name]
         ttft_ms, tps = row["ttft_s"] * 1000, row["decode_tps"]
@@ -179,8 +185,17 @@ def main() -> None:
     overhead_ms = (med["server"]["ttft_s"] - med["service"]["ttft_s"]) * 1000
     print(f"  server TTFT - service TTFT = {overhead_ms:+.2f} ms")
     if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "medians": med, "decode_ratios": ratios,
-                                         "ttft_overhead_ms": overhead_ms}, indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "runs": runs,
+                    "medians": med,
+                    "decode_ratios": ratios,
+                    "ttft_overhead_ms": overhead_ms,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 
-from core.errors import BusyError, ClientClosedError
+from ortserve.core.errors import BusyError, ClientClosedError
 
 # How often a waiter whose client may leave looks at its cancellation flag: an Event
 # cannot wake a Condition, and a queued request whose client left should go at once.

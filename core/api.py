@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from core import playground
-from core.content_filter import ContentFilterError
-from core.errors import (
+from ortserve.core import playground
+from ortserve.core.content_filter import ContentFilterError
+from ortserve.core.errors import (
     AuthenticationError,
     DrainingError,
     MethodNotAllowedError,
@@ -30,8 +30,8 @@ from core.errors import (
     OrtServeError,
     PayloadTooLargeError,
 )
-from core.generation import Completion, GenerationStream
-from core.http import (
+from ortserve.core.generation import Completion, GenerationStream
+from ortserve.core.http import (
     SSE_DONE,
     Request,
     Response,
@@ -42,7 +42,7 @@ from core.http import (
     sse_event,
     sse_response,
 )
-from core.protocol import (
+from ortserve.core.protocol import (
     MAX_TOKENS_BOUND,
     GenerationBody,
     MultiChoiceReply,
@@ -51,23 +51,36 @@ from core.protocol import (
     ollama,
     parse,
 )
-from core.protocol.native import GenerateBody
-from core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
-from core.protocol.openai import ChatBody, CompletionBody
-from core.records import RequestRecord
-from core.settings import ServerSettings
-from core.state import ModelState
+from ortserve.core.protocol.native import GenerateBody
+from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
+from ortserve.core.protocol.openai import ChatBody, CompletionBody
+from ortserve.core.records import RequestRecord
+from ortserve.core.settings import ServerSettings
+from ortserve.core.state import ModelState
 
 if TYPE_CHECKING:  # annotations only: adapters import this module without onnxruntime-genai
-    from core.service import Choices, Service
+    from ortserve.core.service import Choices, Service
 
 log = logging.getLogger("ortserve")
 
 ROUTES = frozenset(
-    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",
-     "/readyz", "/openapi.json", "/api/generate", "/api/chat", "/api/tags", "/api/show",
-     "/api/ps", "/api/version", *playground.ROUTES}
-)  # fmt: skip
+    {
+        "/generate",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/healthz",
+        "/readyz",
+        "/openapi.json",
+        "/api/generate",
+        "/api/chat",
+        "/api/tags",
+        "/api/show",
+        "/api/ps",
+        "/api/version",
+        *playground.ROUTES,
+    }
+)
 # With API keys set, every other route needs one (/metrics too, unless METRICS_PUBLIC).
 # The chat playground ("/" and its scripts) holds no data; its API calls carry the key.
 PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", *playground.ROUTES})
@@ -180,15 +193,20 @@ class Api:
         allowed = self.settings.cors_origins
         if not origin or not ("*" in allowed or origin.rstrip("/") in allowed):
             return []
-        headers = [("access-control-allow-origin", origin), ("vary", "Origin"),
-                   ("access-control-expose-headers", "x-request-id, retry-after")]  # fmt: skip
+        headers = [
+            ("access-control-allow-origin", origin),
+            ("vary", "Origin"),
+            ("access-control-expose-headers", "x-request-id, retry-after"),
+        ]
         if request.method == "OPTIONS":  # a preflight
             headers += [
                 ("access-control-allow-methods", "GET, HEAD, POST, OPTIONS"),
-                ("access-control-allow-headers",
-                 "authorization, content-type, x-api-key, x-request-id"),
+                (
+                    "access-control-allow-headers",
+                    "authorization, content-type, x-api-key, x-request-id",
+                ),
                 ("access-control-max-age", "600"),
-            ]  # fmt: skip
+            ]
         return headers
 
     def start_draining(self) -> None:
@@ -436,12 +454,19 @@ class Api:
         manifest = engine.manifest
         model, *aliases = self.settings.served_names(engine.model_name)
         return Served(
-            model, engine.digest, manifest.created_at, service.max_new_tokens,
-            service.default_new_tokens, context_length=engine.context_length,
-            chat_template=engine.text.template, precision=manifest.precision,
-            size=sum(f.size for f in manifest.files), token_bytes=engine.text.token_bytes,
-            aliases=tuple(aliases), also_known_as=(engine.model_name,),
-        )  # fmt: skip
+            model,
+            engine.digest,
+            manifest.created_at,
+            service.max_new_tokens,
+            service.default_new_tokens,
+            context_length=engine.context_length,
+            chat_template=engine.text.template,
+            precision=manifest.precision,
+            size=sum(f.size for f in manifest.files),
+            token_bytes=engine.text.token_bytes,
+            aliases=tuple(aliases),
+            also_known_as=(engine.model_name,),
+        )
 
     def _models(self, request: Request, ctx: _Context) -> Response:
         served = self._served(self._loaded(request))
@@ -499,8 +524,9 @@ class Api:
         if not ready:
             why = payload.get("reason")
             ctx.reason = f"not ready: {payload['status']}" + (f" ({why})" if why else "")
-        return json_response(200 if ready else 503, payload,
-                             [("retry-after", "5")] if retry else None)  # fmt: skip
+        return json_response(
+            200 if ready else 503, payload, [("retry-after", "5")] if retry else None
+        )
 
     def _metrics(self, request: Request, ctx: _Context) -> Response:
         assert self._scrape is not None  # the route exists only with a scrape
@@ -508,7 +534,9 @@ class Api:
         return Response(200, [("content-type", content_type)], body)
 
     def _openapi(self, request: Request, ctx: _Context) -> Response:
-        from core.openapi import openapi_document  # builds JSON schemas: not on the cold path
+        from ortserve.core.openapi import (
+            openapi_document,  # builds JSON schemas: not on the cold path
+        )
 
         # Without MAX_NEW_TOKENS any limit is accepted (and cut to what fits).
         limit = self.settings.max_new_tokens or MAX_TOKENS_BOUND
@@ -516,13 +544,17 @@ class Api:
 
     def _playground(self, request: Request, ctx: _Context) -> Response:
         body, policy = playground.page()
-        return Response(200, [
-            ("content-type", "text/html; charset=utf-8"),
-            ("content-security-policy", policy),
-            ("x-content-type-options", "nosniff"),
-            ("referrer-policy", "no-referrer"),
-            ("cache-control", "no-cache"),
-        ], body)  # fmt: skip
+        return Response(
+            200,
+            [
+                ("content-type", "text/html; charset=utf-8"),
+                ("content-security-policy", policy),
+                ("x-content-type-options", "nosniff"),
+                ("referrer-policy", "no-referrer"),
+                ("cache-control", "no-cache"),
+            ],
+            body,
+        )
 
     def _playground_asset(self, request: Request, ctx: _Context) -> Response:
         body, etag = playground.asset(request.path)
@@ -565,8 +597,12 @@ def _model_card(served: Served, name: str) -> dict[str, Any]:
     """An OpenAI model object for the served model's `name`, with vLLM's `max_model_len`
     (the context; omitted where unknown) and `max_tokens`: the most new tokens a request
     may ask for."""
-    card: dict[str, Any] = {"id": name, "object": "model", "created": served.created,
-                            "owned_by": "ortserve"}  # fmt: skip
+    card: dict[str, Any] = {
+        "id": name,
+        "object": "model",
+        "created": served.created,
+        "owned_by": "ortserve",
+    }
     if served.context_length:
         card["max_model_len"] = served.context_length
     card["max_tokens"] = served.max_new_tokens

@@ -24,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from core.errors import InvalidRequestError
+from ortserve.core.errors import InvalidRequestError
 
 # transformers' private-use markers around control tokens found in user-supplied strings.
 MARK_START = "\U000f0000"

@@ -36,8 +36,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.errors import InvalidRequestError
-from core.generation import GenerationRequest
+from ortserve.core.errors import InvalidRequestError
+from ortserve.core.generation import GenerationRequest
 
 Kind = Literal["email", "phone", "card"]
 

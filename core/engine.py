@@ -19,20 +19,26 @@ from typing import Any
 
 import numpy as np
 
-from core.batcher import End, Sequence
-from core.cpu import usable_cpus
-from core.errors import (
+from ortserve.core.batcher import End, Sequence
+from ortserve.core.cpu import usable_cpus
+from ortserve.core.errors import (
     GenerationError,
     InvalidRequestError,
     ModelIntegrityError,
     ProviderUnavailableError,
 )
-from core.generation import GenerationRequest, Guidance, SamplingOptions, TokenLogprob, Tokens
-from core.manifest import Manifest, manifest_digest, verify_folder
-from core.memory import return_freed_memory
-from core.prefill import KEPT_LOGITS_TOKENS, prefill_parts
-from core.settings import EngineSettings, disable_telemetry
-from core.text import TextCodec
+from ortserve.core.generation import (
+    GenerationRequest,
+    Guidance,
+    SamplingOptions,
+    TokenLogprob,
+    Tokens,
+)
+from ortserve.core.manifest import Manifest, manifest_digest, verify_folder
+from ortserve.core.memory import return_freed_memory
+from ortserve.core.prefill import KEPT_LOGITS_TOKENS, prefill_parts
+from ortserve.core.settings import EngineSettings, disable_telemetry
+from ortserve.core.text import TextCodec
 
 # Before onnxruntime's library loads: it reads ORT_DISABLE_TELEMETRY then (core.settings).
 disable_telemetry()
@@ -315,8 +321,12 @@ class PromptCache:
         (a slot's KV cache, and the logits of its last prompt part: 64 positions at most)."""
         logits = KEPT_LOGITS_TOKENS * vocab_size * 4
         mib = (kv_bytes_per_token * self.max_tokens + logits) / 2**20
-        return {"slots": self.slots, "tokens_per_slot": self.max_tokens,
-                "mib_per_slot": round(mib, 1), "held": len(self._entries)}  # fmt: skip
+        return {
+            "slots": self.slots,
+            "tokens_per_slot": self.max_tokens,
+            "mib_per_slot": round(mib, 1),
+            "held": len(self._entries),
+        }
 
     def clear(self) -> None:
         """Drop every kept generator (their KV caches are freed)."""
@@ -370,8 +380,11 @@ class Engine:
         self.context_length = int(model_config.get("context_length", 0) or 0)
         self.vocab_size = int(model_config.get("vocab_size", 0) or 0)
         room = min(self.context_length or _CACHE_ROOM, _CACHE_ROOM)
-        self.prompt_cache = PromptCache(settings.prompt_cache_slots, room) if (
-            settings.prompt_cache_slots > 0) else None  # fmt: skip
+        self.prompt_cache = (
+            PromptCache(settings.prompt_cache_slots, room)
+            if (settings.prompt_cache_slots > 0)
+            else None
+        )
         self.kv_bytes_per_token = _kv_bytes_per_token(model_config)
 
     @property
@@ -533,10 +546,13 @@ class Engine:
         params.set_search_options(
             max_length=prompt_len + max_new,
             min_length=prompt_len + min(options.min_new_tokens, max_new),
-            num_beams=options.num_beams, num_return_sequences=1, do_sample=False,
-            length_penalty=options.length_penalty, early_stopping=options.early_stopping,
+            num_beams=options.num_beams,
+            num_return_sequences=1,
+            do_sample=False,
+            length_penalty=options.length_penalty,
+            early_stopping=options.early_stopping,
             repetition_penalty=options.repetition_penalty,
-        )  # fmt: skip
+        )
         try:
             generator = og.Generator(self._model, params)
         except RuntimeError as exc:

@@ -7,8 +7,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from core.errors import InvalidRequestError
-from core.stops import MAX_STOP_STRINGS
+from ortserve.core.errors import InvalidRequestError
+from ortserve.core.stops import MAX_STOP_STRINGS
 
 FinishReason = Literal["stop", "length", "cancelled", "content_filter"]
 GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]

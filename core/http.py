@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import (
+from ortserve.core.errors import (
     BusyError,
     DrainingError,
     MethodNotAllowedError,
@@ -186,8 +186,11 @@ def ndjson_line(payload: Any) -> bytes:
 
 def ndjson_response(chunks: Iterator[bytes]) -> Response:
     """A streamed newline-delimited JSON response."""
-    return Response(200, [("content-type", NDJSON), ("cache-control", "no-cache"),
-                          ("x-accel-buffering", "no")], chunks)  # fmt: skip
+    return Response(
+        200,
+        [("content-type", NDJSON), ("cache-control", "no-cache"), ("x-accel-buffering", "no")],
+        chunks,
+    )
 
 
 def sse_event(payload: Any) -> bytes:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from core.records import RequestRecord
+from ortserve.core.records import RequestRecord
 
 
 def record_fields(record: RequestRecord) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from core.errors import ModelIntegrityError
+from ortserve.core.errors import ModelIntegrityError
 
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 1 << 20

@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from core.protocol.native import GenerateBody
-from core.protocol.ollama import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
-from core.protocol.openai import ChatBody, CompletionBody
+from ortserve.core.protocol.native import GenerateBody
+from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
+from ortserve.core.protocol.openai import ChatBody, CompletionBody
 
 _REF = "#/components/schemas/{model}"
 _ERROR = {

@@ -13,17 +13,17 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from core.admission import Admission
-from core.batcher import Alone, Batcher, End, Sequence
-from core.content_filter import ContentFilter
-from core.errors import (
+from ortserve.core.admission import Admission
+from ortserve.core.batcher import Alone, Batcher, End, Sequence
+from ortserve.core.content_filter import ContentFilter
+from ortserve.core.errors import (
     ClientClosedError,
     DrainingError,
     GenerationError,
     InvalidRequestError,
     RequestTimeoutError,
 )
-from core.generation import (
+from ortserve.core.generation import (
     Completion,
     FinishReason,
     GenerationRequest,
@@ -34,11 +34,11 @@ from core.generation import (
     TokenLogprob,
     Tokens,
 )
-from core.settings import DEFAULT_NEW_TOKENS, EngineSettings
-from core.stops import StopMatcher
+from ortserve.core.settings import DEFAULT_NEW_TOKENS, EngineSettings
+from ortserve.core.stops import StopMatcher
 
 if TYPE_CHECKING:  # onnxruntime-genai comes with the first load, not with this module
-    from core.engine import Engine
+    from ortserve.core.engine import Engine
 
 
 _CANCEL_POLL_S = 0.05  # how often a reader of several choices looks at its cancellation
@@ -235,7 +235,7 @@ class Service:
     @classmethod
     def load(cls, settings: EngineSettings) -> Service:
         """Load the model `settings.model_dir` names (see `Engine.load`) and serve it."""
-        from core.engine import Engine
+        from ortserve.core.engine import Engine
 
         path = settings.content_filter  # a bad filter file fails before the model loads
         content_filter = ContentFilter.load(path) if path is not None else None
@@ -556,9 +556,12 @@ class Service:
                     continue
                 if isinstance(item, Alone):  # a batch of one: run it in this thread
                     alone = self.engine.decode(
-                        sequence.input_ids, sequence.max_new, request.options, sequence=sequence,
+                        sequence.input_ids,
+                        sequence.max_new,
+                        request.options,
+                        sequence=sequence,
                         cache=self._cacheable(request),
-                    )  # fmt: skip
+                    )
                     alone.checkpoint = tokens.checkpoint
                     tokens.cached = alone.cached
                     try:

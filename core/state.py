@@ -13,13 +13,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
-from core.manifest import arch_mismatch, manifest_digest
-from core.settings import EngineSettings, ServerSettings
+from ortserve.core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
+from ortserve.core.manifest import arch_mismatch, manifest_digest
+from ortserve.core.settings import EngineSettings, ServerSettings
 
 if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module
-    from core.engine import Engine
-    from core.service import Service
+    from ortserve.core.engine import Engine
+    from ortserve.core.service import Service
 
 log = logging.getLogger("ortserve")
 
@@ -110,7 +110,7 @@ class ModelState:
             if self.status == "ready":
                 return
             try:
-                from core.service import Service
+                from ortserve.core.service import Service
 
                 settings = self._pinned(self.settings.model_dir)
                 service = Service.load(settings)
@@ -164,7 +164,7 @@ class ModelState:
                 return self._report("unchanged", folder, digest, done=True)
             log.info("reload: loading %s beside the serving model", folder)
             try:
-                from core.service import Service
+                from ortserve.core.service import Service
 
                 service = Service.load(settings)
                 warmup_s = service.warm_up() if settings.warmup else None
@@ -180,15 +180,19 @@ class ModelState:
                 self.service, self.status, self.reason = service, "ready", None
                 self.warmup_s = warmup_s
                 self._settled.notify_all()
-            report = self._report("switched", folder, service.engine.digest, seconds=seconds,
-                                  done=True)  # fmt: skip
+            report = self._report(
+                "switched", folder, service.engine.digest, seconds=seconds, done=True
+            )
             _log_ready(service, warmup_s, self.model_id)
             log.info(
-                "reload: switched to %s (%s) in %.2f s%s", self.model_id,
-                service.engine.digest[:12], seconds,
-                f"; the previous model ({old.engine.digest[:12]}) is freed once its "
-                "requests end" if old is not None else "",
-            )  # fmt: skip
+                "reload: switched to %s (%s) in %.2f s%s",
+                self.model_id,
+                service.engine.digest[:12],
+                seconds,
+                f"; the previous model ({old.engine.digest[:12]}) is freed once its requests end"
+                if old is not None
+                else "",
+            )
         if old is not None:
             _retire(old)
         return report
@@ -199,8 +203,13 @@ class ModelState:
             self.status, self.reason = "failed", reason
             log.error("reload of %s failed: %s", folder, reason)
         else:
-            log.error("reload of %s failed: %s; still serving %s (%s)", folder, reason,
-                      serving.engine.model_name, serving.engine.digest[:12])  # fmt: skip
+            log.error(
+                "reload of %s failed: %s; still serving %s (%s)",
+                folder,
+                reason,
+                serving.engine.model_name,
+                serving.engine.digest[:12],
+            )
         return self._report("failed", folder, digest, reason=reason, done=True)
 
     def _report(
@@ -306,12 +315,18 @@ def _log_ready(service: Service, warmup_s: float | None, name: str | None) -> No
     # One short line; the details are at DEBUG and in /readyz.
     log.info(
         "model %s ready on %s, %d threads (loaded in %.2f s%s)",
-        name or engine.model_name, probe.provider, probe.threads, probe.load_seconds, warm,
-    )  # fmt: skip
+        name or engine.model_name,
+        probe.provider,
+        probe.threads,
+        probe.load_seconds,
+        warm,
+    )
     failed = probe.failed()
     if failed:  # there, but it could not load the model (a driver, a graph): worth a line
-        log.info("providers that could not load it: %s",
-                 "; ".join(f"{ep}: {why}" for ep, why in failed.items()))  # fmt: skip
+        log.info(
+            "providers that could not load it: %s",
+            "; ".join(f"{ep}: {why}" for ep, why in failed.items()),
+        )
     if probe.not_installed():
         log.debug("providers not installed: %s", ", ".join(probe.not_installed()))
     cache = engine.prompt_cache
@@ -319,9 +334,11 @@ def _log_ready(service: Service, warmup_s: float | None, name: str | None) -> No
         size = cache.describe(engine.kv_bytes_per_token, engine.vocab_size)
         log.debug(
             "prompt cache: %d slot(s) of up to %d tokens, %.0f MiB each (KV cache, last logits) "
-            "(ORTSERVE_PROMPT_CACHE_SLOTS)", size["slots"], size["tokens_per_slot"],
+            "(ORTSERVE_PROMPT_CACHE_SLOTS)",
+            size["slots"],
+            size["tokens_per_slot"],
             size["mib_per_slot"],
-        )  # fmt: skip
+        )
 
 
 def _retire(old: Service) -> None:
@@ -346,8 +363,11 @@ def _retire(old: Service) -> None:
                     continue
             gc.collect()
             if ref() is None:
-                log.info("the previous model (%s) is freed, %.1f s after the switch", digest,
-                         time.monotonic() - start)  # fmt: skip
+                log.info(
+                    "the previous model (%s) is freed, %.1f s after the switch",
+                    digest,
+                    time.monotonic() - start,
+                )
                 return
             pause = min(pause * 2, _RETIRE_POLL_S[1])
 

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core import chat
-from core.errors import InvalidRequestError, ModelIntegrityError
+from ortserve.core import chat
+from ortserve.core.errors import InvalidRequestError, ModelIntegrityError
 
 TEXT_RECORD = "ortserve-text.json"
 # The raw text whose tokens, with and without special tokens, show what a tokenizer adds.
@@ -222,17 +222,24 @@ class TextCodec:
         return self._encode(piece, plain=plain)
 
     def _render(
-        self, messages: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None,
-        *, marked: bool, tools: Sequence[dict[str, Any]] | None = None,
-    ) -> str:  # fmt: skip
+        self,
+        messages: Sequence[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None,
+        *,
+        marked: bool,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
         """The chat prompt; `marked`: the caller's control tokens wrapped in markers."""
         if self.template is None:
             raise InvalidRequestError("this model has no chat template: use a plain prompt")
         return chat.render(
-            self.template, messages, tokens=self.record.template_tokens,
-            template_kwargs=template_kwargs, mark_controls=self._controls if marked else None,
+            self.template,
+            messages,
+            tokens=self.record.template_tokens,
+            template_kwargs=template_kwargs,
+            mark_controls=self._controls if marked else None,
             tools=tools,
-        )  # fmt: skip
+        )
 
     # -- decoding ---------------------------------------------------------------------
 
@@ -303,8 +310,11 @@ _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 def _byte_alphabet() -> dict[str, int]:
     """GPT-2's byte-level BPE alphabet, character → byte: printable bytes stand for
     themselves, the others for the characters from U+0100 on (as `bytes_to_unicode`)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     alphabet = {chr(b): b for b in printable}
     extra = 0
     for b in range(256):

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from threading import Event
 from typing import Any, Protocol
 
-from core.http import Headers, Request, Response
-from edge.offload import ChunkPump, run_in_thread
+from ortserve.core.http import Headers, Request, Response
+from ortserve.edge.offload import ChunkPump, run_in_thread
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
@@ -30,8 +30,9 @@ _CHEAP_THREADS = 4
 # The probes are answered in the event loop itself: they never wait, and a thread of
 # their own would take several more turns of the GIL, which a prefill in parts gives only
 # between its parts (a /healthz then waited ~3 parts instead of at most one).
-_INLINE = frozenset({("GET", "/healthz"), ("GET", "/readyz"), ("HEAD", "/healthz"),
-                     ("HEAD", "/readyz")})  # fmt: skip
+_INLINE = frozenset(
+    {("GET", "/healthz"), ("GET", "/readyz"), ("HEAD", "/healthz"), ("HEAD", "/readyz")}
+)
 _MAX_WORK_THREADS = 256
 
 
@@ -145,8 +146,11 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
 
 def _start(response: Response, extra: list[tuple[bytes, bytes]] | None = None) -> Message:
     headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
-    return {"type": "http.response.start", "status": response.status,
-            "headers": headers + (extra or [])}  # fmt: skip
+    return {
+        "type": "http.response.start",
+        "status": response.status,
+        "headers": headers + (extra or []),
+    }
 
 
 async def _send_bytes(send: Send, response: Response) -> None:

@@ -1,23 +1,46 @@
 """`ortserve serve`: run the edge daemon; `ortserve reload` and `ortserve rollback`: switch
 its model (blue/green) on a board.
 
-This module is loaded by every `ortserve` command (entry-point discovery), also where
-the `edge` extra is not installed: it imports only the standard library at the top.
+The front (ortserve.cli) registers these with every `ortserve` command, also where the
+`edge` extra is not installed: this module imports only the standard library at the top.
+Cloud Run's image runs `run` itself (its serve.py), without the front.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ortserve.edge.settings import EdgeSettings
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `serve`, `reload` and `rollback` subcommands to ortserve's CLI."""
-    from core.cli import MODEL_OR_FOLDER, DefaultsFormatter
+class Located(Protocol):
+    """What a model name was found to be (the front's store: ortserve.store.Located)."""
 
+    @property
+    def name(self) -> str | None: ...
+
+
+# The front's ortserve.store.with_model: the settings with a stored model's folder.
+Locate = Callable[["EdgeSettings"], "tuple[EdgeSettings, Located | None]"]
+
+
+def register(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    formatter: type[argparse.HelpFormatter],
+    model_completion: object,
+    locate: Locate | None = None,
+) -> None:
+    """Add the `serve`, `reload` and `rollback` subcommands to ortserve's CLI (the front,
+    ortserve.cli, passes its help formatter, the shell completion of a model, and how to
+    find a stored model by its name)."""
     parser = subparsers.add_parser(
         "serve",
         help="serve a baked model over HTTP (the edge daemon; systemd Type=notify aware)",
@@ -25,39 +48,50 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Serve the native and OpenAI-compatible HTTP API, /healthz, /readyz and "
             "/metrics. Other settings come from ORTSERVE_* environment variables."
         ),
-        formatter_class=DefaultsFormatter,
+        formatter_class=formatter,
     )
     parser.add_argument(  # completes stored names and folders (shtab's `complete`)
-        "model", nargs="?", metavar="MODEL",
+        "model",
+        nargs="?",
+        metavar="MODEL",
         help="a name from `ortserve list` (served under that name), or a baked model folder; "
         "as --model-dir",
-    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # fmt: skip
+    ).complete = model_completion  # type: ignore[attr-defined]
     parser.add_argument(
-        "--model-dir", type=Path,
+        "--model-dir",
+        type=Path,
         help="baked model folder, or a name from `ortserve list` (ORTSERVE_MODEL_DIR)",
-    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # fmt: skip
+    ).complete = model_completion  # type: ignore[attr-defined]
     parser.add_argument(
-        "--wait-for-model", action="store_true", default=None,
+        "--wait-for-model",
+        action="store_true",
+        default=None,
         help="when the model cannot load, keep listening (503 and why) until a reload "
         "loads one, instead of exiting 1 (ORTSERVE_WAIT_FOR_MODEL; the systemd unit sets it)",
-    )  # fmt: skip
+    )
     add_listen_args(parser)
-    parser.set_defaults(func=run)
-    _register_switch(subparsers, DefaultsFormatter)
+    parser.set_defaults(func=functools.partial(run, locate=locate))
+    _register_switch(subparsers, formatter)
 
 
 def _register_switch(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     formatter: type[argparse.HelpFormatter],
 ) -> None:
-    from edge.switch import ENV_FILE, STATE_DIR, UNIT
+    from ortserve.edge.switch import ENV_FILE, STATE_DIR, UNIT
 
     for name, summary in (
-        ("rollback", "switch the edge daemon back to the previous model folder (blue/green, "
-                     "no request lost) and wait until it serves it"),
-        ("reload", "make the edge daemon load the model `current` names now (blue/green) "
-                   "and wait until it serves it"),
-    ):  # fmt: skip
+        (
+            "rollback",
+            "switch the edge daemon back to the previous model folder (blue/green, "
+            "no request lost) and wait until it serves it",
+        ),
+        (
+            "reload",
+            "make the edge daemon load the model `current` names now (blue/green) "
+            "and wait until it serves it",
+        ),
+    ):
         parser = subparsers.add_parser(
             name,
             help=summary,
@@ -73,8 +107,12 @@ def _register_switch(
             ),
             formatter_class=formatter,
         )
-        parser.add_argument("--state-dir", type=Path, default=STATE_DIR,
-                            help="the folder with models/, current and previous")  # fmt: skip
+        parser.add_argument(
+            "--state-dir",
+            type=Path,
+            default=STATE_DIR,
+            help="the folder with models/, current and previous",
+        )
         parser.add_argument(
             "--url",
             help=f"the daemon's address (default: from ORTSERVE_HOST/PORT in {ENV_FILE}, "
@@ -87,24 +125,36 @@ def _register_switch(
         parser.add_argument("--unit", default=UNIT, help="the systemd unit to reload")
         if name == "rollback":
             parser.add_argument(
-                "--no-reload", action="store_true",
+                "--no-reload",
+                action="store_true",
                 help="only swap the links (the daemon serves them from its next start)",
-            )  # fmt: skip
-        parser.add_argument("--timeout", type=float, default=120.0,
-                            help="seconds to wait for the daemon to serve the model")  # fmt: skip
+            )
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=120.0,
+            help="seconds to wait for the daemon to serve the model",
+        )
         parser.set_defaults(func=run_switch, rollback=name == "rollback")
 
 
 def run_switch(args: argparse.Namespace) -> int:
     """`ortserve rollback` / `ortserve reload`: 0 once the daemon serves the model."""
-    from edge.switch import SwitchError, listen_url, switch
+    from ortserve.edge.switch import SwitchError, listen_url, switch
 
     command = "rollback" if args.rollback else "reload"
     url = args.url or listen_url(args.env_file)
     reload = not getattr(args, "no_reload", False)
     try:
-        outcome = switch(args.state_dir, url, rollback=args.rollback, pid=args.pid,
-                         unit=args.unit, reload=reload, timeout=args.timeout)  # fmt: skip
+        outcome = switch(
+            args.state_dir,
+            url,
+            rollback=args.rollback,
+            pid=args.pid,
+            unit=args.unit,
+            reload=reload,
+            timeout=args.timeout,
+        )
     except SwitchError as exc:
         print(f"ortserve {command}: error: {exc}", file=sys.stderr)
         return 1
@@ -112,12 +162,16 @@ def run_switch(args: argparse.Namespace) -> int:
         print(f"ortserve {command}: error: {exc}", file=sys.stderr)
         return 1
     if outcome.digest is None:
-        print(f"ortserve {command}: {args.state_dir}/current now names the previous model; "
-              "the daemon serves it from its next start or reload")  # fmt: skip
+        print(
+            f"ortserve {command}: {args.state_dir}/current now names the previous model; "
+            "the daemon serves it from its next start or reload"
+        )
     else:
         what = "rolled back to" if args.rollback else "serving"
-        print(f"ortserve {command}: {what} {outcome.model} ({outcome.digest[:12]}) "
-              f"{outcome.seconds:.2f} s after the switch began")  # fmt: skip
+        print(
+            f"ortserve {command}: {what} {outcome.model} ({outcome.digest[:12]}) "
+            f"{outcome.seconds:.2f} s after the switch began"
+        )
     return 0
 
 
@@ -129,7 +183,7 @@ def port_problem(host: str | None, port: int | None, option: str = "--port ") ->
     if host is None or port is None:
         from pydantic import ValidationError
 
-        from edge.settings import EdgeSettings
+        from ortserve.edge.settings import EdgeSettings
 
         try:
             settings = EdgeSettings()
@@ -162,30 +216,33 @@ def add_listen_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to listen on (ORTSERVE_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (ORTSERVE_PORT, default 8000)")
     parser.add_argument(
-        "--log-format", choices=("auto", "json", "text"),
+        "--log-format",
+        choices=("auto", "json", "text"),
         help="each request as a line in words on stderr (text) or a JSON record on stdout "
         "(json); auto: text at a terminal (ORTSERVE_LOG_FORMAT, default auto)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--alias", action="append", metavar="NAME",
+        "--alias",
+        action="append",
+        metavar="NAME",
         help="serve the model under this name (repeatable; the first is its id in /v1/models "
         "and answers; ORTSERVE_ALIASES, comma-separated), as vLLM's --served-model-name",
-    )  # fmt: skip
+    )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT; exit code 0 after a graceful drain (130 when
     stopped by SIGINT), 1 when it cannot start (edge extra missing, invalid settings, port
-    in use, a model that cannot load unless it waits for one)."""
+    in use, a model that cannot load unless it waits for one). `locate` turns a stored
+    model's name into its folder (the front's store); without it the model is a folder."""
     try:
-        from edge.daemon import serve
+        from ortserve.edge.daemon import serve
     except ImportError as exc:  # uvicorn or prometheus-client: the `edge` extra
         print(f"ortserve serve: error: {exc}; install ortserve[edge]", file=sys.stderr)
         return 1
     from pydantic import ValidationError
 
-    from core.store import with_model
-    from edge.settings import EdgeSettings
+    from ortserve.edge.settings import EdgeSettings
 
     name = getattr(args, "command", "serve")  # serve.py of the Cloud Run image passes none
     command = f"ortserve {name}"
@@ -212,7 +269,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{command}: error: invalid settings: {problems}", file=sys.stderr)
         return 1
     # A stored model's name (or a folder): served under the name it was started with.
-    settings, located = with_model(settings)
+    if locate is None:
+        return serve(settings)
+    settings, located = locate(settings)
     if located is not None and located.name and "served_name" not in settings.model_fields_set:
         settings = settings.model_copy(update={"served_name": located.name})
     return serve(settings)

@@ -122,8 +122,9 @@ class _GuardedH11(H11Protocol):
             if not cls._reading.get(peer):
                 return False
             message = "%s has %d connections open: closing its longest waiting for a request (%s)"
-            cls._warn("peer-full", message, peer, cls.max_per_peer,
-                      "ORTSERVE_MAX_CONNECTIONS_PER_PEER")  # fmt: skip
+            cls._warn(
+                "peer-full", message, peer, cls.max_per_peer, "ORTSERVE_MAX_CONNECTIONS_PER_PEER"
+            )
         else:
             waiting = [p for p, connections in cls._reading.items() if connections]
             if not waiting:

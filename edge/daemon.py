@@ -31,16 +31,16 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from core.api import Api
-from core.records import RequestRecord
-from core.state import ModelState
-from edge.asgi import EdgeApp
-from edge.connections import guarded_h11
-from edge.logs import RequestLog, configure_stderr_logging, records_as_text
-from edge.metrics import CONTENT_TYPE, Metrics
-from edge.notify import Notifier
-from edge.offload import run_in_thread
-from edge.settings import EdgeSettings
+from ortserve.core.api import Api
+from ortserve.core.records import RequestRecord
+from ortserve.core.state import ModelState
+from ortserve.edge.asgi import EdgeApp
+from ortserve.edge.connections import guarded_h11
+from ortserve.edge.logs import RequestLog, configure_stderr_logging, records_as_text
+from ortserve.edge.metrics import CONTENT_TYPE, Metrics
+from ortserve.edge.notify import Notifier
+from ortserve.edge.offload import run_in_thread
+from ortserve.edge.settings import EdgeSettings
 
 log = logging.getLogger("ortserve.edge")
 
@@ -82,8 +82,12 @@ class Daemon:
         self.state = ModelState(settings)
         self._log = RequestLog(records_as_text(settings.log_format), sys.stdout)
         self.metrics = Metrics(self.state, in_flight=lambda: self.api.in_flight)
-        self.api = Api(self.state, settings, on_record=self._record,
-                       metrics=lambda: (CONTENT_TYPE, self.metrics.render()))  # fmt: skip
+        self.api = Api(
+            self.state,
+            settings,
+            on_record=self._record,
+            metrics=lambda: (CONTENT_TYPE, self.metrics.render()),
+        )
         workers = settings.max_concurrency + settings.max_queue + _SPARE_WORKERS
         self.app = EdgeApp(self.api, settings.max_body_bytes, workers)
         config = uvicorn.Config(
@@ -154,12 +158,16 @@ class Daemon:
                 )
                 continue
             if report.status == "failed":
-                text = (f"reload failed ({report.reason}); still serving {self.state.model_id} "
-                        f"({engine.digest[:12]}) at {address}")  # fmt: skip
+                text = (
+                    f"reload failed ({report.reason}); still serving {self.state.model_id} "
+                    f"({engine.digest[:12]}) at {address}"
+                )
             else:
-                text = (f"serving {self.state.model_id} ({engine.digest[:12]}) on "
-                        f"{engine.probe.provider} at {address} (reload {report.status}"
-                        + (f" in {report.seconds:.1f} s)" if report.seconds else ")"))  # fmt: skip
+                text = (
+                    f"serving {self.state.model_id} ({engine.digest[:12]}) on "
+                    f"{engine.probe.provider} at {address} (reload {report.status}"
+                    + (f" in {report.seconds:.1f} s)" if report.seconds else ")")
+                )
             self.notifier.ready(text)
 
     async def run(self) -> int:
@@ -175,8 +183,12 @@ class Daemon:
         try:
             listener = _listen(self.settings.host, self.settings.port)
         except OSError as exc:  # bound here: uvicorn would sys.exit(3) from inside a task
-            log.error("cannot listen on %s port %d: %s", self.settings.host, self.settings.port,
-                      exc.strerror or exc)  # fmt: skip
+            log.error(
+                "cannot listen on %s port %d: %s",
+                self.settings.host,
+                self.settings.port,
+                exc.strerror or exc,
+            )
             return 1
         host, port = listener.getsockname()[:2]
         address = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"

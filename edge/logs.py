@@ -9,8 +9,8 @@ import sys
 import time
 from typing import TextIO
 
-from core.logs import JsonLog, access_line
-from core.records import RequestRecord
+from ortserve.core.logs import JsonLog, access_line
+from ortserve.core.records import RequestRecord
 
 access_log = logging.getLogger("ortserve.access")
 

@@ -11,14 +11,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from core.api import ROUTES
-from core.cpu import usable_cpus
-from core.records import RequestRecord
-from core.service import Stats
-from core.state import ModelState
+from ortserve.core.api import ROUTES
+from ortserve.core.cpu import usable_cpus
+from ortserve.core.records import RequestRecord
+from ortserve.core.service import Stats
+from ortserve.core.state import ModelState
 
 if TYPE_CHECKING:
-    from core.engine import Engine
+    from ortserve.core.engine import Engine
 
 # The text format every Prometheus version reads (prometheus-client's own "latest" moved
 # to 1.0.0, which older servers refuse).
@@ -44,27 +44,36 @@ class _ServiceCollector(Collector):
         service = self._state.service
         stats = service.stats() if service is not None else Stats(0, 0, 0, 0)
         yield CounterMetricFamily(
-            "ortserve_batches", "Batches decoded since the model loaded (0: batching off).",
+            "ortserve_batches",
+            "Batches decoded since the model loaded (0: batching off).",
             value=stats.batches,
-        )  # fmt: skip
+        )
         yield CounterMetricFamily(
-            "ortserve_batched_requests", "Requests in those batches (÷ batches: mean size).",
+            "ortserve_batched_requests",
+            "Requests in those batches (÷ batches: mean size).",
             value=stats.batched_requests,
-        )  # fmt: skip
+        )
         yield GaugeMetricFamily(
             "ortserve_queue_depth", "Requests waiting for a generation slot.", value=stats.waiting
         )
         yield GaugeMetricFamily(
             "ortserve_active_generations",
-            "Requests generating now (each request of a batch counts).", value=stats.active,
-        )  # fmt: skip
+            "Requests generating now (each request of a batch counts).",
+            value=stats.active,
+        )
         load_s = service.engine.probe.load_seconds if service is not None else 0.0
         yield GaugeMetricFamily(
-            "ortserve_model_load_seconds", "Wall time of the model load, probe included.",
+            "ortserve_model_load_seconds",
+            "Wall time of the model load, probe included.",
             value=load_s,
-        )  # fmt: skip
-        labels = ["model", "digest", "provider", "quality",
-                  *(f"quality_{name}" for name in _QUALITY_FIGURES)]  # fmt: skip
+        )
+        labels = [
+            "model",
+            "digest",
+            "provider",
+            "quality",
+            *(f"quality_{name}" for name in _QUALITY_FIGURES),
+        ]
         info = GaugeMetricFamily(
             "ortserve_model_info",
             "1 for the loaded model (no sample before one is loaded): its name, manifest "
@@ -86,11 +95,21 @@ class _ServiceCollector(Collector):
 def _model_labels(engine: Engine) -> list[str]:
     quality = engine.manifest.quality
     if quality is None:  # baked before the gate existed
-        return [engine.model_name, engine.digest, engine.probe.provider, "none",
-                *("" for _ in _QUALITY_FIGURES)]  # fmt: skip
+        return [
+            engine.model_name,
+            engine.digest,
+            engine.probe.provider,
+            "none",
+            *("" for _ in _QUALITY_FIGURES),
+        ]
     figures = (getattr(quality, name) for name in _QUALITY_FIGURES)
-    return [engine.model_name, engine.digest, engine.probe.provider, quality.status,
-            *("" if f is None else f"{f:g}" for f in figures)]  # fmt: skip
+    return [
+        engine.model_name,
+        engine.digest,
+        engine.probe.provider,
+        quality.status,
+        *("" if f is None else f"{f:g}" for f in figures),
+    ]
 
 
 class Metrics:
@@ -107,9 +126,11 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "ortserve_requests", "HTTP requests by route and status.", ["route", "status"],
+            "ortserve_requests",
+            "HTTP requests by route and status.",
+            ["route", "status"],
             registry=r,
-        )  # fmt: skip
+        )
         self.generated_tokens = Counter(
             "ortserve_generated_tokens", "Tokens generated (completion tokens).", registry=r
         )
@@ -119,31 +140,39 @@ class Metrics:
         self.ttft = Histogram(
             "ortserve_time_to_first_token_seconds",
             "Time from the start of a generation to its first token.",
-            ["route"], buckets=_TTFT_BUCKETS, registry=r,
-        )  # fmt: skip
+            ["route"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
         self.tpot = Histogram(
             "ortserve_time_per_output_token_seconds",
             "Time per output token after the first, per generation of 2 tokens or more: "
             "(generation time - TTFT) / (tokens - 1).",
-            ["route"], buckets=_TPOT_BUCKETS, registry=r,
-        )  # fmt: skip
+            ["route"],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
         self.latency = Histogram(
             "ortserve_request_duration_seconds",
             "Time from request to the end of the response (streams: their last chunk).",
-            ["route"], buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.answers = Counter(
             "ortserve_answers",
             "Generations by how their answer ended: stop, length, tool_calls, content_filter, "
             "cancelled (the client left), error (500, 504 or a stream's error event).",
-            ["route", "ending"], registry=r,
-        )  # fmt: skip
+            ["route", "ending"],
+            registry=r,
+        )
         self.filtered = Counter(
             "ortserve_content_filtered",
             "Requests the content filter refused (input.*) or whose output it ended "
             "(output.*), by rule (ORTSERVE_CONTENT_FILTER).",
-            ["rule"], registry=r,
-        )  # fmt: skip
+            ["rule"],
+            registry=r,
+        )
         self.redactions = Counter(
             "ortserve_redactions",
             "Spans of personal data the content filter replaced (prompts and outputs).",
@@ -155,11 +184,13 @@ class Metrics:
         prometheus_client.ProcessCollector(registry=r)
         cpus = float(usable_cpus())
         gauges: list[tuple[str, str, Callable[[], float]]] = [
-            ("ortserve_usable_cpus", "CPUs this process may run on (its affinity).",
-             lambda: cpus),
-            ("ortserve_model_ready", "1 when the model is loaded and serving, else 0.",
-             lambda: 1.0 if state.status == "ready" else 0.0),
-        ]  # fmt: skip
+            ("ortserve_usable_cpus", "CPUs this process may run on (its affinity).", lambda: cpus),
+            (
+                "ortserve_model_ready",
+                "1 when the model is loaded and serving, else 0.",
+                lambda: 1.0 if state.status == "ready" else 0.0,
+            ),
+        ]
         if in_flight is not None:
             gauges.append(
                 ("ortserve_in_flight_requests", "Requests being answered now.", in_flight)

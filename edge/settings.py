@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 
-from core.settings import ServerSettings
+from ortserve.core.settings import ServerSettings
 
 
 class EdgeSettings(ServerSettings):

@@ -168,8 +168,7 @@ def signal_reload(pid: int | None, unit: str) -> None:
     systemctl = shutil.which("systemctl")
     if systemctl is None or not Path("/run/systemd/system").is_dir():
         raise SwitchError("systemd does not run this machine: pass --pid (or --no-reload)")
-    proc = subprocess.run([systemctl, "reload", unit], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    proc = subprocess.run([systemctl, "reload", unit], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SwitchError(f"systemctl reload {unit} failed: {proc.stderr.strip()}")
 
@@ -246,6 +245,7 @@ def switch(
         if back is None or back == link_target(state_dir, CURRENT):
             raise
         set_link(state_dir / CURRENT, back)
-        raise SwitchError(f"{exc}; {state_dir / CURRENT} names the serving model again "
-                          f"({back})") from None  # fmt: skip
+        raise SwitchError(
+            f"{exc}; {state_dir / CURRENT} names the serving model again ({back})"
+        ) from None
     return Outcome(digest, time.monotonic() - start, payload.get("model"))

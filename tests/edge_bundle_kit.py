@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bake.package_edge import INFO_NAME, package_edge, write_bundle_manifest
-from bake.targets import get_target
 from benchmarks.support.servers import serve_process
+from ortserve.bake.package_edge import INFO_NAME, package_edge, write_bundle_manifest
+from ortserve.bake.targets import get_target
 from tests import models
 
 ROOT = models.ROOT
@@ -86,8 +86,11 @@ def synthetic_bundle(dest: Path, arch: str = "x86_64") -> Path:
     """A bundle with the real install.sh, unit and settings file, a fake model and fake
     wheels: enough for everything install.sh does before it runs pip."""
     dest.mkdir(parents=True)
-    for name, source in (("install.sh", "install.sh"), ("ortserve.service", "ortserve.service"),
-                         ("ortserve.env", "ortserve.env")):  # fmt: skip
+    for name, source in (
+        ("install.sh", "install.sh"),
+        ("ortserve.service", "ortserve.service"),
+        ("ortserve.env", "ortserve.env"),
+    ):
         shutil.copy2(EDGE / source, dest / name)
     (dest / "model").mkdir()
     (dest / "model" / "manifest.json").write_text('{"model_name": "fake"}\n', encoding="utf-8")
@@ -128,8 +131,14 @@ def install(
     bundle: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess[str]:
     """Run the bundle's install.sh with `args` (the tests always pass --prefix)."""
-    return subprocess.run(["sh", str(bundle / "install.sh"), *args], capture_output=True,
-                          text=True, env=env, timeout=timeout, check=False)  # fmt: skip
+    return subprocess.run(
+        ["sh", str(bundle / "install.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def venv_stamp(bundle: Path, python: Path) -> str:
@@ -148,8 +157,12 @@ def listing(folder: Path) -> dict[str, tuple[int, int, int, int, str]]:
         st = path.lstat()
         link = os.readlink(path) if stat.S_ISLNK(st.st_mode) else ""
         out[path.relative_to(folder).as_posix()] = (
-            st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, link,
-        )  # fmt: skip
+            st.st_mode,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            link,
+        )
     return out
 
 
@@ -184,8 +197,11 @@ def unit_command(prefix: Path) -> tuple[list[str], dict[str, str]]:
 def serve_installed(prefix: Path, port: int, timeout_s: float = 180) -> Iterator[str]:
     """Start the installed daemon as its unit would (ExecStart and environment) on `port`."""
     argv, unit_env = unit_command(prefix)
-    base_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("ORTSERVE_", "NOTIFY_", "WATCHDOG_"))}  # fmt: skip
+    base_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ORTSERVE_", "NOTIFY_", "WATCHDOG_"))
+    }
     env = {**base_env, **unit_env, "ORTSERVE_PORT": str(port)}
     url = f"http://127.0.0.1:{port}"
     with serve_process(argv, env, url, ready_timeout_s=timeout_s):

@@ -25,13 +25,37 @@ from tests.models import ROOT
 QEMU = "qemu-aarch64-static"
 # Enough for python3.11 with ssl, sqlite, ctypes (bookworm; the verified list).
 PACKAGES = (
-    "libc6", "libstdc++6", "libgcc-s1", "libgomp1", "zlib1g", "libexpat1", "libssl3",
-    "libffi8", "libbz2-1.0", "liblzma5", "libsqlite3-0", "libuuid1", "libncursesw6",
-    "libtinfo6", "libreadline8", "libdb5.3", "libcrypt1", "libnsl2", "libtirpc3",
-    "libgssapi-krb5-2", "libkrb5-3", "libk5crypto3", "libkrb5support0", "libcom-err2",
-    "libkeyutils1", "media-types", "python3.11-minimal", "libpython3.11-minimal",
-    "libpython3.11-stdlib", "python3.11",
-)  # fmt: skip
+    "libc6",
+    "libstdc++6",
+    "libgcc-s1",
+    "libgomp1",
+    "zlib1g",
+    "libexpat1",
+    "libssl3",
+    "libffi8",
+    "libbz2-1.0",
+    "liblzma5",
+    "libsqlite3-0",
+    "libuuid1",
+    "libncursesw6",
+    "libtinfo6",
+    "libreadline8",
+    "libdb5.3",
+    "libcrypt1",
+    "libnsl2",
+    "libtirpc3",
+    "libgssapi-krb5-2",
+    "libkrb5-3",
+    "libk5crypto3",
+    "libkrb5support0",
+    "libcom-err2",
+    "libkeyutils1",
+    "media-types",
+    "python3.11-minimal",
+    "libpython3.11-minimal",
+    "libpython3.11-stdlib",
+    "python3.11",
+)
 # SVE/SME off: a Cortex-A76 (Raspberry Pi 5) has neither, and -cpu must agree with the
 # cpuinfo below, which onnxruntime reads to pick its kernels.
 CPU = "max,sve=off,sme=off"
@@ -84,12 +108,16 @@ def qemu() -> str:
 
 def _apt(work: Path, *args: str, cwd: Path | None = None) -> None:
     options = [
-        "-oAPT::Architecture=arm64", "-oAPT::Architectures=arm64",
-        f"-oDir::State::Lists={work / 'lists'}", f"-oDir::Cache={work / 'cache'}",
-        "-oAPT::Sandbox::User=root", "-qq",
-    ]  # fmt: skip
-    proc = subprocess.run(["apt-get", *options, *args], capture_output=True, text=True,
-                          cwd=cwd, check=False)  # fmt: skip
+        "-oAPT::Architecture=arm64",
+        "-oAPT::Architectures=arm64",
+        f"-oDir::State::Lists={work / 'lists'}",
+        f"-oDir::Cache={work / 'cache'}",
+        "-oAPT::Sandbox::User=root",
+        "-qq",
+    ]
+    proc = subprocess.run(
+        ["apt-get", *options, *args], capture_output=True, text=True, cwd=cwd, check=False
+    )
     if proc.returncode != 0:
         raise QemuUnavailable(f"apt-get {args[0]} (arm64) failed: {proc.stderr.strip()[-500:]}")
 

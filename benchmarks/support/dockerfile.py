@@ -79,7 +79,9 @@ def run_compile_steps(dockerfile: Path, task_root: Path) -> int:
     """
     steps = compile_steps(dockerfile)
     for words in steps:
-        command = [sys.executable if w == "python3" else w.replace(TASK_ROOT, str(task_root))
-                   for w in words]  # fmt: skip
+        command = [
+            sys.executable if w == "python3" else w.replace(TASK_ROOT, str(task_root))
+            for w in words
+        ]
         subprocess.run(command, check=True, timeout=300)
     return len(steps)

@@ -24,9 +24,15 @@ def _body_fields(body: bytes, base64_body: bool) -> dict[str, Any]:
 
 
 def v2_event(
-    method: str, target: str, headers: dict[str, str], body: bytes = b"",
-    *, function_url: bool = False, base64_body: bool = False, stage: str = "$default",
-) -> dict[str, Any]:  # fmt: skip
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    body: bytes = b"",
+    *,
+    function_url: bool = False,
+    base64_body: bool = False,
+    stage: str = "$default",
+) -> dict[str, Any]:
     """A payload-2.0 event as an HTTP API (catch-all route) or a Function URL sends it.
 
     Both lower-case header names and move any Cookie header into `cookies`.
@@ -36,8 +42,11 @@ def v2_event(
     cookie = lower.pop("cookie", None)
     raw_path = url.path if stage == "$default" else f"/{stage}{url.path}"
     query = dict(parse_qsl(url.query, keep_blank_values=True))
-    domain = ("abcdefghijklmnopqrstuvwxyz012345.lambda-url.us-east-1.on.aws" if function_url
-              else "a1b2c3d4e5.execute-api.us-east-1.amazonaws.com")  # fmt: skip
+    domain = (
+        "abcdefghijklmnopqrstuvwxyz012345.lambda-url.us-east-1.on.aws"
+        if function_url
+        else "a1b2c3d4e5.execute-api.us-east-1.amazonaws.com"
+    )
     route = "$default" if function_url else "ANY /{proxy+}"
     event: dict[str, Any] = {
         "version": "2.0",
@@ -74,9 +83,14 @@ def v2_event(
 
 
 def v1_event(
-    method: str, target: str, headers: dict[str, str], body: bytes = b"",
-    *, base64_body: bool = False, stage: str = "prod",
-) -> dict[str, Any]:  # fmt: skip
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    body: bytes = b"",
+    *,
+    base64_body: bool = False,
+    stage: str = "prod",
+) -> dict[str, Any]:
     """A payload-1.0 event as a REST API's `/{proxy+}` resource sends it (names as sent)."""
     url = urlsplit(target)
     pairs = parse_qsl(url.query, keep_blank_values=True)

@@ -52,8 +52,11 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: the caller (a test, a benchmark) reports what matters."""
 
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
-        head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", f"Content-Length: {len(body)}",
-                "Content-Type: application/json"]  # fmt: skip
+        head = [
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+            f"Content-Length: {len(body)}",
+            "Content-Type: application/json",
+        ]
         head += [f"{k}: {v}" for k, v in (headers or {}).items()]
         self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)  # one send
 
@@ -77,12 +80,16 @@ class _Handler(BaseHTTPRequestHandler):
             return
         request_id, body = item
         deadline = int((time.time() + 300) * 1000)
-        self._send(200, body, {
-            "Lambda-Runtime-Aws-Request-Id": request_id,
-            "Lambda-Runtime-Deadline-Ms": str(deadline),
-            "Lambda-Runtime-Invoked-Function-Arn": FUNCTION_ARN,
-            "Lambda-Runtime-Trace-Id": f"Root=1-{uuid.uuid4().hex[:8]}-{uuid.uuid4().hex[:24]}",
-        })  # fmt: skip
+        self._send(
+            200,
+            body,
+            {
+                "Lambda-Runtime-Aws-Request-Id": request_id,
+                "Lambda-Runtime-Deadline-Ms": str(deadline),
+                "Lambda-Runtime-Invoked-Function-Arn": FUNCTION_ARN,
+                "Lambda-Runtime-Trace-Id": f"Root=1-{uuid.uuid4().hex[:8]}-{uuid.uuid4().hex[:24]}",
+            },
+        )
 
     def do_POST(self) -> None:
         body = self._body()

@@ -26,7 +26,8 @@ def free_port() -> int:
 
 
 def wait_ready(base_url: str, proc: Any, log: Any, timeout_s: float = 120) -> None:
-    """Poll /readyz until 200; fail with the server's output if it dies or times out."""
+    """Poll /readyz until 200; fail with the server's output if it dies, says its load
+    failed, or times out."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -36,9 +37,13 @@ def wait_ready(base_url: str, proc: Any, log: Any, timeout_s: float = 120) -> No
             out = log.read()
             raise RuntimeError(f"server exited with {proc.returncode}:\n{out[-3000:]}")
         try:
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+            ready = httpx.get(f"{base_url}/readyz", timeout=2)
+            if ready.status_code == 200:
                 return
-        except httpx.TransportError:
+            if ready.json().get("status") == "failed":
+                log.seek(0)
+                raise RuntimeError(f"server load failed: {ready.text}\n{log.read()[-3000:]}")
+        except (httpx.TransportError, ValueError):
             pass
         time.sleep(0.1)
     raise RuntimeError(f"server at {base_url} not ready within {timeout_s} s")
@@ -46,15 +51,19 @@ def wait_ready(base_url: str, proc: Any, log: Any, timeout_s: float = 120) -> No
 
 @contextmanager
 def serve_process(
-    cmd: list[str], env: dict[str, str], base_url: str, cwd: Path | None = None,
+    cmd: list[str],
+    env: dict[str, str],
+    base_url: str,
+    cwd: Path | None = None,
     ready_timeout_s: float = 120,
-) -> Iterator[subprocess.Popen[str]]:  # fmt: skip
+) -> Iterator[subprocess.Popen[str]]:
     """Run a server process (its whole environment given) until /readyz answers 200; stop
     it with SIGTERM afterwards, failing loudly if it ignores that."""
     # A file, not a pipe: a server whose output nobody reads would block on a full pipe.
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+        )
         try:
             wait_ready(base_url, proc, log, ready_timeout_s)
             yield proc
@@ -75,8 +84,16 @@ def daemon(model_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subproce
     """`ortserve serve` on a free loopback port with `env` as its whole environment, until
     ready; yields its URL and process (tests and benchmarks)."""
     port = free_port()
-    cmd = [*ORTSERVE, "serve", "--model-dir", str(model_dir),
-           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    cmd = [
+        *ORTSERVE,
+        "serve",
+        "--model-dir",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     base = f"http://127.0.0.1:{port}"
     with serve_process(cmd, env, base) as proc:
         yield base, proc

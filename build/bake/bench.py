@@ -14,9 +14,9 @@ import statistics
 import time
 from pathlib import Path
 
-from bake.pipeline import BakeRequest, bake
-from core.engine import Engine, SamplingOptions
-from core.settings import EngineSettings
+from ortserve.bake.pipeline import BakeRequest, bake
+from ortserve.core.engine import Engine, SamplingOptions
+from ortserve.core.settings import EngineSettings
 
 
 def _prefill(engine: Engine, prompt_len: int) -> float:
@@ -49,11 +49,20 @@ def main() -> None:
     for block in args.blocks.split(","):
         out = args.work / f"block{block}"
         if not (out / "model" / "manifest.json").is_file():
-            bake(BakeRequest(args.model, "edge-x86_64", out=out, options={"block_size": block},
-                             force=True, package=False))  # fmt: skip
+            bake(
+                BakeRequest(
+                    args.model,
+                    "edge-x86_64",
+                    out=out,
+                    options={"block_size": block},
+                    force=True,
+                    package=False,
+                )
+            )
         for threads in args.threads.split(","):
-            settings = EngineSettings(model_dir=out / "model", providers="cpu",
-                                      threads=int(threads))  # fmt: skip
+            settings = EngineSettings(
+                model_dir=out / "model", providers="cpu", threads=int(threads)
+            )
             variants[f"block {block}, {threads} thr"] = Engine.load(settings)
     results: dict[str, dict[str, list[float]]] = {k: {} for k in variants}
     for _ in range(args.reps):
@@ -70,8 +79,10 @@ def main() -> None:
     print(f"{args.model}: medians of {args.reps} alternating runs, tokens/s (ratio to first row)")
     print(f"{'variant':<20} {'prefill 128':>18} {'prefill 512':>18} {'decode':>18}")
     for name, row in medians.items():
-        cells = [f"{row[m]:8.1f} ({row[m] / base[m]:4.2f}x)" for m in ("prefill128", "prefill512",
-                                                                      "decode")]  # fmt: skip
+        cells = [
+            f"{row[m]:8.1f} ({row[m] / base[m]:4.2f}x)"
+            for m in ("prefill128", "prefill512", "decode")
+        ]
         print(f"{name:<20} {cells[0]:>18} {cells[1]:>18} {cells[2]:>18}")
     if args.json:
         args.json.write_text(json.dumps({"medians": medians, "runs": results}, indent=2))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bake.errors import BakeError
+from ortserve.bake.errors import BakeError
 
 # A small English corpus to train the byte-level BPE tokenizer on; any UTF-8 text still
 # encodes (byte fallback through the byte-level alphabet).
@@ -56,19 +56,46 @@ BUILTINS: dict[str, BuiltinShape] = {
     shape.name: shape
     for shape in (
         BuiltinShape(
-            "tiny-llama", "llama", 64, 2, 4, 2, 128, 512, 2048, False,
+            "tiny-llama",
+            "llama",
+            64,
+            2,
+            4,
+            2,
+            128,
+            512,
+            2048,
+            False,
             "tiny Llama for tests and the README demo",
         ),
         BuiltinShape(
-            "smollm2-135m-shape", "llama", 576, 30, 9, 3, 1536, 49152, 8192, True,
+            "smollm2-135m-shape",
+            "llama",
+            576,
+            30,
+            9,
+            3,
+            1536,
+            49152,
+            8192,
+            True,
             "SmolLM2-135M's shape, for benchmarks",
         ),
         BuiltinShape(
-            "qwen2.5-0.5b-shape", "qwen2", 896, 24, 14, 2, 4864, 151936, 8192, True,
+            "qwen2.5-0.5b-shape",
+            "qwen2",
+            896,
+            24,
+            14,
+            2,
+            4864,
+            151936,
+            8192,
+            True,
             "Qwen2.5-0.5B's shape, for benchmarks",
         ),
     )
-}  # fmt: skip
+}
 
 
 def display_name(shape: BuiltinShape) -> str:

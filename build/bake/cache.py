@@ -17,8 +17,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from bake.pypi import parse
-from core.store import StoredModel
+from ortserve.bake.pypi import parse
 
 _GGUF_RECORD = "ortserve-gguf.json"  # written by bake.gguf beside each conversion
 
@@ -58,20 +57,20 @@ def _pypi_folder_name(source: str) -> str | None:
     return f"{slug}-{version}" if version else None
 
 
-def items(cache: Path, stored: list[StoredModel]) -> list[CacheItem]:
-    """Everything in the source cache `cache`, with the stored models each one served."""
+def items(cache: Path, stored: list[tuple[str, str]]) -> list[CacheItem]:
+    """Everything in the source cache `cache`, with the stored models each one served
+    (`stored`: each stored model's name and the source it was baked from)."""
     found: list[CacheItem] = []
     unpacked_by: dict[str, list[str]] = {}  # a pypi folder's name: stored models
     ggufs_by: dict[str, list[str]] = {}  # a GGUF file's name: stored models
-    for model in stored:
-        source = str(model.spec.get("source", ""))
+    for name, source in stored:
         unpacked = _pypi_folder_name(source)
         if unpacked is not None:
-            unpacked_by.setdefault(unpacked, []).append(model.name)
+            unpacked_by.setdefault(unpacked, []).append(name)
             for gguf in (cache / "pypi" / unpacked).rglob("*.gguf"):
-                ggufs_by.setdefault(gguf.name, []).append(model.name)
+                ggufs_by.setdefault(gguf.name, []).append(name)
         elif source.lower().endswith(".gguf"):
-            ggufs_by.setdefault(Path(source).name, []).append(model.name)
+            ggufs_by.setdefault(Path(source).name, []).append(name)
     pypi = cache / "pypi"
     for wheel in sorted((pypi / "wheels").glob("*.whl")):
         found.append(CacheItem(wheel, "PyPI wheel, already unpacked", _size(wheel)))

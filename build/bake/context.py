@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bake.errors import BakeError, say
-from bake.onnx_source import save_graph
+from ortserve.bake.errors import BakeError, say
+from ortserve.bake.onnx_source import save_graph
 
 # What a bake serves unless asked for more (up to the model's own maximum).
 DEFAULT_CONTEXT = 8192

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bake.errors import BakeError
+from ortserve.bake.errors import BakeError
 
 # Hugging Face model_type → onnxruntime-genai model type, for the decoder-only families
 # whose Optimum / transformers.js export has the inputs and outputs read below
@@ -17,10 +17,21 @@ from bake.errors import BakeError
 _MODEL_TYPES = {
     name: name
     for name in (
-        "gemma", "gemma2", "gemma3_text", "granite", "llama", "mistral", "nemotron", "olmo",
-        "phi", "phi3", "qwen2", "qwen3", "smollm3",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "granite",
+        "llama",
+        "mistral",
+        "nemotron",
+        "olmo",
+        "phi",
+        "phi3",
+        "qwen2",
+        "qwen3",
+        "smollm3",
     )
-}  # fmt: skip
+}
 _LAYER = re.compile(r"\.(\d+)\.")
 
 
@@ -33,7 +44,7 @@ def _pattern(names: list[str], kind: str) -> str | None:
 
 
 def _graph_io(model_path: Path) -> tuple[list[str], list[str]]:
-    from bake.onnx_source import load_graph
+    from ortserve.bake.onnx_source import load_graph
 
     model = load_graph(model_path)
     return [i.name for i in model.graph.input], [o.name for o in model.graph.output]

@@ -12,8 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
-from bake.errors import BakeError, say
-from core.manifest import sha256_file
+from ortserve.bake.errors import BakeError, say
+from ortserve.core.manifest import sha256_file
 
 # What the conversion's output must hold for the builder and the runtime.
 _NEEDED = ("config.json", "model.safetensors", "tokenizer.json")

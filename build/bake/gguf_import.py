@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from bake.errors import BakeError, say
-from bake.gguf_blocks import MAPPED_TYPES, OFFSET_BLOCK, Array, Blocks, concat, decode
-from bake.onnx_source import save_graph
+from ortserve.bake.errors import BakeError, say
+from ortserve.bake.gguf_blocks import MAPPED_TYPES, OFFSET_BLOCK, Array, Blocks, concat, decode
+from ortserve.bake.onnx_source import save_graph
 
 # og node name → (layer, projection); the lm_head has no layer.
 _LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(?:attn|mlp)/(\w+)/MatMul")
@@ -87,10 +87,12 @@ def _parts(node_name: str, tied: bool, has: Callable[[_Part], bool]) -> list[_Pa
         return None
     layer = found.group(1)
     candidates = [
-        [_Part(f"blk.{layer}.{gguf}.weight", f"model.layers.{layer}.{hf}.weight", half)
-         for gguf, hf, half in candidate]
+        [
+            _Part(f"blk.{layer}.{gguf}.weight", f"model.layers.{layer}.{hf}.weight", half)
+            for gguf, hf, half in candidate
+        ]
         for candidate in _PROJECTIONS[found.group(2)]
-    ]  # fmt: skip
+    ]
     return next((c for c in candidates if all(has(p) for p in c)), candidates[0])
 
 
@@ -247,8 +249,10 @@ class _Graph:
         if source in self._sums:
             return self._sums[source]
         base = f"{source}/ortserve_blocksum"
-        ones = np.kron(np.eye(columns // OFFSET_BLOCK, dtype=np.float32),
-                       np.ones((OFFSET_BLOCK, 1), np.float32))  # fmt: skip
+        ones = np.kron(
+            np.eye(columns // OFFSET_BLOCK, dtype=np.float32),
+            np.ones((OFFSET_BLOCK, 1), np.float32),
+        )
         self.put(f"{base}/ones", ones)
         self.before.setdefault(node.name, []).append(
             helper.make_node("MatMul", [source, f"{base}/ones"], [base], f"{base}/MatMul")
@@ -353,8 +357,10 @@ def import_exact(gguf: Path, model_dir: Path, checkpoint: Path, graph_file: str)
             report.requantized[node.name] = "no GGUF tensor known for this node"
             continue
         found = [source.blocks(part) for part in parts]
-        why = next((f"{p.gguf}: {f}" for p, f in zip(parts, found, strict=True)
-                    if isinstance(f, str)), None)  # fmt: skip
+        why = next(
+            (f"{p.gguf}: {f}" for p, f in zip(parts, found, strict=True) if isinstance(f, str)),
+            None,
+        )
         if why is None:
             blocks = [f for f in found if isinstance(f, Blocks)]
             reason = _replace(graph, node, concat(blocks))

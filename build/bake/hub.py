@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bake.errors import BakeError
-from bake.onnx_source import GRAPH_DIR, Variant, choose_variant, data_patterns, graphs_in
-from bake.source_files import HF_PATTERNS, ONNX_PATTERNS, ONNX_SMALL_FILES
+from ortserve.bake.errors import BakeError
+from ortserve.bake.onnx_source import GRAPH_DIR, Variant, choose_variant, data_patterns, graphs_in
+from ortserve.bake.source_files import HF_PATTERNS, ONNX_PATTERNS, ONNX_SMALL_FILES
 
 
 def _patterns(

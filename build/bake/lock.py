@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from importlib.metadata import distributions
 from pathlib import Path
 
-from bake.errors import BakeError, say
-from bake.packaging_common import pinned
+from ortserve.bake.errors import BakeError, say
+from ortserve.bake.packaging_common import pinned
 
 _TIMEOUT_S = 600
 
@@ -63,9 +63,13 @@ def locked_lines(report: dict[str, object]) -> list[str]:
 
 
 def lock(
-    roots: tuple[str, ...], arch: str, cache: Path, *, python: str = "3.12",
+    roots: tuple[str, ...],
+    arch: str,
+    cache: Path,
+    *,
+    python: str = "3.12",
     glibc_minor: int = 34,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """Every distribution an image needs for `roots`, pinned and hashed.
 
     Args:
@@ -90,16 +94,33 @@ def lock(
         (work / "requirements.txt").write_text("\n".join(requirements) + "\n", encoding="utf-8")
         (work / "constraints.txt").write_text("\n".join(constraints) + "\n", encoding="utf-8")
         cmd = [
-            sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q",
-            "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
-            *(f"--platform={tag}" for tag in tags), f"--python-version={python}",
-            "--implementation=cp", f"--abi=cp{python.replace('.', '')}",
-            "--target", str(work / "target"), "--report", str(work / "report.json"),
-            "-r", str(work / "requirements.txt"), "-c", str(work / "constraints.txt"),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pip",
+            "--disable-pip-version-check",
+            "--no-input",
+            "-q",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--only-binary=:all:",
+            *(f"--platform={tag}" for tag in tags),
+            f"--python-version={python}",
+            "--implementation=cp",
+            f"--abi=cp{python.replace('.', '')}",
+            "--target",
+            str(work / "target"),
+            "--report",
+            str(work / "report.json"),
+            "-r",
+            str(work / "requirements.txt"),
+            "-c",
+            str(work / "constraints.txt"),
+        ]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S,
-                                  check=False)  # fmt: skip
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False
+            )
         except subprocess.TimeoutExpired:
             raise BakeError(f"locking the requirements: pip took over {_TIMEOUT_S} s") from None
         if proc.returncode != 0:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bake.errors import BakeError
+from ortserve.bake.errors import BakeError
 
 if TYPE_CHECKING:
     import onnx
@@ -31,13 +31,23 @@ BAKED_DATA = "model.onnx.data"
 # activations (onnxruntime's CPU EP runs them, but fp16 arithmetic is its slow path),
 # then fp32, then fp16. On CUDA: fp16 first, its native precision.
 _CPU_ORDER = (
-    "model_q4.onnx", "model_int8.onnx", "model_quantized.onnx", "model_uint8.onnx",
-    "model_q4f16.onnx", "model.onnx", "model_fp16.onnx",
-)  # fmt: skip
+    "model_q4.onnx",
+    "model_int8.onnx",
+    "model_quantized.onnx",
+    "model_uint8.onnx",
+    "model_q4f16.onnx",
+    "model.onnx",
+    "model_fp16.onnx",
+)
 _CUDA_ORDER = (
-    "model_fp16.onnx", "model_q4f16.onnx", "model_q4.onnx", "model.onnx",
-    "model_int8.onnx", "model_quantized.onnx", "model_uint8.onnx",
-)  # fmt: skip
+    "model_fp16.onnx",
+    "model_q4f16.onnx",
+    "model_q4.onnx",
+    "model.onnx",
+    "model_int8.onnx",
+    "model_quantized.onnx",
+    "model_uint8.onnx",
+)
 _KINDS = {
     "model_q4.onnx": "4-bit weights, fp32 activations",
     "model_q4f16.onnx": "4-bit weights, fp16 activations",
@@ -169,9 +179,13 @@ def save_graph(model: onnx.ModelProto, path: Path) -> None:
     data = path.with_name(path.name + ".data")
     data.unlink(missing_ok=True)
     onnx.save_model(
-        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-        location=data.name, size_threshold=1024,
-    )  # fmt: skip
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data.name,
+        size_threshold=1024,
+    )
     data.chmod(0o644)  # onnx writes it owner-only
 
 

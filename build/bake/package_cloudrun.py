@@ -27,30 +27,39 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bake.errors import BakeError
-from bake.packaging_common import (
-    IGNORE,
+from ortserve.bake.errors import BakeError
+from ortserve.bake.packaging_common import (
     MODEL_SUBDIR,
     RUNTIME_DISTRIBUTIONS,
-    package_dir,
+    copy_runtime_code,
     pinned_closure,
     write_lines,
 )
-from bake.sizing import Memory, memory_for, model_memory, write_record
-from bake.targets import Target
+from ortserve.bake.sizing import Memory, memory_for, model_memory, write_record
+from ortserve.bake.targets import Target
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "cloudrun"
 # What the template folder holds, as written into the bundle (same relative paths).
-TEMPLATE_FILES = ("Dockerfile", "service.yaml", "k8s/deployment.yaml", "k8s/service.yaml",
-                  "k8s/scaledobject.yaml")  # fmt: skip
+TEMPLATE_FILES = (
+    "Dockerfile",
+    "service.yaml",
+    "k8s/deployment.yaml",
+    "k8s/service.yaml",
+    "k8s/scaledobject.yaml",
+)
 # The image's distributions: the runtime's, onnxruntime-genai's own runtime, the daemon's.
-IMAGE_DISTRIBUTIONS = (*RUNTIME_DISTRIBUTIONS, "onnxruntime", "uvicorn", "h11", "click",
-                       "prometheus-client")  # fmt: skip
+IMAGE_DISTRIBUTIONS = (
+    *RUNTIME_DISTRIBUTIONS,
+    "onnxruntime",
+    "uvicorn",
+    "h11",
+    "click",
+    "prometheus-client",
+)
 
 _ROUND_MIB = 256
 _MIN_MIB = 1024
@@ -81,7 +90,7 @@ import sys
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
-from edge.cli import run
+from ortserve.edge.cli import run
 
 
 class PlatformPort(BaseSettings):
@@ -192,8 +201,7 @@ def package_cloudrun(target: Target, bundle: Path) -> None:
         "startup_s": str(startup_s),
         "startup_failures": str(startup_s // _STARTUP_PROBE_PERIOD_S),
     }
-    shutil.copytree(package_dir("core"), bundle / "core", ignore=IGNORE)
-    shutil.copytree(package_dir("edge"), bundle / "edge", ignore=IGNORE)
+    copy_runtime_code(bundle, edge=True)
     (bundle / "serve.py").write_text(_SERVE, encoding="utf-8")
     write_lines(bundle / "requirements.txt", pinned_closure(IMAGE_DISTRIBUTIONS, target.arch))
     for name in TEMPLATE_FILES:
@@ -201,5 +209,6 @@ def package_cloudrun(target: Target, bundle: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(render((TEMPLATES / name).read_text(encoding="utf-8"), values), "utf-8")
     record = {k: v for k, v in asdict(size).items() if k != "memory"}
-    write_record(bundle / "sizing.json", size.memory, **record, memory=values["memory"],
-                 max_scale=_MAX_SCALE)  # fmt: skip
+    write_record(
+        bundle / "sizing.json", size.memory, **record, memory=values["memory"], max_scale=_MAX_SCALE
+    )

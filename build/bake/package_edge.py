@@ -37,11 +37,11 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
-from bake.errors import BakeError, run_step, say
-from bake.packaging_common import MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, pinned, write_lines
-from bake.sizing import Memory, model_memory, write_record
-from bake.targets import Target
-from core.manifest import sha256_file
+from ortserve.bake.errors import BakeError, run_step, say
+from ortserve.bake.packaging_common import MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, pinned, write_lines
+from ortserve.bake.sizing import Memory, model_memory, write_record
+from ortserve.bake.targets import Target
+from ortserve.core.manifest import sha256_file
 
 # The edge extra's distributions (pyproject's `edge` extra); the runtime ones come from
 # bake.packaging_common. pip goes in too: install.sh runs pip from its wheel, so the board
@@ -189,14 +189,12 @@ def _cached_dir(folder: Path, fill: _Filler) -> Path:
 
 
 def project_root() -> Path:
-    """The ortserve source tree (pyproject.toml), found from where `core` is imported.
+    """The ortserve source tree (pyproject.toml), found from where `ortserve` is imported.
 
     Raises:
         BakeError: ortserve is not installed from a source tree (the wheel is built from it).
     """
-    import core
-
-    root = Path(core.__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # build/bake/package_edge.py
     pyproject = root / "pyproject.toml"
     try:
         name = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["name"]
@@ -236,14 +234,27 @@ def wheelhouse(arch: str, cache: Path) -> Path:
         for python in PYTHON_VERSIONS:
             say(f"downloading the wheels for {arch}, Python {python} (once; cached in {cache})")
             _pip(
-                ["download", "--only-binary=:all:", "--implementation", "cp",
-                 "--python-version", python, *(f"--platform={tag}" for tag in tags),
-                 "--progress-bar", "off", "--dest", str(tmp),
-                 "-r", str(lists / "requirements.txt"), "-c", str(lists / "constraints.txt")],
+                [
+                    "download",
+                    "--only-binary=:all:",
+                    "--implementation",
+                    "cp",
+                    "--python-version",
+                    python,
+                    *(f"--platform={tag}" for tag in tags),
+                    "--progress-bar",
+                    "off",
+                    "--dest",
+                    str(tmp),
+                    "-r",
+                    str(lists / "requirements.txt"),
+                    "-c",
+                    str(lists / "constraints.txt"),
+                ],
                 f"cannot download the {arch} wheels for Python {python}",
                 "bake once with access to PyPI (or a mirror in PIP_INDEX_URL) to fill the "
                 f"cache in {cache}",
-            )  # fmt: skip
+            )
         shutil.rmtree(lists)
 
     return _cached_dir(folder, fill)
@@ -267,14 +278,37 @@ def build_ortserve_wheel(dest: Path, cache: Path) -> Path:
     def fill(tmp: Path) -> None:
         say(f"downloading the build backend ({', '.join(backend)}) once into {cache}")
         what = "cannot download the build backend for the ortserve wheel"
-        _pip(["download", "--only-binary=:all:", "--progress-bar", "off", "--dest", str(tmp),
-              *backend], what, hint)  # fmt: skip
+        _pip(
+            [
+                "download",
+                "--only-binary=:all:",
+                "--progress-bar",
+                "off",
+                "--dest",
+                str(tmp),
+                *backend,
+            ],
+            what,
+            hint,
+        )
 
     tools = _cached_dir(cache / f"build-backend-{tools_key}", fill)
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ortserve-wheel-") as out:
-        _pip(["wheel", "--no-deps", "--no-index", "--find-links", str(tools),
-              "--wheel-dir", out, str(root)], "cannot build the ortserve wheel", hint)  # fmt: skip
+        _pip(
+            [
+                "wheel",
+                "--no-deps",
+                "--no-index",
+                "--find-links",
+                str(tools),
+                "--wheel-dir",
+                out,
+                str(root),
+            ],
+            "cannot build the ortserve wheel",
+            hint,
+        )
         (built,) = Path(out).glob("ortserve-*.whl")
         return Path(shutil.copy2(built, dest / built.name))
 
@@ -306,8 +340,10 @@ def with_memory_max(unit: str, limit: str) -> str:
     at = [i for i, line in enumerate(lines) if line.startswith("MemoryMax=")]
     if len(at) != 1:
         raise BakeError("edge/ortserve.service changed shape: update bake.package_edge")
-    lines[at[0]] = (f"# Set by the bake from the model (sizing.json: the terms of the sum).\n"
-                    f"MemoryMax={limit}\n")  # fmt: skip
+    lines[at[0]] = (
+        f"# Set by the bake from the model (sizing.json: the terms of the sum).\n"
+        f"MemoryMax={limit}\n"
+    )
     return "".join(lines)
 
 

@@ -9,9 +9,9 @@ in `model/` and, from here:
   SAM, `CAPABILITY_IAM`, and the architecture for `sam build` and `sam deploy`;
 - `Dockerfile` (buffered handler) and `Dockerfile.stream` (edge daemon behind the Lambda
   Web Adapter), `requirements.txt` / `requirements-stream.txt` with every transitive
-  dependency pinned and hashed (bake.lock), and the code they copy (`core/`,
-  `functions/aws/*.py`, `edge/*.py`): nothing else, and `.dockerignore` keeps SAM's
-  files out of the context.
+  dependency pinned and hashed (bake.lock), and the code they copy (`ortserve/core/`,
+  `ortserve/functions/aws/*.py`, `ortserve/edge/*.py`): nothing else, and `.dockerignore`
+  keeps SAM's files out of the context.
 
 So `cd DIR && sam build && sam deploy` deploys it, whatever DIR is.
 """
@@ -22,11 +22,16 @@ import re
 import shutil
 from pathlib import Path
 
-from bake.errors import BakeError
-from bake.lock import lock
-from bake.packaging_common import IGNORE, MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, package_dir
-from bake.sizing import Memory, model_memory, write_record
-from bake.targets import Target
+from ortserve.bake.errors import BakeError
+from ortserve.bake.lock import lock
+from ortserve.bake.packaging_common import (
+    MODEL_SUBDIR,
+    RUNTIME_DISTRIBUTIONS,
+    copy_runtime_code,
+    package_dir,
+)
+from ortserve.bake.sizing import Memory, model_memory, write_record
+from ortserve.bake.targets import Target
 
 DOCKERFILES = ("Dockerfile", "Dockerfile.stream")
 # onnxruntime-genai's own runtime dependency, pinned too: the image must be the tested set.
@@ -54,7 +59,7 @@ def repo_template() -> Path:
     Raises:
         BakeError: ortserve is not installed from a source tree.
     """
-    template = package_dir("core").parent / "template.yaml"
+    template = package_dir("ortserve.core").resolve().parent / "template.yaml"
     if not template.is_file():
         raise BakeError(
             f"the Lambda bake writes its template from the repository's template.yaml, but "
@@ -124,12 +129,6 @@ parameter_overrides = {overrides}
 """
 
 
-def _copy_py(source: Path, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for path in sorted(source.glob("*.py")):
-        shutil.copy2(path, dest / path.name)
-
-
 def package_lambda(target: Target, bundle: Path, cache: Path | None = None) -> None:
     """Make `bundle` (holding `model/`) a SAM project and the images' build context.
 
@@ -144,19 +143,14 @@ def package_lambda(target: Target, bundle: Path, cache: Path | None = None) -> N
     if not target.name.startswith("lambda-"):
         raise ValueError(f"{target.name} is not a Lambda target")
     if cache is None:
-        from bake.settings import BakeSettings
+        from ortserve.bake.settings import BakeSettings
 
         cache = BakeSettings().cache_dir
     architecture = lambda_architecture(target)
     # The code the Dockerfiles copy, and nothing else.
-    shutil.copytree(package_dir("core"), bundle / "core", ignore=IGNORE)
-    functions = package_dir("functions")
-    (bundle / "functions").mkdir()
-    shutil.copy2(functions / "__init__.py", bundle / "functions" / "__init__.py")
-    _copy_py(functions / "aws", bundle / "functions" / "aws")
-    _copy_py(package_dir("edge"), bundle / "edge")
+    copy_runtime_code(bundle, ("aws",), edge=True)
     for name in DOCKERFILES:
-        shutil.copy2(functions / "aws" / name, bundle / name)
+        shutil.copy2(package_dir("ortserve.functions") / "aws" / name, bundle / name)
     runtime = lock(LAMBDA_DISTRIBUTIONS, target.arch, cache)
     stream = lock((*LAMBDA_DISTRIBUTIONS, *STREAM_DISTRIBUTIONS), target.arch, cache)
     (bundle / "requirements.txt").write_text("\n".join(runtime) + "\n", encoding="utf-8")

@@ -13,9 +13,15 @@ MODEL_SUBDIR = "model"
 
 # The runtime's dependencies, pinned to the versions installed (and tested) here.
 RUNTIME_DISTRIBUTIONS = (
-    "onnxruntime-genai", "pydantic", "pydantic-core", "pydantic-settings", "numpy", "jinja2",
-    "tokenizers", "shtab",
-)  # fmt: skip
+    "onnxruntime-genai",
+    "pydantic",
+    "pydantic-core",
+    "pydantic-settings",
+    "numpy",
+    "jinja2",
+    "tokenizers",
+    "shtab",
+)
 # Versions this project was tested with, for tools the bake machine may not have.
 _TESTED = {
     "functions-framework": "3.10.2",
@@ -51,14 +57,32 @@ def pinned(distributions: tuple[str, ...]) -> list[str]:
     return lines
 
 
-def copy_runtime_code(dest: Path, functions_subpackages: tuple[str, ...]) -> None:
-    """Copy the runtime packages (core and the named `functions` adapters) into `dest`."""
-    shutil.copytree(package_dir("core"), dest / "core", ignore=IGNORE)
-    functions = package_dir("functions")
-    (dest / "functions").mkdir()
-    shutil.copy2(functions / "__init__.py", dest / "functions" / "__init__.py")
-    for sub in functions_subpackages:
-        shutil.copytree(functions / sub, dest / "functions" / sub, ignore=IGNORE)
+def _copy_py(src: Path, dest: Path) -> None:
+    """Copy the Python modules of one folder (no subfolders, no data files)."""
+    dest.mkdir(parents=True)
+    for path in sorted(src.glob("*.py")):
+        shutil.copy2(path, dest / path.name)
+
+
+def copy_runtime_code(
+    dest: Path, functions_subpackages: tuple[str, ...] = (), *, edge: bool = False
+) -> None:
+    """Copy the runtime into `dest/ortserve`, as the wheel lays it out: the package's
+    `__init__`, `ortserve.core` (with its data files), the named `ortserve.functions`
+    adapters, and `ortserve.edge`'s modules when `edge` (the streaming Lambda image and
+    Cloud Run run the edge daemon). The front's CLI, store and Python API stay out."""
+    package = dest / "ortserve"
+    package.mkdir()
+    shutil.copy2(package_dir("ortserve") / "__init__.py", package / "__init__.py")
+    shutil.copytree(package_dir("ortserve.core"), package / "core", ignore=IGNORE)
+    if functions_subpackages:
+        functions = package_dir("ortserve.functions")
+        (package / "functions").mkdir()
+        shutil.copy2(functions / "__init__.py", package / "functions" / "__init__.py")
+        for sub in functions_subpackages:
+            _copy_py(functions / sub, package / "functions" / sub)
+    if edge:
+        _copy_py(package_dir("ortserve.edge"), package / "edge")
 
 
 # The marker environment of the images built from a bake (CPython 3.12 on Linux).
@@ -79,11 +103,19 @@ def pinned_closure(distributions: tuple[str, ...], machine: str = "x86_64") -> l
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    env = {"python_version": _IMAGE_PYTHON, "python_full_version": f"{_IMAGE_PYTHON}.0",
-           "implementation_version": f"{_IMAGE_PYTHON}.0", "platform_machine": machine,
-           "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython",
-           "platform_release": "", "platform_version": ""}  # fmt: skip
+    env = {
+        "python_version": _IMAGE_PYTHON,
+        "python_full_version": f"{_IMAGE_PYTHON}.0",
+        "implementation_version": f"{_IMAGE_PYTHON}.0",
+        "platform_machine": machine,
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "platform_release": "",
+        "platform_version": "",
+    }
     found: dict[str, tuple[str, str, frozenset[str]]] = {}  # key: (name, version, extras)
     todo = [(name, frozenset[str]()) for name in distributions]
     while todo:

@@ -13,23 +13,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bake.errors import BakeError, run_step, say
-from bake.genai_config import infer_genai_config, set_session_options
-from bake.onnx_source import BAKED_GRAPH, copy_graph, data_files, graph_precision, load_graph
-from bake.package import package
-from bake.packaging_common import MODEL_SUBDIR
-from bake.progress import BuilderProgress
-from bake.recipes import RECIPES, Recipe, default_recipe, load_recipe, target_options
-from bake.source_files import PROCESSING_FILES
-from bake.sources import OnnxChoice, ResolvedSource, resolve
-from bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
-from bake.text import record_text
-from bake.upstream import BUILDER_MODULE, builder_input
-from core.manifest import GgufImport, Manifest, QualityCheck, list_files, write_manifest
-from core.settings import PRIVACY_ENVIRONMENT, disable_telemetry
+from ortserve.bake.errors import BakeError, run_step, say
+from ortserve.bake.genai_config import infer_genai_config, set_session_options
+from ortserve.bake.onnx_source import (
+    BAKED_GRAPH,
+    copy_graph,
+    data_files,
+    graph_precision,
+    load_graph,
+)
+from ortserve.bake.package import package
+from ortserve.bake.packaging_common import MODEL_SUBDIR
+from ortserve.bake.progress import BuilderProgress
+from ortserve.bake.recipes import RECIPES, Recipe, default_recipe, load_recipe, target_options
+from ortserve.bake.settings import builder_environment
+from ortserve.bake.source_files import PROCESSING_FILES
+from ortserve.bake.sources import OnnxChoice, ResolvedSource, resolve
+from ortserve.bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
+from ortserve.bake.text import record_text
+from ortserve.bake.upstream import BUILDER_MODULE, builder_input
+from ortserve.core.manifest import GgufImport, Manifest, QualityCheck, list_files, write_manifest
+from ortserve.core.settings import disable_telemetry
 
 if TYPE_CHECKING:
-    from core.engine import Engine
+    from ortserve.core.engine import Engine
 
 # Head sizes the CPU GroupQueryAttention kernel accepts.
 _HEAD_SIZE_MULTIPLE = 16
@@ -143,20 +150,30 @@ def _run_builder(
     fails, its whole log is kept at `failed_log` (outside the bake's temporary folder,
     which goes) and the error says where."""
     cmd = [
-        sys.executable, "-m", BUILDER_MODULE,
-        "-i", str(src), "-o", str(out), "-p", precision, "-e", target.builder_ep,
-        "-c", str(cache),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        BUILDER_MODULE,
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "-p",
+        precision,
+        "-e",
+        target.builder_ep,
+        "-c",
+        str(cache),
+    ]
     if options:
         cmd += ["--extra_options", *(f"{k}={v}" for k, v in options.items())]
     if target_opts:
         cmd += ["--target_options", json.dumps(target_opts)]
-    say(f"converting with the onnxruntime-genai builder: {precision}, -e {target.builder_ep}, "
-         f"{' '.join(f'{k}={v}' for k, v in options.items()) or 'default options'}")  # fmt: skip
+    say(
+        f"converting with the onnxruntime-genai builder: {precision}, -e {target.builder_ep}, "
+        f"{' '.join(f'{k}={v}' for k, v in options.items()) or 'default options'}"
+    )
     cache.mkdir(parents=True, exist_ok=True)
-    # The builder reads the local folder only, and sends no telemetry (core.settings);
-    # unbuffered, its lines come as it prints them (bake.progress reads them).
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **PRIVACY_ENVIRONMENT)
+    env = builder_environment()
     started = time.monotonic()
     progress = BuilderProgress(layers)
     proc = run_step(cmd, "the model builder", env=env, progress=progress)
@@ -237,7 +254,7 @@ def _copy_onnx(
     source: ResolvedSource, dst: Path, request: BakeRequest, target: Target
 ) -> tuple[list[str], _OnnxPlan]:
     """Copy (or quantize) the chosen graph and the small files; infer genai_config if missing."""
-    from bake.onnx_source import quantize_graph
+    from ortserve.bake.onnx_source import quantize_graph
 
     assert source.graph is not None  # resolve() chooses the graph of every ONNX source
     src, graph = source.folder, source.graph.path
@@ -255,8 +272,10 @@ def _copy_onnx(
     if plan.bits is None:
         copy_graph(src / graph, dst, name)
     else:
-        say(f"quantizing {graph} to {plan.precision} with onnxruntime's MatMulNBitsQuantizer: "
-            f"block_size={plan.block_size}, accuracy_level={plan.accuracy_level}")  # fmt: skip
+        say(
+            f"quantizing {graph} to {plan.precision} with onnxruntime's MatMulNBitsQuantizer: "
+            f"block_size={plan.block_size}, accuracy_level={plan.accuracy_level}"
+        )
         count = quantize_graph(
             src / graph, dst, name, plan.bits, plan.block_size, plan.accuracy_level
         )
@@ -272,9 +291,9 @@ def _copy_onnx(
 
 def _load(folder: Path, target: Target) -> Engine:
     """Load the baked folder as the runtime will: a folder that cannot load is never installed."""
-    from core.engine import Engine
-    from core.errors import OrtServeError, ProviderUnavailableError
-    from core.settings import EngineSettings
+    from ortserve.core.engine import Engine
+    from ortserve.core.errors import OrtServeError, ProviderUnavailableError
+    from ortserve.core.settings import EngineSettings
 
     providers = "cpu" if target.runtime_ep == "cpu" else f"{target.runtime_ep},cpu"
     try:
@@ -297,9 +316,9 @@ _SMOKE_TOKENS = 8
 def _smoke(engine: Engine) -> str:
     """Generate a few tokens from the loaded baked folder, through the service requests
     take, and say what came out; a bake that cannot generate fails."""
-    from core.errors import OrtServeError
-    from core.generation import GenerationRequest, SamplingOptions
-    from core.service import Service
+    from ortserve.core.errors import OrtServeError
+    from ortserve.core.generation import GenerationRequest, SamplingOptions
+    from ortserve.core.service import Service
 
     options = SamplingOptions(max_new_tokens=_SMOKE_TOKENS)
     try:
@@ -310,8 +329,10 @@ def _smoke(engine: Engine) -> str:
         raise BakeError(f"smoke generation on the baked model failed: {exc.message}") from exc
     # A raw continuation of a one-word prompt, cut after a few tokens: it reads oddly even
     # from a good model, so the line says what it is.
-    say(f"smoke test on {engine.probe.provider}: {done.completion_tokens} tokens generated "
-        f"from {_SMOKE_PROMPT!r} (raw text, not a chat reply): {done.text!r}")  # fmt: skip
+    say(
+        f"smoke test on {engine.probe.provider}: {done.completion_tokens} tokens generated "
+        f"from {_SMOKE_PROMPT!r} (raw text, not a chat reply): {done.text!r}"
+    )
     return done.text
 
 
@@ -322,7 +343,7 @@ def _quality(source: ResolvedSource, engine: Engine, request: BakeRequest) -> Qu
     if source.folder_kind != "hf":
         say("quality gate: skipped (an ONNX source has no checkpoint to compare with)")
         return QualityCheck(status="skipped: no source checkpoint (ONNX source)")
-    from bake.quality import check
+    from ortserve.bake.quality import check
 
     if source.gguf is None:
         return check(source.folder, engine, request.max_ppl_ratio, source.random_weights)
@@ -390,8 +411,17 @@ def _convert(
         if recipe is not None:
             recipe, target_opts = _expand(recipe, request.recipe is not None, config, options)
         layers = config.get("text_config", config).get("num_hidden_layers")  # Gemma 3 nests
-        _run_builder(folder, staging, cache, precision, target, options, failed_log, target_opts,
-                     layers=layers if isinstance(layers, int) else None)  # fmt: skip
+        _run_builder(
+            folder,
+            staging,
+            cache,
+            precision,
+            target,
+            options,
+            failed_log,
+            target_opts,
+            layers=layers if isinstance(layers, int) else None,
+        )
         if recipe is not None:
             options = {**options, "recipe": recipe[0]}
         return precision, options, "onnxruntime_genai.models.builder {og} (bake.upstream)", []
@@ -439,9 +469,16 @@ def bake(request: BakeRequest) -> BakeResult:
             # tensor the import cannot map keeps this quantization, and the bake says so.
             options, recipe = {**options, "algo_config": "rtn"}, None
         precision, options, builder, inferred = _convert(
-            source, staging, work / "cache", request, target, precision, options, failed_log,
+            source,
+            staging,
+            work / "cache",
+            request,
+            target,
+            precision,
+            options,
+            failed_log,
             recipe,
-        )  # fmt: skip
+        )
         steps.done("builder" if source.folder_kind == "hf" else "graph")
         imported = _import_gguf(source, staging) if exact else None
         steps.done("import")  # shown where it took time: a GGUF's exact import
@@ -538,8 +575,10 @@ def _exact_import(source: ResolvedSource, request: BakeRequest, precision: str) 
     """
     if source.gguf is None or request.requantize or precision != "int4":
         if source.gguf is not None and precision == "int4":
-            say(f"GGUF {source.gguf.name}: --requantize, so the builder quantizes its "
-                "dequantized weights again")  # fmt: skip
+            say(
+                f"GGUF {source.gguf.name}: --requantize, so the builder quantizes its "
+                "dequantized weights again"
+            )
         return False
     if request.recipe is not None:
         raise BakeError(
@@ -559,7 +598,7 @@ def _fit_context(
         BakeError: `--context-length` on an ONNX source (its graph is used as exported),
             or above the model's maximum.
     """
-    from bake.context import fit_context
+    from ortserve.bake.context import fit_context
 
     if source.folder_kind != "hf":
         if request.context_length is not None:
@@ -574,17 +613,19 @@ def _fit_context(
 
 def _import_gguf(source: ResolvedSource, staging: Path) -> GgufImport:
     """Put the GGUF's quantized weights into the builder's graph, exactly."""
-    from bake.gguf_import import import_exact
-    from core.manifest import sha256_file
+    from ortserve.bake.gguf_import import import_exact
+    from ortserve.core.manifest import sha256_file
 
     assert source.gguf is not None
     config = json.loads((staging / "genai_config.json").read_text(encoding="utf-8"))
     graph = str(config["model"]["decoder"]["filename"])
     report = import_exact(source.gguf, staging, source.folder, graph)
     return GgufImport(
-        file=source.gguf.name, sha256=sha256_file(source.gguf), exact=report.exact,
+        file=source.gguf.name,
+        sha256=sha256_file(source.gguf),
+        exact=report.exact,
         requantized=report.requantized,
-    )  # fmt: skip
+    )
 
 
 def _expand(
@@ -595,13 +636,18 @@ def _expand(
     if not asked:
         name = default_recipe(recipe[0], config)
         if name != recipe[0]:
-            say(f"recipe {recipe[0]} names llama-like nodes; a {config.get('model_type')} "
-                f"checkpoint gets {name} (--recipe to choose)")  # fmt: skip
+            say(
+                f"recipe {recipe[0]} names llama-like nodes; a {config.get('model_type')} "
+                f"checkpoint gets {name} (--recipe to choose)"
+            )
         recipe = name, RECIPES[name]
     expanded = target_options(recipe[1], options, config)
     count = len(expanded["quant_config"]["weights"]["overrides"]) if expanded else 0
-    say(f"recipe {recipe[0]}: {count} builder overrides" if count else
-        f"recipe {recipe[0]}: no per-layer rules")  # fmt: skip
+    say(
+        f"recipe {recipe[0]}: {count} builder overrides"
+        if count
+        else f"recipe {recipe[0]}: no per-layer rules"
+    )
     return recipe, expanded
 
 
@@ -662,4 +708,4 @@ def _manifest(
         builder_version=builder_version,
         inferred=inferred,
         files=list_files(folder),
-    )  # fmt: skip
+    )

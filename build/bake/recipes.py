@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from bake.errors import BakeError
+from ortserve.bake.errors import BakeError
 
 Role = Literal["qkv", "o", "gate", "up", "down"]
 QuantType = Literal["int4", "int8"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from bake.errors import BakeError
-from core.s3uri import parse_s3_uri
+from ortserve.bake.errors import BakeError
+from ortserve.core.s3uri import parse_s3_uri
 
 
 def download_prefix(uri: str, dest: Path) -> Path:

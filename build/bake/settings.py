@@ -1,13 +1,15 @@
-"""Bake-time settings, read once from the environment: where fetched sources are cached."""
+"""Bake-time settings, read once from the environment: where fetched sources are cached,
+and the environment the model builder's process gets."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from core.settings import default_cache_home
+from ortserve.core.settings import PRIVACY_ENVIRONMENT, default_cache_home
 
 
 class BakeSettings(BaseSettings):
@@ -21,3 +23,10 @@ class BakeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORTSERVE_", extra="ignore")
 
     cache_dir: Path = Field(default_factory=default_cache_home)
+
+
+def builder_environment() -> dict[str, str]:
+    """The model builder's environment: this process's, offline (the builder reads the
+    local folder only), unbuffered (its lines come as it prints them: bake.progress reads
+    them) and without telemetry (core.settings)."""
+    return dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **PRIVACY_ENVIRONMENT)

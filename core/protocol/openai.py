@@ -10,15 +10,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field
 
-from core.errors import InvalidRequestError, ModelNotFoundError
-from core.generation import (
+from ortserve.core.errors import InvalidRequestError, ModelNotFoundError
+from ortserve.core.generation import (
     Completion,
     GenerationRequest,
     Guidance,
     SamplingOptions,
     TokenLogprob,
 )
-from core.protocol import (
+from ortserve.core.protocol import (
     IGNORE_EOS_DOC,
     MIN_TOKENS_DOC,
     SEED,
@@ -38,7 +38,7 @@ from core.protocol import (
     json_guidance,
     minimum_tokens,
 )
-from core.protocol.tools import MAX_TOOLS, Tool, ToolPlan, plan_tools
+from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolPlan, plan_tools
 
 MAX_CHOICES = 8  # n's bound: choices decode side by side, a batch of MAX_BATCH at a time
 
@@ -60,10 +60,12 @@ class _OpenAIBody(GenerationBody):
     seed: Seed | None = SEED
     stop: Stop = None
     n: Int = Field(
-        default=1, ge=1, le=MAX_CHOICES,
+        default=1,
+        ge=1,
+        le=MAX_CHOICES,
         description="choices to generate (decoded side by side; with a seed, choice i "
         "uses seed + i)",
-    )  # fmt: skip
+    )
     stream_options: StreamOptions | None = None
     min_tokens: TokenCount = Field(default=0, description=MIN_TOKENS_DOC)
     ignore_eos: bool = Field(default=False, description=IGNORE_EOS_DOC)
@@ -86,9 +88,13 @@ class _OpenAIBody(GenerationBody):
             limit = max_tokens
         minimum = minimum_tokens(self.min_tokens, self.ignore_eos, limit, served)
         options = SamplingOptions(
-            max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, seed=self.seed, min_new_tokens=minimum,
-        )  # fmt: skip
+            max_new_tokens=limit,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            min_new_tokens=minimum,
+        )
         return options, field
 
     @property
@@ -105,9 +111,12 @@ def _usage(dones: Sequence[Completion]) -> dict[str, Any]:
     prompt = dones[0].prompt_tokens
     completion = sum(d.completion_tokens for d in dones)
     cached = max(d.cached_tokens for d in dones)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def _finish(done: Completion) -> str:
@@ -218,13 +227,20 @@ class CompletionBody(_OpenAIBody):
         # OpenAI's default for completions: 16 tokens.
         options, field = self._options(served, min(16, served.max_new_tokens))
         return GenerationRequest(
-            prompt=self.text(), options=options, stop=tuple(self.stop or ()), limit_field=field,
+            prompt=self.text(),
+            options=options,
+            stop=tuple(self.stop or ()),
+            limit_field=field,
             logprobs=self.logprobs,
-        )  # fmt: skip
+        )
 
     def reply(self, request_id: str, served: Served) -> Reply:
-        base = {"id": f"cmpl-{request_id}", "object": "text_completion",
-                "created": int(time.time()), "model": served.model}  # fmt: skip
+        base = {
+            "id": f"cmpl-{request_id}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": served.model,
+        }
         wants = self.logprobs is not None
         return CompletionReply(base, self._usage_base(base), served.token_bytes if wants else None)
 
@@ -254,8 +270,12 @@ class CompletionReply(_OpenAIReply):
             offsets.append(self._offsets.get(index, 0))
             self._offsets[index] = offsets[-1] + len(text)
             tops.append({self._token(i)[0]: lp for i, lp in entry.top} if entry.top else None)
-        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": tops, "text_offset": offsets}  # fmt: skip
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
 
     def _delta_fields(
         self, text: str, logprobs: Sequence[TokenLogprob] | None, index: int
@@ -303,9 +323,10 @@ class ChatMessage(Body):
     content: str | list[ContentPart] | None = None
     name: str | None = None
     reasoning_content: str | None = Field(
-        default=None, description="an assistant turn's reasoning (templates such as Qwen3's "
+        default=None,
+        description="an assistant turn's reasoning (templates such as Qwen3's "
         "drop it from earlier turns)",
-    )  # fmt: skip
+    )
     tool_call_id: str | None = None
     tool_calls: list[ToolCallIn] | None = Field(
         default=None, description="an assistant turn's calls (sent back with the results)"
@@ -393,21 +414,38 @@ class ChatBody(_OpenAIBody):
     # The schema says the rules between fields: top_logprobs needs logprobs: true,
     # tool_choice needs tools, and a required or named call takes no response_format.
     model_config = ConfigDict(
-        json_schema_extra={"allOf": [
-            {"if": {"properties": {"top_logprobs": {"type": "integer"}},
-                    "required": ["top_logprobs"]},
-             "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}},
-            {"if": {"properties": {"tool_choice": {"not": {"type": "null"}}},
-                    "required": ["tool_choice"]},
-             "then": {"properties": {"tools": {"type": "array", "minItems": 1}},
-                      "required": ["tools"]}},
-            # A required or named call is constrained already: no response_format beside it.
-            {"if": {"properties": {"tool_choice": {"anyOf": [{"const": "required"},
-                                                              {"type": "object"}]}},
-                    "required": ["tool_choice"]},
-             "then": {"properties": {"response_format": {"type": "null"}}}},
-        ]}
-    )  # fmt: skip
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {
+                        "properties": {"top_logprobs": {"type": "integer"}},
+                        "required": ["top_logprobs"],
+                    },
+                    "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+                },
+                {
+                    "if": {
+                        "properties": {"tool_choice": {"not": {"type": "null"}}},
+                        "required": ["tool_choice"],
+                    },
+                    "then": {
+                        "properties": {"tools": {"type": "array", "minItems": 1}},
+                        "required": ["tools"],
+                    },
+                },
+                # A required or named call is constrained already: no response_format beside it.
+                {
+                    "if": {
+                        "properties": {
+                            "tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}
+                        },
+                        "required": ["tool_choice"],
+                    },
+                    "then": {"properties": {"response_format": {"type": "null"}}},
+                },
+            ]
+        }
+    )
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: TokenLimit | None = None
@@ -421,10 +459,11 @@ class ChatBody(_OpenAIBody):
         default=None, description="this many most likely alternatives per token (needs logprobs)"
     )
     tools: list[Tool] | None = Field(
-        default=None, max_length=MAX_TOOLS,
+        default=None,
+        max_length=MAX_TOOLS,
         description="functions the model may call (the chat template's family decides how "
         "they are prompted and read)",
-    )  # fmt: skip
+    )
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         default=None,
         description="auto (the default with tools), none, required or a named function: "
@@ -494,13 +533,19 @@ class ChatBody(_OpenAIBody):
         )
 
     def reply(self, request_id: str, served: Served) -> Reply:
-        base = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": served.model,
-                "system_fingerprint": f"fp_{served.digest[:12]}"}  # fmt: skip
+        base = {
+            "id": f"chatcmpl-{request_id}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": served.model,
+            "system_fingerprint": f"fp_{served.digest[:12]}",
+        }
         return ChatReply(
-            base, self._usage_base(base), served.token_bytes if self.logprobs else None,
+            base,
+            self._usage_base(base),
+            served.token_bytes if self.logprobs else None,
             self.tool_plan(served),
-        )  # fmt: skip
+        )
 
 
 class ChatReply(_OpenAIReply):
@@ -536,12 +581,19 @@ class ChatReply(_OpenAIReply):
             return [self._choice(index, **held), *super().finish_events(done, index)]
         events = []
         for k, call in enumerate(calls):
-            opening = {"index": k, "id": call.id, "type": "function",
-                       "function": {"name": call.name, "arguments": ""}}  # fmt: skip
+            opening = {
+                "index": k,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
             arguments = {"index": k, "function": {"arguments": call.arguments}}
             for part in (opening, arguments):
-                events.append(self._choice(index, delta={"tool_calls": [part]}, logprobs=None,
-                                           finish_reason=None))  # fmt: skip
+                events.append(
+                    self._choice(
+                        index, delta={"tool_calls": [part]}, logprobs=None, finish_reason=None
+                    )
+                )
         finish: dict[str, Any] = {"delta": {}, "logprobs": None, "finish_reason": "tool_calls"}
         return [*events, self._choice(index, **finish)]
 
@@ -566,8 +618,11 @@ class ChatReply(_OpenAIReply):
     def _delta_fields(
         self, text: str, logprobs: Sequence[TokenLogprob] | None, index: int
     ) -> dict[str, Any]:
-        return {"delta": {"content": text}, "logprobs": self._logprobs(logprobs),
-                "finish_reason": None}  # fmt: skip
+        return {
+            "delta": {"content": text},
+            "logprobs": self._logprobs(logprobs),
+            "finish_reason": None,
+        }
 
     def _finish_fields(self, done: Completion) -> dict[str, Any]:
         return {"delta": {}, "logprobs": None, "finish_reason": _finish(done)}
@@ -579,5 +634,8 @@ class ChatReply(_OpenAIReply):
         if calls:
             message.update(content=None, tool_calls=[c.as_openai() for c in calls])
             finish = "tool_calls"
-        return {"message": message, "logprobs": self._logprobs(done.logprobs),
-                "finish_reason": finish}  # fmt: skip
+        return {
+            "message": message,
+            "logprobs": self._logprobs(done.logprobs),
+            "finish_reason": finish,
+        }

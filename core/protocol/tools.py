@@ -26,10 +26,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from core.errors import InvalidRequestError
-from core.generation import Completion, Guidance
-from core.protocol import Body, Served, json_guidance
-from core.protocol.patterns import closed_objects
+from ortserve.core.errors import InvalidRequestError
+from ortserve.core.generation import Completion, Guidance
+from ortserve.core.protocol import Body, Served, json_guidance
+from ortserve.core.protocol.patterns import closed_objects
 
 ToolFamily = Literal["hermes", "generic"]
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -78,8 +78,11 @@ class ToolCall:
 
     def as_openai(self) -> dict[str, Any]:
         """OpenAI's `tool_calls` entry."""
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
     def as_ollama(self) -> dict[str, Any]:
         """Ollama's `tool_calls` entry: the arguments as an object."""
@@ -210,10 +213,13 @@ def _hermes_message(message: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if not calls:
         return message
-    return {**message, "tool_calls": [
-        {**c, "function": {"name": c["function"]["name"], "arguments": _arguments(c)}}
-        for c in calls
-    ]}  # fmt: skip
+    return {
+        **message,
+        "tool_calls": [
+            {**c, "function": {"name": c["function"]["name"], "arguments": _arguments(c)}}
+            for c in calls
+        ],
+    }
 
 
 def _generic_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -225,9 +231,8 @@ def _generic_message(message: dict[str, Any]) -> dict[str, Any]:
     if not calls:
         return message
     text = "\n".join(
-        json.dumps({"name": c["function"]["name"], "arguments": _arguments(c)},
-                   ensure_ascii=False)
+        json.dumps({"name": c["function"]["name"], "arguments": _arguments(c)}, ensure_ascii=False)
         for c in calls
-    )  # fmt: skip
+    )
     rest = {k: v for k, v in message.items() if k != "tool_calls"}
     return {**rest, "content": text}

@@ -12,10 +12,17 @@ import json
 import math
 from typing import Any
 
-from core.errors import OrtServeError
-from core.http import NDJSON, Response, error_payload, error_response, ndjson_line, sse_event
-from functions.aws.errors import ResponseTooLargeError
-from functions.aws.events import Version, encoded_size, http_result
+from ortserve.core.errors import OrtServeError
+from ortserve.core.http import (
+    NDJSON,
+    Response,
+    error_payload,
+    error_response,
+    ndjson_line,
+    sse_event,
+)
+from ortserve.functions.aws.errors import ResponseTooLargeError
+from ortserve.functions.aws.events import Version, encoded_size, http_result
 
 _ADVICE = "ask for fewer tokens, or use the streaming Function URL"
 

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from core.logs import JsonLog
-from functions.aws.errors import SetupError
-from functions.aws.model_source import fetch_model, local_folder
-from functions.aws.secrets import resolve_api_keys
-from functions.aws.settings import LambdaSettings
+from ortserve.core.logs import JsonLog
+from ortserve.functions.aws.errors import SetupError
+from ortserve.functions.aws.model_source import fetch_model, local_folder
+from ortserve.functions.aws.secrets import resolve_api_keys
+from ortserve.functions.aws.settings import LambdaSettings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -76,9 +76,11 @@ def cold_start(settings: S, log: JsonLog, s3: Callable[[], S3Client] | None = No
         figures: dict[str, Any] = {}
         if settings.model_s3_uri:
             fetched = fetch_model(
-                settings.model_s3_uri, settings.model_cache_dir, settings.model_sha256,
+                settings.model_s3_uri,
+                settings.model_cache_dir,
+                settings.model_sha256,
                 s3() if s3 is not None else None,
-            )  # fmt: skip
+            )
             figures.update(
                 download_s=round(fetched.seconds, 3),
                 downloaded_mb=round(fetched.downloaded_bytes / _MB, 1),

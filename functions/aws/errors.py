@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.errors import OrtServeError
+from ortserve.core.errors import OrtServeError
 
 
 class SetupError(Exception):

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from core.http import Headers, Request, fold
+from ortserve.core.http import Headers, Request, fold
 
 Version = Literal["1.0", "2.0"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from functions.aws.runtime import LambdaApp
-from functions.aws.settings import LambdaSettings
+from ortserve.functions.aws.runtime import LambdaApp
+from ortserve.functions.aws.settings import LambdaSettings
 
 app = LambdaApp(LambdaSettings())
 app.cold_start()

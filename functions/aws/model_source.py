@@ -19,10 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from core.errors import ModelIntegrityError
-from core.manifest import MANIFEST_NAME, Manifest, manifest_digest, read_manifest, verify_folder
-from core.s3uri import parse_s3_uri
-from functions.aws.errors import SetupError
+from ortserve.core.errors import ModelIntegrityError
+from ortserve.core.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    manifest_digest,
+    read_manifest,
+    verify_folder,
+)
+from ortserve.core.s3uri import parse_s3_uri
+from ortserve.functions.aws.errors import SetupError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -178,8 +184,7 @@ def fetch_model(
                 shutil.rmtree(final, ignore_errors=True)
             staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache_dir))
             try:
-                size = _fetch_into(client or s3_client(), bucket, prefix, staging,
-                                   expected_digest)  # fmt: skip
+                size = _fetch_into(client or s3_client(), bucket, prefix, staging, expected_digest)
                 staging.rename(final)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)

@@ -18,19 +18,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.api import PUBLIC_ROUTES, Api
-from core.cpu import usable_cpus
-from core.errors import InvalidRequestError, OrtServeError
-from core.http import Request
-from core.logs import JsonLog
-from core.manifest import read_manifest
-from core.state import ModelState
-from functions.aws.buffer import buffered_result, error_result
-from functions.aws.coldstart import cold_start, model_settings
-from functions.aws.errors import SetupError
-from functions.aws.events import EventError, HttpEvent, Version, parse_event
-from functions.aws.model_source import remote_model_bytes, s3_client
-from functions.aws.settings import LambdaSettings, LoadAtInit
+from ortserve.core.api import PUBLIC_ROUTES, Api
+from ortserve.core.cpu import usable_cpus
+from ortserve.core.errors import InvalidRequestError, OrtServeError
+from ortserve.core.http import Request
+from ortserve.core.logs import JsonLog
+from ortserve.core.manifest import read_manifest
+from ortserve.core.state import ModelState
+from ortserve.functions.aws.buffer import buffered_result, error_result
+from ortserve.functions.aws.coldstart import cold_start, model_settings
+from ortserve.functions.aws.errors import SetupError
+from ortserve.functions.aws.events import EventError, HttpEvent, Version, parse_event
+from ortserve.functions.aws.model_source import remote_model_bytes, s3_client
+from ortserve.functions.aws.settings import LambdaSettings, LoadAtInit
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from functions.aws.errors import SetupError
-from functions.aws.settings import LambdaSettings
+from ortserve.functions.aws.errors import SetupError
+from ortserve.functions.aws.settings import LambdaSettings
 
 if TYPE_CHECKING:
     from mypy_boto3_secretsmanager import SecretsManagerClient

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import sys
 
-from core.logs import JsonLog
-from edge.settings import EdgeSettings
-from functions.aws.coldstart import cold_start
-from functions.aws.errors import SetupError
-from functions.aws.settings import LambdaSettings
+from ortserve.core.logs import JsonLog
+from ortserve.edge.settings import EdgeSettings
+from ortserve.functions.aws.coldstart import cold_start
+from ortserve.functions.aws.errors import SetupError
+from ortserve.functions.aws.settings import LambdaSettings
 
 
 class StreamSettings(LambdaSettings, EdgeSettings):
@@ -30,7 +30,7 @@ def main() -> int:
         ready = cold_start(StreamSettings(), JsonLog())
     except SetupError:  # logged by cold_start
         return 1
-    from edge.daemon import serve  # uvicorn: only once there is something to serve
+    from ortserve.edge.daemon import serve  # uvicorn: only once there is something to serve
 
     return serve(ready.settings)
 

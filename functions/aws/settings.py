@@ -12,10 +12,12 @@ from typing import Literal, Self
 
 from pydantic import AliasChoices, Field, model_validator
 
-from core.cpu import usable_cpus
-from core.settings import ServerSettings
+from ortserve.core.cpu import usable_cpus
+from ortserve.core.settings import ServerSettings
 
-BUNDLE_ROOT = Path(__file__).resolve().parents[2]
+# The bundle (or source tree) holding `ortserve/`: not resolved, so that the link
+# ortserve/functions -> functions/ of a source checkout counts as the bundle does.
+BUNDLE_ROOT = Path(__file__).absolute().parents[3]
 # At 1,769 MB a function gets one vCPU's worth of CPU time; more memory, proportionally more.
 MB_PER_VCPU = 1769
 # Lambda's limit on a synchronous (buffered) response is 6 MB; leave room for the runtime.

@@ -21,11 +21,11 @@ import functions_framework
 from flask import Request as FlaskRequest
 from flask import Response as FlaskResponse
 
-from core.api import Api
-from core.logs import JsonLog
-from core.state import ModelState
-from functions.gcp.settings import GcfSettings
-from functions.gcp.translate import core_request
+from ortserve.core.api import Api
+from ortserve.core.logs import JsonLog
+from ortserve.core.state import ModelState
+from ortserve.functions.gcp.settings import GcfSettings
+from ortserve.functions.gcp.translate import core_request
 
 # Cloud Logging parses one JSON object per stdout line and reads its level from `severity`.
 log = JsonLog(level_key="severity")
@@ -42,6 +42,8 @@ def ortserve(request: FlaskRequest) -> FlaskResponse:
     # Read the body now: a streamed response is iterated after this function returns.
     response = api.handle(core_request(request, settings.max_body_bytes))
     return FlaskResponse(
-        response.body, status=response.status, headers=response.headers,
+        response.body,
+        status=response.status,
+        headers=response.headers,
         direct_passthrough=response.is_stream,
-    )  # fmt: skip
+    )

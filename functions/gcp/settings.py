@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.settings import ServerSettings
+from ortserve.core.settings import ServerSettings
 
-BUNDLE_ROOT = Path(__file__).resolve().parents[2]
+# The bundle (or source tree) holding `ortserve/`: not resolved, so that the link
+# ortserve/functions -> functions/ of a source checkout counts as the bundle does.
+BUNDLE_ROOT = Path(__file__).absolute().parents[3]
 
 
 class GcfSettings(ServerSettings):

@@ -10,7 +10,7 @@ import io
 
 from flask import Request as FlaskRequest
 
-from core.http import Headers, Request
+from ortserve.core.http import Headers, Request
 
 _READ_CHUNK = 64 * 1024
 

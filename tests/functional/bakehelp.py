@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core.manifest import Manifest, read_manifest
+from ortserve.core.manifest import Manifest, read_manifest
 from tests.models import run_ortserve
 
 
@@ -69,17 +69,36 @@ def hash_checked_install(
     """What pip installs from `requirements` for CPython 3.12 on Linux `arch` with glibc
     2.`glibc_minor` (name -> version), in hash-checking mode as an image's or a buildpack's
     pip would (a dry run against the index; skips where the index is not reachable)."""
-    from bake.lock import manylinux_tags
+    from ortserve.bake.lock import manylinux_tags
 
     report = work / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-         "--require-hashes", "--only-binary=:all:", "--quiet",
-         *(f"--platform={tag}" for tag in manylinux_tags(arch, glibc_minor)),
-         "--python-version=3.12", "--implementation=cp", "--abi=cp312",
-         "--target", str(work / "t"), "--report", str(report), "-r", str(requirements)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--require-hashes",
+            "--only-binary=:all:",
+            "--quiet",
+            *(f"--platform={tag}" for tag in manylinux_tags(arch, glibc_minor)),
+            "--python-version=3.12",
+            "--implementation=cp",
+            "--abi=cp312",
+            "--target",
+            str(work / "t"),
+            "--report",
+            str(report),
+            "-r",
+            str(requirements),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     if proc.returncode != 0 and "NewConnectionError" in proc.stderr:
         pytest.skip("the package index is not reachable")
     assert proc.returncode == 0, proc.stderr[-2000:]

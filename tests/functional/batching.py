@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from core.generation import GenerationRequest, SamplingOptions
-from core.service import Service
+from ortserve.core.generation import GenerationRequest, SamplingOptions
+from ortserve.core.service import Service
 
 
 def concurrently(service: Service, requests: list[GenerationRequest]) -> tuple[list[str], int, int]:

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 import httpx
 
 from benchmarks.support.servers import daemon, free_port, serve_process
-from core.api import Api
-from core.http import Headers, Request
+from ortserve.core.api import Api
+from ortserve.core.http import Headers, Request
 
 API_KEY = "test-key-1"
 AUTH = {"authorization": f"Bearer {API_KEY}"}
@@ -64,9 +64,13 @@ class Target(Protocol):
         ...
 
     def call(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
         raw: bytes | None = None,
-    ) -> Reply: ...  # fmt: skip
+    ) -> Reply: ...
 
 
 def request_headers(headers: dict[str, str] | None) -> dict[str, str]:
@@ -92,9 +96,13 @@ class InProcess:
         self.api = api
 
     def call(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
         raw: bytes | None = None,
-    ) -> Reply:  # fmt: skip
+    ) -> Reply:
         hdrs = request_headers(headers)
         request = Request(method, path, Headers(hdrs), encode_body(body, raw))
         response = self.api.handle(request)
@@ -137,9 +145,13 @@ class Http:
         self.base_url = base_url
 
     def call(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
         raw: bytes | None = None,
-    ) -> Reply:  # fmt: skip
+    ) -> Reply:
         import httpx
 
         hdrs = request_headers(headers)
@@ -185,8 +197,17 @@ def gcf_server(bundle: Path, env: dict[str, str] | None = None) -> Iterator[str]
     """The real functions-framework server on the baked gcf bundle, as gcloud would run it
     (`env`: extra settings)."""
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "functions-framework"), "--source", "main.py",
-           "--target", "ortserve", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).parent / "functions-framework"),
+        "--source",
+        "main.py",
+        "--target",
+        "ortserve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with _server(cmd, {"PYTHONPATH": str(bundle), **(env or {})}, bundle, port) as base:
         yield base
 
@@ -199,14 +220,17 @@ def edge_server(model_dir: Path, env: dict[str, str] | None = None) -> Iterator[
 
 
 def ready_within(proc: subprocess.Popen[str], port: int, timeout_s: float = 300) -> bool:
-    """Poll /readyz on loopback `port` until it answers 200 (True), or `proc` exits or the
-    time runs out (False)."""
+    """Poll /readyz on loopback `port` until it answers 200 (True), or the load failed,
+    `proc` exits or the time runs out (False)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+            ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
+            if ready.status_code == 200:
                 return True
-        except httpx.HTTPError:
+            if ready.json().get("status") == "failed":  # it will not come: say why now
+                return False
+        except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.1)
     return False

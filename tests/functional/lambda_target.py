@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from benchmarks.support.lambda_events import v1_event, v2_event
-from functions.aws.runtime import LambdaApp
-from functions.aws.settings import LambdaSettings
+from ortserve.functions.aws.runtime import LambdaApp
+from ortserve.functions.aws.settings import LambdaSettings
 from tests.functional.harness import API_KEY, Reply, encode_body, request_headers
 
 Shape = Literal["http-api", "function-url", "rest"]
@@ -65,13 +65,23 @@ class LambdaTarget:
         """The event this target's trigger would send for one request."""
         if self.shape == "rest":
             return v1_event(method, path, headers, body, base64_body=self.base64_body)
-        return v2_event(method, path, headers, body, function_url=self.shape == "function-url",
-                        base64_body=self.base64_body)  # fmt: skip
+        return v2_event(
+            method,
+            path,
+            headers,
+            body,
+            function_url=self.shape == "function-url",
+            base64_body=self.base64_body,
+        )
 
     def call(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
         raw: bytes | None = None,
-    ) -> Reply:  # fmt: skip
+    ) -> Reply:
         """One request through the handler; an empty header value means "no such header"."""
         event = self.event(method, path, request_headers(headers), encode_body(body, raw))
         result = self.handler(json.loads(json.dumps(event)), FakeContext())
@@ -89,9 +99,13 @@ class LambdaTarget:
 def lambda_app(model_dir: Path, **overrides: Any) -> LambdaApp:
     """A LambdaApp with the harness's server settings (keys, limits), cold-started."""
     values: dict[str, Any] = {
-        "model_dir": model_dir, "providers": "cpu", "api_keys": [API_KEY, "other-key"],
-        "max_body_bytes": 64 * 1024, "max_new_tokens": 2000, **overrides,
-    }  # fmt: skip
+        "model_dir": model_dir,
+        "providers": "cpu",
+        "api_keys": [API_KEY, "other-key"],
+        "max_body_bytes": 64 * 1024,
+        "max_new_tokens": 2000,
+        **overrides,
+    }
     app = LambdaApp(LambdaSettings(**values))
     app.cold_start()
     return app
@@ -104,8 +118,8 @@ def make_lambda_bundle(model_dir: Path, dest: Path, target: str = "lambda-x86_64
     """
     import shutil
 
-    from bake.package_lambda import package_lambda
-    from bake.targets import get_target
+    from ortserve.bake.package_lambda import package_lambda
+    from ortserve.bake.targets import get_target
 
     shutil.copytree(model_dir, dest / "model")
     package_lambda(get_target(target), dest)

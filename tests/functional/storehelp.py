@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.support.servers import free_port
-from core import store
+from ortserve import store
 from tests.functional.harness import ready_within
 from tests.models import ROOT
 
@@ -24,8 +24,14 @@ TINY = "builtin:tiny-llama"
 def spec(source: str = TINY, target: str = "edge-x86_64", **choices: object) -> dict[str, object]:
     """The store spec `ortserve run SOURCE --target TARGET` keys its entry by (`choices`:
     precision, revision, ...)."""
-    return {"source": source, "revision": None, "target": target, "precision": None,
-            "options": {}, **choices}  # fmt: skip
+    return {
+        "source": source,
+        "revision": None,
+        "target": target,
+        "precision": None,
+        "options": {},
+        **choices,
+    }
 
 
 def stored(home: Path, entry_spec: dict[str, object], model_dir: Path | None = None) -> str:
@@ -44,8 +50,12 @@ def stored(home: Path, entry_spec: dict[str, object], model_dir: Path | None = N
 
 def store_env(home: Path) -> dict[str, str]:
     """The environment for the real `ortserve` (this tree's code) on the store at `home`."""
-    return {"ORTSERVE_HOME": str(home), "ORTSERVE_CACHE_DIR": str(home.parent / "cache"),
-            "PYTHONPATH": f"{ROOT}:{ROOT / 'build'}", "ORTSERVE_PROVIDERS": "cpu"}  # fmt: skip
+    return {
+        "ORTSERVE_HOME": str(home),
+        "ORTSERVE_CACHE_DIR": str(home.parent / "cache"),
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'build'}",
+        "ORTSERVE_PROVIDERS": "cpu",
+    }
 
 
 def make_demo(home: Path, port: int, venv: Path, model: str = TINY) -> subprocess.Popen[str]:
@@ -56,13 +66,30 @@ def make_demo(home: Path, port: int, venv: Path, model: str = TINY) -> subproces
         if not link.exists():
             link.symlink_to(Path(sys.executable).parent / tool)
     (venv / ".bake-installed").touch()  # -o below: make never reinstalls it either
-    cmd = ["make", "--no-print-directory", "-C", str(ROOT), "demo", f"VENV={venv}",
-           "-o", f"{venv}/.bake-installed", f"MODEL={model}", "TARGET=edge-x86_64",
-           f"PORT={port}", "PROMPT=Hi"]  # fmt: skip
+    cmd = [
+        "make",
+        "--no-print-directory",
+        "-C",
+        str(ROOT),
+        "demo",
+        f"VENV={venv}",
+        "-o",
+        f"{venv}/.bake-installed",
+        f"MODEL={model}",
+        "TARGET=edge-x86_64",
+        f"PORT={port}",
+        "PROMPT=Hi",
+    ]
     env = {**os.environ, **store_env(home)}
-    return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @contextlib.contextmanager

@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from core.api import Api
-from core.settings import ServerSettings
-from core.state import ModelState
+from ortserve.core.api import Api
+from ortserve.core.settings import ServerSettings
+from ortserve.core.state import ModelState
 from tests.functional.harness import API_KEY, Http, InProcess, Target, edge_server, gcf_server
 from tests.functional.lambda_target import LambdaTarget, lambda_app
 
@@ -24,9 +24,13 @@ def open_target(kind: str, model_dir: Path, gcf_bundle: Path, **settings: Any) -
     env = {f"ORTSERVE_{name.upper()}": str(value) for name, value in settings.items()}
     if kind == "core":
         values: dict[str, Any] = {
-            "model_dir": model_dir, "providers": "cpu", "api_keys": [API_KEY, "other-key"],
-            "max_body_bytes": 64 * 1024, "max_new_tokens": 2000, **settings,
-        }  # fmt: skip
+            "model_dir": model_dir,
+            "providers": "cpu",
+            "api_keys": [API_KEY, "other-key"],
+            "max_body_bytes": 64 * 1024,
+            "max_new_tokens": 2000,
+            **settings,
+        }
         server = ServerSettings(**values)
         state = ModelState(server)
         state.load()

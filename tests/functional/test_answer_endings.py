@@ -9,16 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from core.api import Api
-from core.records import RequestRecord
-from core.settings import ServerSettings
-from core.state import ModelState
+from ortserve.core.api import Api
+from ortserve.core.records import RequestRecord
+from ortserve.core.settings import ServerSettings
+from ortserve.core.state import ModelState
 from tests.functional.harness import API_KEY, InProcess
 
 MODEL = "ortserve/tiny-llama-random-weights"
-TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
-    "type": "object", "properties": {"q": {"type": "string", "maxLength": 6}},
-    "required": ["q"]}}}  # fmt: skip
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"q": {"type": "string", "maxLength": 6}},
+            "required": ["q"],
+        },
+    },
+}
 
 
 def _api(model_dir: Path, records: list[RequestRecord], **kw: object) -> InProcess:
@@ -64,10 +72,18 @@ def test_stop_length_and_tool_calls(api: InProcess, records: list[RequestRecord]
 def test_ollama_tool_calls_and_load_requests(api: InProcess, records: list[RequestRecord]) -> None:
     """Ollama's chat: a call ends as `tool_calls` (whole or streamed), as on OpenAI's route;
     a load request generates nothing (#26 item 9)."""
-    call = {"type": "object", "properties": {"name": {"const": "lookup"},
-            "arguments": TOOL["function"]["parameters"]}, "required": ["name", "arguments"]}  # type: ignore[index]  # fmt: skip
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Look it up"}],
-            "tools": [TOOL], "format": call, "options": {"num_predict": 80, "seed": 1}}  # fmt: skip
+    call = {
+        "type": "object",
+        "properties": {"name": {"const": "lookup"}, "arguments": TOOL["function"]["parameters"]},  # type: ignore[index]
+        "required": ["name", "arguments"],
+    }
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Look it up"}],
+        "tools": [TOOL],
+        "format": call,
+        "options": {"num_predict": 80, "seed": 1},
+    }
     reply = api.call("POST", "/api/chat", {**body, "stream": False})
     assert reply.json()["message"]["tool_calls"]
     assert _ending(records) == "tool_calls"

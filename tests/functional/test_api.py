@@ -15,10 +15,10 @@ import httpx
 import jsonschema
 import pytest
 
-from core import playground
-from core.api import Api
-from core.settings import ServerSettings
-from core.state import ModelState
+from ortserve.core import playground
+from ortserve.core.api import Api
+from ortserve.core.settings import ServerSettings
+from ortserve.core.state import ModelState
 from tests.functional.harness import (
     API_KEY,
     AUTH,
@@ -37,8 +37,13 @@ MODEL = "ortserve/tiny-llama-random-weights"
 
 
 def _settings(model_dir: Path, **kw: object) -> ServerSettings:
-    return ServerSettings(model_dir=model_dir, providers="cpu", api_keys=[API_KEY, "other-key"],
-                          max_body_bytes=64 * 1024, **{"max_new_tokens": 2000, **kw})  # type: ignore[arg-type]  # fmt: skip
+    return ServerSettings(
+        model_dir=model_dir,
+        providers="cpu",
+        api_keys=[API_KEY, "other-key"],
+        max_body_bytes=64 * 1024,
+        **{"max_new_tokens": 2000, **kw},  # type: ignore[arg-type]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +113,12 @@ def test_generate_stream_equals_non_stream(target: Target) -> None:
     assert reply.headers["content-type"].startswith("text/event-stream")
     events = reply.events()
     final = events[-1]
-    assert final == {"done": True, "tokens_generated": whole["tokens_generated"],
-                     "prompt_tokens": whole["prompt_tokens"],
-                     "finish_reason": whole["finish_reason"]}  # fmt: skip
+    assert final == {
+        "done": True,
+        "tokens_generated": whole["tokens_generated"],
+        "prompt_tokens": whole["prompt_tokens"],
+        "finish_reason": whole["finish_reason"],
+    }
     assert "".join(e["text"] for e in events[:-1]) == whole["generated_text"]
 
 
@@ -220,9 +228,16 @@ def test_models(target: Target) -> None:
 
 
 def test_completion(target: Target) -> None:
-    reply = target.call("POST", "/v1/completions",
-                        {"model": "ortserve/tiny-llama-random-weights", "prompt": "Hi",
-                         "max_tokens": 8, "temperature": 0})  # fmt: skip
+    reply = target.call(
+        "POST",
+        "/v1/completions",
+        {
+            "model": "ortserve/tiny-llama-random-weights",
+            "prompt": "Hi",
+            "max_tokens": 8,
+            "temperature": 0,
+        },
+    )
     body = reply.json()
     assert body["object"] == "text_completion"
     assert body["id"].startswith("cmpl-")
@@ -233,8 +248,7 @@ def test_completion(target: Target) -> None:
 
 
 def test_chat_and_its_stream_with_usage(target: Target) -> None:
-    request = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12,
-               "temperature": 0}  # fmt: skip
+    request = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "temperature": 0}
     whole = target.call("POST", "/v1/chat/completions", request).json()
     assert whole["object"] == "chat.completion"
     message = whole["choices"][0]["message"]
@@ -261,29 +275,53 @@ def test_chat_and_its_stream_with_usage(target: Target) -> None:
 
 
 def test_max_completion_tokens(target: Target) -> None:
-    body = target.call("POST", "/v1/chat/completions",
-                       {"messages": [{"role": "user", "content": "Hi"}],
-                        "max_completion_tokens": 3, "temperature": 0,
-                        "stop": None}).json()  # fmt: skip
+    body = target.call(
+        "POST",
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_completion_tokens": 3,
+            "temperature": 0,
+            "stop": None,
+        },
+    ).json()
     assert body["usage"]["completion_tokens"] <= 3
 
 
 def test_response_format_json_schema_and_object(target: Target) -> None:
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}},
-              "required": ["city"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 10}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     for seed in (1, 2):
-        body = target.call("POST", "/v1/chat/completions", {
-            "messages": [{"role": "user", "content": "Where?"}], "max_tokens": 60, "seed": seed,
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": "place", "schema": schema}},
-        }).json()  # fmt: skip
+        body = target.call(
+            "POST",
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "Where?"}],
+                "max_tokens": 60,
+                "seed": seed,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "place", "schema": schema},
+                },
+            },
+        ).json()
         jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
     # Any object: a random model rarely closes its first key, so check the constraint's
     # start and, when it finished, the whole.
-    body = target.call("POST", "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "JSON"}], "max_tokens": 20, "seed": 3,
-        "response_format": {"type": "json_object"},
-    }).json()  # fmt: skip
+    body = target.call(
+        "POST",
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "JSON"}],
+            "max_tokens": 20,
+            "seed": 3,
+            "response_format": {"type": "json_object"},
+        },
+    ).json()
     content = body["choices"][0]["message"]["content"]
     assert content.startswith('{"')
     if body["choices"][0]["finish_reason"] == "stop":
@@ -297,10 +335,17 @@ def test_regex_classes_mean_what_json_schema_says(target: Target) -> None:
     reply = target.call("POST", "/generate", body)
     assert reply.status == 200, reply.body
     assert re.fullmatch("[0-9]{1,12}", reply.json()["generated_text"]), reply.json()
-    schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": r"^\w\d$"}},
-              "required": ["id"], "additionalProperties": False}  # fmt: skip
-    reply = target.call("POST", "/generate", {"prompt": "id?", "max_new_tokens": 16, "seed": 2,
-                                              "guided_json": schema})  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "string", "pattern": r"^\w\d$"}},
+        "required": ["id"],
+        "additionalProperties": False,
+    }
+    reply = target.call(
+        "POST",
+        "/generate",
+        {"prompt": "id?", "max_new_tokens": 16, "seed": 2, "guided_json": schema},
+    )
     assert reply.status == 200, reply.body
     text = reply.json()["generated_text"]
     assert re.fullmatch(r'\{"id":"[A-Za-z0-9_][0-9]"\}', text), text
@@ -313,13 +358,21 @@ def test_generate_guided_regex_grammar_and_json(target: Target) -> None:
     assert re.fullmatch("[A-Z]{3}-[0-9]{2}", reply["generated_text"]), reply
     assert reply["finish_reason"] == "stop"
     grammar = 'start: "yes" | "no"'
-    reply = target.call("POST", "/generate", {**body, "guided_regex": None,
-                                              "guided_grammar": grammar}).json()  # fmt: skip
+    reply = target.call(
+        "POST", "/generate", {**body, "guided_regex": None, "guided_grammar": grammar}
+    ).json()
     assert reply["generated_text"] in {"yes", "no"}, reply
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
-              "additionalProperties": False}  # fmt: skip
-    reply = target.call("POST", "/generate", {"prompt": "n?", "max_new_tokens": 30, "seed": 2,
-                                              "guided_json": schema}).json()  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    reply = target.call(
+        "POST",
+        "/generate",
+        {"prompt": "n?", "max_new_tokens": 30, "seed": 2, "guided_json": schema},
+    ).json()
     if reply["finish_reason"] == "stop":
         jsonschema.validate(json.loads(reply["generated_text"]), schema)
     else:  # a random model may count digits past the limit: the start still obeys
@@ -337,8 +390,13 @@ def test_generate_guided_regex_grammar_and_json(target: Target) -> None:
 def test_logprobs_chat_and_completions(target: Target) -> None:
     """OpenAI's log probabilities: greedy tokens are their position's most likely token,
     the bytes spell the text, a stream carries the same entries as the whole answer."""
-    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
-            "temperature": 0, "logprobs": True, "top_logprobs": 3}  # fmt: skip
+    chat = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
     whole = target.call("POST", "/v1/chat/completions", chat).json()["choices"][0]
     content = whole["logprobs"]["content"]
     assert len(content) == 8 and whole["logprobs"]["refusal"] is None
@@ -352,12 +410,17 @@ def test_logprobs_chat_and_completions(target: Target) -> None:
     spelled = bytes(b for entry in content for b in entry["bytes"])
     assert spelled.decode("utf-8", "replace") == whole["message"]["content"]
     events = target.call("POST", "/v1/chat/completions", {**chat, "stream": True}).events()
-    streamed = [e for ev in events if isinstance(ev, dict) and ev.get("choices")
-                for e in (ev["choices"][0]["logprobs"] or {"content": []})["content"]]  # fmt: skip
+    streamed = [
+        e
+        for ev in events
+        if isinstance(ev, dict) and ev.get("choices")
+        for e in (ev["choices"][0]["logprobs"] or {"content": []})["content"]
+    ]
     assert streamed == content
     assert target.call("POST", "/v1/chat/completions", {**chat, "logprobs": False}).status == 400
-    plain = target.call("POST", "/v1/chat/completions", {**chat, "logprobs": None,
-                                                         "top_logprobs": None}).json()  # fmt: skip
+    plain = target.call(
+        "POST", "/v1/chat/completions", {**chat, "logprobs": None, "top_logprobs": None}
+    ).json()
     assert plain["choices"][0]["logprobs"] is None
     completion = {"prompt": "Hello", "max_tokens": 5, "temperature": 0, "logprobs": 2}
     legacy = target.call("POST", "/v1/completions", completion).json()
@@ -370,16 +433,24 @@ def test_logprobs_chat_and_completions(target: Target) -> None:
 def test_n_choices(target: Target) -> None:
     """OpenAI's `n`: several choices, decoded side by side; with a seed, choice i is the
     request with seed + i, so each is reproducible; streamed with each choice's index."""
-    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6,
-            "temperature": 0.9, "seed": 11}  # fmt: skip
+    chat = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 6,
+        "temperature": 0.9,
+        "seed": 11,
+    }
     whole = target.call("POST", "/v1/chat/completions", {**chat, "n": 3}).json()
     texts = [c["message"]["content"] for c in whole["choices"]]
     assert [c["index"] for c in whole["choices"]] == [0, 1, 2] and len(set(texts)) == 3
     for i, text in enumerate(texts):
         alone = target.call("POST", "/v1/chat/completions", {**chat, "seed": 11 + i}).json()
         assert alone["choices"][0]["message"]["content"] == text
-    counts = [target.call("POST", "/v1/chat/completions", {**chat, "seed": 11 + i}).json()[
-        "usage"]["completion_tokens"] for i in range(3)]  # fmt: skip
+    counts = [
+        target.call("POST", "/v1/chat/completions", {**chat, "seed": 11 + i}).json()["usage"][
+            "completion_tokens"
+        ]
+        for i in range(3)
+    ]
     assert whole["usage"]["completion_tokens"] == sum(counts)
     stream = {**chat, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
     events = target.call("POST", "/v1/chat/completions", stream).events()
@@ -400,11 +471,22 @@ def test_n_choices(target: Target) -> None:
     assert _error(too_many, 400)["param"] == "n"
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def test_tool_calls(target: Target) -> None:
@@ -412,8 +494,13 @@ def test_tool_calls(target: Target) -> None:
     message.tool_calls with finish_reason tool_calls, streamed as delta.tool_calls; the
     result goes back as a tool message; mistakes are 400s."""
     ask = [{"role": "user", "content": "Weather in Paris?"}]
-    body = {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 60,
-            "seed": 1}  # fmt: skip
+    body = {
+        "messages": ask,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_tokens": 60,
+        "seed": 1,
+    }
     choice = target.call("POST", "/v1/chat/completions", body).json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
@@ -421,10 +508,16 @@ def test_tool_calls(target: Target) -> None:
     assert call["function"]["name"] == "get_weather"
     parameters = WEATHER["function"]["parameters"]  # type: ignore[index]
     jsonschema.validate(json.loads(call["function"]["arguments"]), parameters)
-    named = {**body, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-             "stream": True}  # fmt: skip
-    deltas = [e["choices"][0]["delta"] for e in target.call("POST", "/v1/chat/completions",
-              named).events() if isinstance(e, dict) and e.get("choices")]  # fmt: skip
+    named = {
+        **body,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "stream": True,
+    }
+    deltas = [
+        e["choices"][0]["delta"]
+        for e in target.call("POST", "/v1/chat/completions", named).events()
+        if isinstance(e, dict) and e.get("choices")
+    ]
     parts = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
     assert parts[0]["function"]["name"] == "get_weather" and parts[0]["id"].startswith("call_")
     streamed = "".join(p["function"]["arguments"] for p in parts)
@@ -446,15 +539,24 @@ def test_tool_arguments_take_only_declared_properties(target: Target) -> None:
     """A tool whose parameters leave objects open (no additionalProperties) gets calls
     with the declared properties only, unless the function says `strict: false`: a
     small model allowed more keys keeps adding them (#26 item 11)."""
-    parameters = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
-                  "required": ["city"]}  # fmt: skip
+    parameters = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"],
+    }
     function: dict[str, Any] = {"name": "get_weather", "parameters": parameters}
 
     def calls(strict: bool | None) -> list[dict[str, Any] | None]:
         given = function if strict is None else {**function, "strict": strict}
-        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}],
-                "tools": [{"type": "function", "function": given}], "tool_choice": "required",
-                "max_tokens": 80, "temperature": 1.5, "seed": 3, "n": 8}  # fmt: skip
+        body = {
+            "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [{"type": "function", "function": given}],
+            "tool_choice": "required",
+            "max_tokens": 80,
+            "temperature": 1.5,
+            "seed": 3,
+            "n": 8,
+        }
         choices = target.call("POST", "/v1/chat/completions", body).json()["choices"]
         found = [c["message"].get("tool_calls") for c in choices]
         return [json.loads(c[0]["function"]["arguments"]) if c else None for c in found]
@@ -469,8 +571,11 @@ def test_tool_arguments_take_only_declared_properties(target: Target) -> None:
 def test_ollama_routes(target: Target) -> None:
     """Ollama's API on every target: NDJSON streams that add up to the whole answer,
     the model routes, and errors in Ollama's shape."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
-            "options": {"temperature": 0, "num_predict": 10}}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "options": {"temperature": 0, "num_predict": 10},
+    }
     whole = target.call("POST", "/api/chat", {**body, "stream": False})
     assert whole.status == 200 and whole.headers["content-type"] == "application/json"
     answer = whole.json()
@@ -482,8 +587,13 @@ def test_ollama_routes(target: Target) -> None:
     text = "".join(line["message"]["content"] for line in lines)
     assert text == answer["message"]["content"]
     assert lines[-1]["done_reason"] == answer["done_reason"]
-    raw = {"model": MODEL, "prompt": "Hi", "stream": False, "raw": True,
-           "options": {"num_predict": 4}}  # fmt: skip
+    raw = {
+        "model": MODEL,
+        "prompt": "Hi",
+        "stream": False,
+        "raw": True,
+        "options": {"num_predict": 4},
+    }
     generated = target.call("POST", "/api/generate", raw).json()
     assert generated["done"] and generated["eval_count"] <= 4
     assert target.call("GET", "/api/tags").json()["models"][0]["name"] == MODEL
@@ -499,12 +609,20 @@ def test_ollama_conventions(target: Target, reference: Target) -> None:
     """Ollama's load and unload requests (200 at once, one JSON object), /api/ps, tools on
     /api/chat (calls as message.tool_calls, streamed in one line before the last), and
     images refused in words; the same on every target (#26 item 9)."""
-    empties: list[tuple[str, dict[str, Any]]] = [("/api/generate", {}),
-                                                  ("/api/chat", {"messages": []})]  # fmt: skip
+    empties: list[tuple[str, dict[str, Any]]] = [
+        ("/api/generate", {}),
+        ("/api/chat", {"messages": []}),
+    ]
     for path, empty in empties:
         field = "response" if path == "/api/generate" else "message"
-        for keep_alive, reason in ((None, "load"), (0, "unload"), ("0s", "unload"),
-                                   (-1, "load"), ("-1m", "load"), (0.5, "load")):  # fmt: skip
+        for keep_alive, reason in (
+            (None, "load"),
+            (0, "unload"),
+            ("0s", "unload"),
+            (-1, "load"),
+            ("-1m", "load"),
+            (0.5, "load"),
+        ):
             reply = target.call("POST", path, {"model": MODEL, "keep_alive": keep_alive, **empty})
             assert reply.status == 200 and reply.headers["content-type"] == "application/json"
             body = reply.json()
@@ -519,15 +637,28 @@ def test_ollama_conventions(target: Target, reference: Target) -> None:
     (running,) = ps["models"]
     listed = target.call("GET", "/api/tags").json()["models"][0]
     assert {k: running[k] for k in ("name", "model", "size", "digest", "details")} == {
-        k: listed[k] for k in ("name", "model", "size", "digest", "details")}  # fmt: skip
+        k: listed[k] for k in ("name", "model", "size", "digest", "details")
+    }
     assert running["expires_at"] > "2300" and running["size_vram"] == 0
     assert running["context_length"] > 0
     assert "/api/ps" in target.call("GET", "/openapi.json").json()["paths"]
-    assert set(running) == {"name", "model", "size", "digest", "details", "expires_at",
-                            "size_vram", "context_length"}  # fmt: skip
-    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}],
-           "tools": [WEATHER], "format": _OLLAMA_CALL,
-           "options": {"seed": 1, "num_predict": 120}}  # fmt: skip
+    assert set(running) == {
+        "name",
+        "model",
+        "size",
+        "digest",
+        "details",
+        "expires_at",
+        "size_vram",
+        "context_length",
+    }
+    ask = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [WEATHER],
+        "format": _OLLAMA_CALL,
+        "options": {"seed": 1, "num_predict": 120},
+    }
     whole = target.call("POST", "/api/chat", {**ask, "stream": False}).json()
     (call,) = whole["message"]["tool_calls"]
     assert whole["message"]["content"] == "" and call["function"]["name"] == "get_weather"
@@ -548,12 +679,21 @@ def test_ollama_conventions(target: Target, reference: Target) -> None:
         assert refused.status == 400 and "this model takes no images" in refused.json()["error"]
 
 
-_OLLAMA_CALL = {"type": "object", "properties": {
-    "name": {"const": "get_weather"},
-    "arguments": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"]}},
-    "required": ["name", "arguments"]}  # fmt: skip
+_OLLAMA_CALL = {
+    "type": "object",
+    "properties": {
+        "name": {"const": "get_weather"},
+        "arguments": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+    "required": ["name", "arguments"],
+}
 
 
 def _normalized_ollama(body: dict[str, Any]) -> dict[str, Any]:
@@ -575,8 +715,10 @@ def test_generate_beam_search(target: Target) -> None:
     cut = first["generated_text"][3:6]
     if cut:
         stopped = target.call("POST", "/generate", {**body, "stop": [cut]}).json()
-        assert stopped["generated_text"] == first["generated_text"][: first[
-            "generated_text"].index(cut)]  # fmt: skip
+        assert (
+            stopped["generated_text"]
+            == first["generated_text"][: first["generated_text"].index(cut)]
+        )
     guided = target.call("POST", "/generate", {**body, "guided_regex": "[a-z]+"})
     assert "beam search" in str(_error(guided, 400)["message"])
 
@@ -587,9 +729,16 @@ def test_same_bytes_as_the_reference(target: Target, reference: Target) -> None:
         ("/generate", {"prompt": "Parity", **GREEDY}),
         ("/generate", {"prompt": "Parity", **GREEDY, "stream": True}),
         ("/v1/completions", {"prompt": "Parity", "max_tokens": 10, "temperature": 0}),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "P"}],
-                                  "max_tokens": 10, "temperature": 0, "stream": True}),
-    ]  # fmt: skip
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "P"}],
+                "max_tokens": 10,
+                "temperature": 0,
+                "stream": True,
+            },
+        ),
+    ]
     for path, body in requests:
         got, want = target.call("POST", path, body), reference.call("POST", path, body)
         assert got.status == want.status == 200
@@ -615,8 +764,7 @@ def test_the_default_limit_is_the_context(unlimited: Target) -> None:
     after the prompt (finish_reason length), as llama-server and Ollama do."""
     card = unlimited.call("GET", "/v1/models").json()["data"][0]
     assert (card["max_model_len"], card["max_tokens"]) == (CONTEXT, CONTEXT)
-    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4000,
-            "ignore_eos": True}  # fmt: skip
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4000, "ignore_eos": True}
     reply = unlimited.call("POST", "/v1/chat/completions", chat)
     assert reply.status == 200, reply.body
     usage = reply.json()["usage"]
@@ -625,8 +773,12 @@ def test_the_default_limit_is_the_context(unlimited: Target) -> None:
     body = {"prompt": "Hi", "max_new_tokens": 2000, "ignore_eos": True}
     generated = unlimited.call("POST", "/generate", body).json()
     assert generated["tokens_generated"] == 2000 and generated["finish_reason"] == "length"
-    ollama = {"model": MODEL, "prompt": "Hi", "stream": False,
-              "options": {"num_predict": 1000, "temperature": 0}}  # fmt: skip
+    ollama = {
+        "model": MODEL,
+        "prompt": "Hi",
+        "stream": False,
+        "options": {"num_predict": 1000, "temperature": 0},
+    }
     answer = unlimited.call("POST", "/api/generate", ollama)
     assert answer.status == 200, answer.body
     assert 0 < answer.json()["eval_count"] <= 1000
@@ -724,15 +876,20 @@ def test_json_array_body(target: Target) -> None:
 
 
 def test_unknown_fields_are_ignored(target: Target) -> None:
-    reply = target.call("POST", "/v1/completions",
-                        {"prompt": "x", "max_tokens": 2, "frequency_penalty": 0, "user": "u",
-                         "whatever": {"x": 1}})  # fmt: skip
+    reply = target.call(
+        "POST",
+        "/v1/completions",
+        {"prompt": "x", "max_tokens": 2, "frequency_penalty": 0, "user": "u", "whatever": {"x": 1}},
+    )
     assert reply.status == 200
 
 
 def test_unknown_model(target: Target) -> None:
-    _error(target.call("POST", "/v1/completions", {"model": "gpt-4", "prompt": "x"}), 404,
-           "model_not_found")  # fmt: skip
+    _error(
+        target.call("POST", "/v1/completions", {"model": "gpt-4", "prompt": "x"}),
+        404,
+        "model_not_found",
+    )
 
 
 def test_oversize_body(target: Target) -> None:
@@ -764,11 +921,17 @@ def test_without_a_key_routes_cannot_be_discovered(target: Target) -> None:
     as a real route does (with the key: 404 and 405, above), and a preflight without a
     key is answered alike on every path; the public routes stay open."""
     nokey = {"authorization": ""}
-    for method, path in (("GET", "/v2/nothing"), ("GET", "/v1/chat/completions"),
-                         ("DELETE", "/v1/models"), ("GET", "/v1/models")):  # fmt: skip
+    for method, path in (
+        ("GET", "/v2/nothing"),
+        ("GET", "/v1/chat/completions"),
+        ("DELETE", "/v1/models"),
+        ("GET", "/v1/models"),
+    ):
         _error(target.call(method, path, headers=nokey), 401, "invalid_api_key")
-    preflights = [target.call("OPTIONS", path, headers=nokey)
-                  for path in ("/v2/nothing", "/v1/chat/completions")]  # fmt: skip
+    preflights = [
+        target.call("OPTIONS", path, headers=nokey)
+        for path in ("/v2/nothing", "/v1/chat/completions")
+    ]
     assert [r.status for r in preflights] == [204, 204]
     assert preflights[0].headers["allow"] == preflights[1].headers["allow"]
     assert target.call("GET", "/healthz", headers=nokey).status == 200
@@ -822,8 +985,17 @@ _CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
 def test_null_means_the_default(target: Target) -> None:
     """The openai client sends `temperature=None` when asked: OpenAI treats it as unset."""
-    nulls = {"temperature": None, "top_p": None, "n": None, "stream": None, "seed": None,
-             "logprobs": None, "stop": None, "stream_options": None, "tools": None}  # fmt: skip
+    nulls = {
+        "temperature": None,
+        "top_p": None,
+        "n": None,
+        "stream": None,
+        "seed": None,
+        "logprobs": None,
+        "stop": None,
+        "stream_options": None,
+        "tools": None,
+    }
     assert target.call("POST", "/v1/chat/completions", {**_CHAT, **nulls}).status == 200
     body = {"prompt": "x", "max_tokens": 2, "echo": None, "logprobs": None, "n": None}
     assert target.call("POST", "/v1/completions", body).status == 200
@@ -839,18 +1011,19 @@ def test_null_means_the_default(target: Target) -> None:
         ("/v1/chat/completions", {**_CHAT, "stream": "yes"}, "stream"),
         ("/generate", {"prompt": "x", "temperature": "0.5"}, "temperature"),
         ("/generate", {"prompt": "x", "max_new_tokens": 5000}, "max_new_tokens"),
-        ("/v1/chat/completions", {**_CHAT, "max_completion_tokens": 5000},
-         "max_completion_tokens"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]},
-         "messages.0.content"),
+        ("/v1/chat/completions", {**_CHAT, "max_completion_tokens": 5000}, "max_completion_tokens"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": 3}]},
+            "messages.0.content",
+        ),
         ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
         ("/v1/chat/completions", {**_CHAT, "logprobs": "yes"}, "logprobs"),
         ("/v1/chat/completions", {**_CHAT, "top_logprobs": 2}, "top_logprobs"),
-        ("/v1/chat/completions", {**_CHAT, "logprobs": True, "top_logprobs": 21},
-         "top_logprobs"),
+        ("/v1/chat/completions", {**_CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ("/v1/completions", {"prompt": "x", "logprobs": 6}, "logprobs"),
     ],
-)  # fmt: skip
+)
 def test_no_coercion_and_the_routes_own_field_names(
     target: Target, path: str, body: object, param: str
 ) -> None:
@@ -863,8 +1036,11 @@ def test_the_one_model_answers_to_its_name_in_any_case_with_latest_or_none(
     """Single-model mode (#27 item 2): `model` may be the served name in any case, with
     Ollama's `:latest`, empty or absent (llama-server's rule); another name is a 404."""
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-    ollama_chat = {"messages": [{"role": "user", "content": "Hi"}], "stream": False,
-                   "options": {"num_predict": 2}}  # fmt: skip
+    ollama_chat = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "stream": False,
+        "options": {"num_predict": 2},
+    }
     for name in (None, "", MODEL.upper(), f"{MODEL}:latest", f"{MODEL.upper()}:LATEST"):
         named = {} if name is None else {"model": name}
         reply = target.call("POST", "/v1/chat/completions", {**chat, **named})
@@ -876,8 +1052,11 @@ def test_the_one_model_answers_to_its_name_in_any_case_with_latest_or_none(
     card = target.call("GET", f"/v1/models/{MODEL.upper()}:latest")
     assert card.status == 200 and card.json()["id"] == MODEL
     for other in ("gpt-4", f"{MODEL}:fp32", "latest"):
-        _error(target.call("POST", "/v1/chat/completions", {**chat, "model": other}), 404,
-               "model_not_found")  # fmt: skip
+        _error(
+            target.call("POST", "/v1/chat/completions", {**chat, "model": other}),
+            404,
+            "model_not_found",
+        )
         assert target.call("POST", "/api/chat", {**ollama_chat, "model": other}).status == 404
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from core.api import Api
-from core.engine import Engine
-from core.http import Request
-from core.records import RequestRecord
-from core.settings import ServerSettings
-from core.state import ModelState
+from ortserve.core.api import Api
+from ortserve.core.engine import Engine
+from ortserve.core.http import Request
+from ortserve.core.records import RequestRecord
+from ortserve.core.settings import ServerSettings
+from ortserve.core.state import ModelState
 from tests.functional.harness import InProcess
 
 
@@ -47,8 +47,13 @@ def test_busy_is_503_with_retry_after(tiny_model_dir: Path, max_batch: int) -> N
     client = InProcess(api)
     held = []
     for _ in range(max_batch):
-        reply = api.handle(Request("POST", "/generate", body=json.dumps(
-            {"prompt": "x", "max_new_tokens": 50, "stream": True}).encode()))  # fmt: skip
+        reply = api.handle(
+            Request(
+                "POST",
+                "/generate",
+                body=json.dumps({"prompt": "x", "max_new_tokens": 50, "stream": True}).encode(),
+            )
+        )
         assert not isinstance(reply.body, bytes)
         next(reply.body)
         held.append(reply)
@@ -117,8 +122,12 @@ def test_records_carry_counts(tiny_model_dir: Path) -> None:
     state.load()
     api = Api(state, settings, on_record=records.append)
     client = InProcess(api)
-    client.call("POST", "/generate", {"prompt": "x", "max_new_tokens": 5, "stream": True},
-                headers={"x-request-id": "abc-123"})  # fmt: skip
+    client.call(
+        "POST",
+        "/generate",
+        {"prompt": "x", "max_new_tokens": 5, "stream": True},
+        headers={"x-request-id": "abc-123"},
+    )
     client.call("GET", "/nope")
     client.call("POST", "/generate", {"prompt": "x", "max_new_tokens": -1})
     first, second, third = records
@@ -198,8 +207,12 @@ def test_requests_during_a_cold_load_wait_for_it(
     assert client.api.handle(gone).status == 499
     settings.queue_timeout_s = 30.0
     replies: list[int] = []
-    waiting = [threading.Thread(target=lambda: replies.append(
-        client.call("POST", "/generate", body).status)) for _ in range(3)]  # fmt: skip
+    waiting = [
+        threading.Thread(
+            target=lambda: replies.append(client.call("POST", "/generate", body).status)
+        )
+        for _ in range(3)
+    ]
     for thread in waiting:
         thread.start()
     release.set()
@@ -225,8 +238,9 @@ def test_a_prompt_over_the_servers_token_limit_is_a_400(tiny_model_dir: Path) ->
     long = client.call("POST", "/generate", {"prompt": "hello world " * 10, "max_new_tokens": 2})
     assert long.status == 400
     assert "this server's limit is 4" in long.json()["error"]["message"]
-    chat = client.call("POST", "/v1/chat/completions",
-                       {"messages": [{"role": "user", "content": "hello " * 10}]})  # fmt: skip
+    chat = client.call(
+        "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello " * 10}]}
+    )
     assert chat.status == 400
 
 

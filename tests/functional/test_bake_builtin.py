@@ -6,9 +6,9 @@ import json
 import re
 from pathlib import Path
 
-from core.engine import Engine, SamplingOptions
-from core.manifest import read_manifest, sha256_file, verify_folder
-from core.settings import EngineSettings
+from ortserve.core.engine import Engine, SamplingOptions
+from ortserve.core.manifest import read_manifest, sha256_file, verify_folder
+from ortserve.core.settings import EngineSettings
 from tests.models import bake_log, run_ortserve
 
 
@@ -43,7 +43,7 @@ def test_target_session_options_are_baked_into_genai_config(tiny_model_dir: Path
 def test_runtime_caps_baked_threads_by_usable_cores_and_settings_override(
     tiny_model_dir: Path,
 ) -> None:
-    from core.cpu import usable_cpus
+    from ortserve.core.cpu import usable_cpus
 
     engine = Engine.load(EngineSettings(model_dir=tiny_model_dir, providers="cpu"))
     assert engine.probe.threads == min(4, usable_cpus())
@@ -98,14 +98,18 @@ def test_the_bake_says_where_it_is_and_how_long_each_step_took(tiny_model_dir: P
     lines = bake_log(tiny_model_dir.parent).splitlines()
     said = [line.removeprefix("[bake] ") for line in lines if line.startswith("[bake] ")]
     builder = [line for line in said if line.startswith("the model builder: ")]
-    assert any(line.startswith("the model builder: building layers: 2 layers done in ")
-               for line in builder), said  # fmt: skip
-    assert any(line.startswith("the model builder: quantizing: 11 weights done in ")
-               for line in builder), builder  # fmt: skip
+    assert any(
+        line.startswith("the model builder: building layers: 2 layers done in ") for line in builder
+    ), said
+    assert any(
+        line.startswith("the model builder: quantizing: 11 weights done in ") for line in builder
+    ), builder
     assert any(line.startswith("the model builder: saving tensors: ") for line in builder)
     assert not any("still running" in line for line in said), said
-    assert any(line.startswith("quality gate: scoring 928 tokens of a fixed text with "
-                               "transformers fp32") for line in said), said  # fmt: skip
+    assert any(
+        line.startswith("quality gate: scoring 928 tokens of a fixed text with transformers fp32")
+        for line in said
+    ), said
     smoke = r"smoke test on cpu: \d+ tokens generated from 'Hello' \(raw text, not a chat reply\): "
     assert any(re.match(smoke, line) for line in said), said
     times = said[-1]

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from onnx import load
 
-from core.engine import Engine, SamplingOptions
-from core.errors import OrtServeError
-from core.manifest import read_manifest
-from core.settings import EngineSettings
+from ortserve.core.engine import Engine, SamplingOptions
+from ortserve.core.errors import OrtServeError
+from ortserve.core.manifest import read_manifest
+from ortserve.core.settings import EngineSettings
 from tests.functional.bakehelp import bake_fails
 from tests.models import baked
 
@@ -51,7 +51,13 @@ def test_a_context_the_model_cannot_serve_is_refused(
     tokens: str, says: str, tmp_path: Path
 ) -> None:
     message = bake_fails(
-        "--model", "builtin:tiny-llama", "--target", "edge-x86_64", "--model-only",
-        "--context-length", tokens, out=tmp_path / "out",
-    )  # fmt: skip
+        "--model",
+        "builtin:tiny-llama",
+        "--target",
+        "edge-x86_64",
+        "--model-only",
+        "--context-length",
+        tokens,
+        out=tmp_path / "out",
+    )
     assert says in message

@@ -38,8 +38,9 @@ def test_source_that_is_nothing_known(tmp_path: Path) -> None:
 
 def test_a_file_is_not_a_model_folder(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"x")
-    message = bake_fails("--model", str(tmp_path / "weights.bin"), "--target", "gcf",
-                         out=tmp_path / "m")  # fmt: skip
+    message = bake_fails(
+        "--model", str(tmp_path / "weights.bin"), "--target", "gcf", out=tmp_path / "m"
+    )
     assert "is a file" in message
 
 
@@ -74,8 +75,15 @@ def test_unsupported_architecture(tiny_hf_dir: Path, tmp_path: Path) -> None:
 
 
 def test_fp16_on_a_cpu_target(tmp_path: Path) -> None:
-    message = bake_fails("--model", "builtin:tiny-llama", "--target", "gcf", "--precision",
-                         "fp16", out=tmp_path / "m")  # fmt: skip
+    message = bake_fails(
+        "--model",
+        "builtin:tiny-llama",
+        "--target",
+        "gcf",
+        "--precision",
+        "fp16",
+        out=tmp_path / "m",
+    )
     assert "fp16 is not supported on the CPU target gcf" in message
 
 
@@ -89,8 +97,9 @@ def test_a_model_that_cannot_generate_fails_the_bake(tiny_model_dir: Path, tmp_p
 
 
 def test_a_block_size_k_quant_cannot_use(tiny_hf_dir: Path, tmp_path: Path) -> None:
-    message = bake_fails("--model", str(tiny_hf_dir), "--target", "gcf", "--block-size", "256",
-                         out=tmp_path / "m")  # fmt: skip
+    message = bake_fails(
+        "--model", str(tiny_hf_dir), "--target", "gcf", "--block-size", "256", out=tmp_path / "m"
+    )
     assert "block_size 256 does not divide the model's hidden_size 64" in message
     assert "algo_config=rtn" in message
 
@@ -115,10 +124,17 @@ def test_a_builder_option_that_breaks_the_graph_fails_as_what_it_is(
     says what onnxruntime says, and never installs it, --no-smoke or not."""
     src = _tied(tiny_hf_dir, tmp_path / "tied")
     message = bake_fails(
-        "--model", str(src), "--target", "gcf", *([] if smoke else ["--no-smoke"]),
-        "--builder-option", "algo_config=default",
-        "--builder-option", "matmul_mixed_precision=last_matmul:int8", out=tmp_path / "m",
-    )  # fmt: skip
+        "--model",
+        str(src),
+        "--target",
+        "gcf",
+        *([] if smoke else ["--no-smoke"]),
+        "--builder-option",
+        "algo_config=default",
+        "--builder-option",
+        "matmul_mixed_precision=last_matmul:int8",
+        out=tmp_path / "m",
+    )
     assert message.startswith("the baked model does not load on cpu: "), message
     assert "not a graph input" in message
 
@@ -174,9 +190,13 @@ def test_disk_full(tmp_path: Path) -> None:
     )
     proc = subprocess.run(
         ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
         env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)},
-    )  # fmt: skip
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last == f"ortserve bake: error: disk full while baking into {small}", proc.stderr

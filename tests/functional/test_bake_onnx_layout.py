@@ -10,8 +10,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from core.engine import Engine, SamplingOptions
-from core.settings import EngineSettings
+from ortserve.core.engine import Engine, SamplingOptions
+from ortserve.core.settings import EngineSettings
 from tests import models
 from tests.fakehub import FakeRepo, serve_fake_hub
 from tests.functional.bakehelp import bake_fails, bake_ok, bake_ok_log
@@ -74,9 +74,13 @@ def test_default_variant_on_cpu_is_q4_and_the_bake_says_so(
     community_dir: Path, tiny_q4_dir: Path, tmp_path: Path
 ) -> None:
     manifest, log = bake_ok_log(
-        "--model", str(community_dir), "--target", "edge-x86_64", "--model-only",
+        "--model",
+        str(community_dir),
+        "--target",
+        "edge-x86_64",
+        "--model-only",
         out=tmp_path / "m",
-    )  # fmt: skip
+    )
     assert "[bake] ONNX variant: onnx/model_q4.onnx (4-bit weights, fp32 activations" in log
     assert manifest.source_kind == "onnx"
     assert manifest.precision.startswith("int4") and manifest.precision.endswith("(as exported)")
@@ -85,8 +89,13 @@ def test_default_variant_on_cpu_is_q4_and_the_bake_says_so(
     files = sorted(f.path for f in manifest.files)
     # The graph and its data, the small files of the export, and what transformers adds
     # to raw text (core/text.py).
-    assert files == ["genai_config.json", "model.onnx", "model.onnx.data", "ortserve-text.json",
-                     *_SMALL_FILES[2:]]  # fmt: skip
+    assert files == [
+        "genai_config.json",
+        "model.onnx",
+        "model.onnx.data",
+        "ortserve-text.json",
+        *_SMALL_FILES[2:],
+    ]
     config = json.loads((tmp_path / "m" / "model" / "genai_config.json").read_text())
     assert config["model"]["decoder"]["filename"] == "model.onnx"
     assert config["model"]["type"] == "llama"
@@ -98,9 +107,15 @@ def test_onnx_file_picks_another_variant(
     community_dir: Path, tiny_fp32_dir: Path, tmp_path: Path
 ) -> None:
     manifest, log = bake_ok_log(
-        "--model", str(community_dir), "--onnx-file", "onnx/model.onnx", "--target", "gcf",
-        "--model-only", out=tmp_path / "m",
-    )  # fmt: skip
+        "--model",
+        str(community_dir),
+        "--onnx-file",
+        "onnx/model.onnx",
+        "--target",
+        "gcf",
+        "--model-only",
+        out=tmp_path / "m",
+    )
     assert "[bake] ONNX variant: onnx/model.onnx (chosen with --onnx-file)" in log
     assert manifest.precision == "fp32 (as exported)"
     assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_fp32_dir)
@@ -109,9 +124,19 @@ def test_onnx_file_picks_another_variant(
 @pytest.mark.slow
 def test_precision_int4_quantizes_an_fp32_graph(community_dir: Path, tmp_path: Path) -> None:
     manifest, log = bake_ok_log(
-        "--model", str(community_dir), "--onnx-file", "onnx/model.onnx", "--precision", "int4",
-        "--block-size", "32", "--target", "edge-x86_64", "--model-only", out=tmp_path / "m",
-    )  # fmt: skip
+        "--model",
+        str(community_dir),
+        "--onnx-file",
+        "onnx/model.onnx",
+        "--precision",
+        "int4",
+        "--block-size",
+        "32",
+        "--target",
+        "edge-x86_64",
+        "--model-only",
+        out=tmp_path / "m",
+    )
     assert "quantizing onnx/model.onnx to int4 with onnxruntime's MatMulNBitsQuantizer" in log
     assert manifest.precision == "int4"
     assert manifest.builder_options == {"block_size": "32", "accuracy_level": "4"}
@@ -138,8 +163,9 @@ def test_options_that_cannot_apply_to_the_graph_are_refused(
     message = bake_fails(*args, "--onnx-file", "onnx/model_q8.onnx", out=tmp_path / "x")
     assert "no such graph" in message
     assert "onnx/model_q4.onnx" in message
-    message = bake_fails("--model", str(community_dir / "onnx"), "--target", "gcf",
-                         out=tmp_path / "x")  # fmt: skip
+    message = bake_fails(
+        "--model", str(community_dir / "onnx"), "--target", "gcf", out=tmp_path / "x"
+    )
     assert f"give the export's top folder ({community_dir})" in message
 
 
@@ -154,8 +180,16 @@ def test_flat_folder_with_two_graphs_needs_onnx_file(
     message = bake_fails("--model", str(flat), "--target", "gcf", out=tmp_path / "x")
     assert "model.onnx, model_q4.onnx" in message
     assert "--onnx-file" in message
-    bake_ok("--model", str(flat), "--onnx-file", "model_q4.onnx", "--target", "gcf",
-            "--model-only", out=tmp_path / "m")  # fmt: skip
+    bake_ok(
+        "--model",
+        str(flat),
+        "--onnx-file",
+        "model_q4.onnx",
+        "--target",
+        "gcf",
+        "--model-only",
+        out=tmp_path / "m",
+    )
     assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_q4_dir)
 
 
@@ -191,8 +225,16 @@ def test_hub_fetches_only_the_chosen_variant(
         assert manifest.source_kind == "hub"
         fetched = _fetched(hub.requests)
         assert {"onnx/model_q4.onnx", "onnx/model_q4.onnx_data", "config.json"} <= fetched
-        assert not {"onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_fp16.onnx",
-                    "onnx/model_fp16.onnx_data", "README.md"} & fetched  # fmt: skip
+        assert (
+            not {
+                "onnx/model.onnx",
+                "onnx/model.onnx_data",
+                "onnx/model_fp16.onnx",
+                "onnx/model_fp16.onnx_data",
+                "README.md",
+            }
+            & fetched
+        )
         assert _greedy(tmp_path / "m" / "model") == _greedy(tiny_q4_dir)
 
         seen = len(hub.requests)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from core.engine import Engine, SamplingOptions
-from core.settings import EngineSettings
+from ortserve.core.engine import Engine, SamplingOptions
+from ortserve.core.settings import EngineSettings
 
 PROMPTS = ["Hello, world! How are you today?", "Serverless functions start cold", '{"name": ']
 

@@ -10,8 +10,8 @@ from typing import Any
 import onnx
 import pytest
 
-from bake.recipes import Recipe
-from core.manifest import Manifest
+from ortserve.bake.recipes import Recipe
+from ortserve.core.manifest import Manifest
 from tests.functional.bakehelp import bake_fails, bake_ok
 
 # A user's recipe: og's default algorithm (k_quant_mixed: lm_head and llama.cpp's "mixed"
@@ -49,8 +49,17 @@ def recipe_bake(
     work = tmp_path_factory.mktemp("recipe")
     (work / "recipe.json").write_text(json.dumps(RECIPE))
     out = work / "out"
-    manifest = bake_ok("--model", str(tied_hf_dir), "--target", "edge-x86_64", "--model-only",
-                       "--no-smoke", "--recipe", str(work / "recipe.json"), out=out)  # fmt: skip
+    manifest = bake_ok(
+        "--model",
+        str(tied_hf_dir),
+        "--target",
+        "edge-x86_64",
+        "--model-only",
+        "--no-smoke",
+        "--recipe",
+        str(work / "recipe.json"),
+        out=out,
+    )
     return manifest, out / "model"
 
 
@@ -99,16 +108,27 @@ def test_the_embedding_stays_tied_to_the_int8_lm_head(recipe_bake: tuple[Manifes
 
 def test_recipe_errors(tied_hf_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    error = bake_fails("--model", "builtin:tiny-llama", "--target", "gcf", "--recipe", "best",
-                       out=out)  # fmt: skip
+    error = bake_fails(
+        "--model", "builtin:tiny-llama", "--target", "gcf", "--recipe", "best", out=out
+    )
     assert error.startswith("unknown recipe 'best': name one of k-quant-mixed, q4km-like, int8")
-    error = bake_fails("--model", "builtin:tiny-llama", "--target", "gcf", "--precision",
-                       "int8", "--recipe", "q4km-like", out=out)  # fmt: skip
+    error = bake_fails(
+        "--model",
+        "builtin:tiny-llama",
+        "--target",
+        "gcf",
+        "--precision",
+        "int8",
+        "--recipe",
+        "q4km-like",
+        out=out,
+    )
     assert "--recipe applies to int4 bakes" in error
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rules": [{"roles": ["down"], "layers": [5], "type": "int8"}]}))
-    error = bake_fails("--model", str(tied_hf_dir), "--target", "gcf", "--recipe", str(bad),
-                       out=out)  # fmt: skip
+    error = bake_fails(
+        "--model", str(tied_hf_dir), "--target", "gcf", "--recipe", str(bad), out=out
+    )
     assert error == "recipe: layer 5 does not exist in a model of 2 layers"
 
 
@@ -124,8 +144,8 @@ def one_node_only(obj):
         raise SystemExit("the whole graph went through onnx_ir.to_proto")
     return whole(obj)
 onnx_ir.to_proto = one_node_only
-from bake.upstream import main
-sys.argv = ["bake.upstream", *sys.argv[1:]]
+from ortserve.bake.upstream import main
+sys.argv = ["ortserve.bake.upstream", *sys.argv[1:]]
 main()
 """
 
@@ -145,27 +165,46 @@ def test_the_streaming_quantizer_writes_the_builders_own_bytes(
     import subprocess
     import sys
 
-    from bake.recipes import DEFAULT_RECIPE, RECIPES, target_options
-    from bake.targets import builder_options, get_target
-    from bake.upstream import BUILDER_MODULE
+    from ortserve.bake.recipes import DEFAULT_RECIPE, RECIPES, target_options
+    from ortserve.bake.targets import builder_options, get_target
+    from ortserve.bake.upstream import BUILDER_MODULE
 
-    assert BUILDER_MODULE == "bake.upstream"  # what bake.pipeline runs
+    assert BUILDER_MODULE == "ortserve.bake.upstream"  # what bake.pipeline runs
     config = json.loads((tied_hf_dir / "config.json").read_text())
     recipe = RECIPES[DEFAULT_RECIPE]
     options = builder_options(get_target("edge-x86_64"), "int4", {}, recipe)
     expanded = target_options(recipe, options, config)
     assert expanded is not None
     outputs = {}
-    for name, runner in (("og", ["-m", "onnxruntime_genai.models.builder"]),
-                         ("streaming", ["-c", _GUARDED])):  # fmt: skip
+    for name, runner in (
+        ("og", ["-m", "onnxruntime_genai.models.builder"]),
+        ("streaming", ["-c", _GUARDED]),
+    ):
         outputs[name] = tmp_path / name
         proc = subprocess.run(
-            [sys.executable, *runner, "-i", str(tied_hf_dir), "-o", str(outputs[name]),
-             "-p", "int4", "-e", "cpu", "-c", str(tmp_path / f"cache-{name}"),
-             "--extra_options", *(f"{k}={v}" for k, v in options.items()),
-             "--target_options", json.dumps(expanded)],
-            capture_output=True, text=True, check=False, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                *runner,
+                "-i",
+                str(tied_hf_dir),
+                "-o",
+                str(outputs[name]),
+                "-p",
+                "int4",
+                "-e",
+                "cpu",
+                "-c",
+                str(tmp_path / f"cache-{name}"),
+                "--extra_options",
+                *(f"{k}={v}" for k, v in options.items()),
+                "--target_options",
+                json.dumps(expanded),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     og, streaming = _initializers(outputs["og"]), _initializers(outputs["streaming"])
     assert sorted(og) == sorted(streaming)

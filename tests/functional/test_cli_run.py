@@ -39,8 +39,15 @@ def _entries(home: Path) -> list[str]:
 
 def test_run_with_a_prompt_answers_once_and_exits(home: Path) -> None:
     before = _entries(home)
-    proc = run_ortserve("run", "Tiny-Llama", "Why is the sky blue?", "--max-new-tokens", "8",
-                        "--verbose", env=store_env(home))  # fmt: skip
+    proc = run_ortserve(
+        "run",
+        "Tiny-Llama",
+        "Why is the sky blue?",
+        "--max-new-tokens",
+        "8",
+        "--verbose",
+        env=store_env(home),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip(), "no answer"
     assert proc.stdout.endswith("\n") and proc.stdout.count("\n") >= 1
@@ -53,10 +60,12 @@ def test_run_with_a_prompt_answers_once_and_exits(home: Path) -> None:
 
 def test_run_reads_the_prompt_from_stdin(home: Path) -> None:
     args = ("--max-new-tokens", "4", "--verbose", "--temperature", "0")
-    piped = run_ortserve("run", "tiny-llama", *args, stdin="Why is the sky blue?\n",
-                         env=store_env(home))  # fmt: skip
-    dash = run_ortserve("run", "tiny-llama", "-", *args, stdin="Why is the sky blue?\n",
-                        env=store_env(home))  # fmt: skip
+    piped = run_ortserve(
+        "run", "tiny-llama", *args, stdin="Why is the sky blue?\n", env=store_env(home)
+    )
+    dash = run_ortserve(
+        "run", "tiny-llama", "-", *args, stdin="Why is the sky blue?\n", env=store_env(home)
+    )
     given = run_ortserve("run", "tiny-llama", "Why is the sky blue?\n", *args, env=store_env(home))
     for proc in (piped, dash, given):
         assert proc.returncode == 0, proc.stderr
@@ -73,8 +82,9 @@ def test_run_of_a_name_that_is_not_stored_says_what_is(home: Path) -> None:
     (line,) = proc.stderr.strip().splitlines()
     assert "no folder or stored model 'tiny-lama'; did you mean tiny-llama?" in line, line
     assert "name its source" in line and "baking" not in proc.stderr
-    bake_option = run_ortserve("run", "tiny-llama", "Hi", "--precision", "fp32",
-                               env=store_env(home))  # fmt: skip
+    bake_option = run_ortserve(
+        "run", "tiny-llama", "Hi", "--precision", "fp32", env=store_env(home)
+    )
     assert bake_option.returncode == 1
     assert "tiny-llama is baked already" in bake_option.stderr, bake_option.stderr
     assert "--precision only apply to a bake" in bake_option.stderr
@@ -82,8 +92,9 @@ def test_run_of_a_name_that_is_not_stored_says_what_is(home: Path) -> None:
 
 def test_generate_probe_show_and_serve_take_a_stored_name(home: Path) -> None:
     env = store_env(home)
-    generated = run_ortserve("generate", "--model-dir", "tiny-llama:latest", "Hi",
-                             "--max-new-tokens", "4", env=env)  # fmt: skip
+    generated = run_ortserve(
+        "generate", "--model-dir", "tiny-llama:latest", "Hi", "--max-new-tokens", "4", env=env
+    )
     assert generated.returncode == 0, generated.stderr
     assert generated.stderr.startswith("[tiny-llama:latest] "), generated.stderr
     probed = run_ortserve("probe", "--model-dir", "TINY", env=env)
@@ -97,10 +108,14 @@ def test_generate_probe_show_and_serve_take_a_stored_name(home: Path) -> None:
         "`ortserve list`)"
     )
     port = free_port()
-    serve = subprocess.Popen([*ORTSERVE, "serve", "Tiny-Llama", "--port", str(port)],
-                             env={**os.environ, **env}, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)  # fmt: skip
+    serve = subprocess.Popen(
+        [*ORTSERVE, "serve", "Tiny-Llama", "--port", str(port)],
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert ready_within(serve, port, 120)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
@@ -116,8 +131,14 @@ def _serve(home: Path, *args: str) -> Iterator[tuple[str, str]]:
     port = free_port()
     cmd = [*ORTSERVE, "run", *args, "--port", str(port)]
     env = {**os.environ, **store_env(home)}
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert ready_within(proc, port, 120), proc.communicate(timeout=30)[1]
         yield f"http://127.0.0.1:{port}", ""
@@ -143,14 +164,23 @@ def test_run_of_a_stored_name_serves_it_under_that_name_without_baking(home: Pat
     messages: list[openai.types.chat.ChatCompletionMessageParam] = [
         {"role": "user", "content": "Hi"}
     ]
-    for model in ("", "gpt-4o-mini", "LOCAL", "tiny-llama", "tiny-llama:latest",
-                  "ortserve/tiny-llama-random-weights"):  # fmt: skip
+    for model in (
+        "",
+        "gpt-4o-mini",
+        "LOCAL",
+        "tiny-llama",
+        "tiny-llama:latest",
+        "ortserve/tiny-llama-random-weights",
+    ):
         reply = client.chat.completions.create(model=model, messages=messages, max_tokens=2)
         assert reply.model == "gpt-4o-mini", model
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="llama3", messages=messages, max_tokens=2)
-    chat = ollama.Client(host=base).chat(model="local:latest", messages=[{"role": "user",
-                                         "content": "Hi"}], options={"num_predict": 2})  # fmt: skip
+    chat = ollama.Client(host=base).chat(
+        model="local:latest",
+        messages=[{"role": "user", "content": "Hi"}],
+        options={"num_predict": 2},
+    )
     assert chat.done
     _, err = next(serving)
     assert "baking" not in err and "model gpt-4o-mini ready on cpu" in err, err

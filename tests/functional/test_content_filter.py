@@ -44,14 +44,19 @@ def rules_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def target(
     request: pytest.FixtureRequest, rules_file: Path, tiny_gcf_bundle: Path, tiny_model_dir: Path
 ) -> Iterator[Target]:
-    with open_target(request.param, tiny_model_dir, tiny_gcf_bundle,
-                     content_filter=rules_file) as target:  # fmt: skip
+    with open_target(
+        request.param, tiny_model_dir, tiny_gcf_bundle, content_filter=rules_file
+    ) as target:
         yield target
 
 
 def _chat(text: str, **extra: Any) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}], "max_tokens": 8,
-            "temperature": 0, **extra}  # fmt: skip
+    return {
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
 
 
 def _forced(text: str) -> dict[str, Any]:
@@ -77,8 +82,15 @@ def test_refused_requests_name_the_rule_in_each_apis_shape(target: Target) -> No
     error = reply.json()["error"]
     assert error["code"] == "content_filter" and "input.deny[0]" in error["message"]
     assert text not in reply.body.decode()
-    ollama = target.call("POST", "/api/chat", {"model": MODEL, "messages": [
-        {"role": "user", "content": "a FORBIDDEN word"}], "stream": False})  # fmt: skip
+    ollama = target.call(
+        "POST",
+        "/api/chat",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "a FORBIDDEN word"}],
+            "stream": False,
+        },
+    )
     assert ollama.status == 400 and set(ollama.json()) == {"error"}  # Ollama's error shape
     assert "input.deny_words" in ollama.json()["error"]
     completion = target.call("POST", "/v1/completions", {"prompt": "forbidden", "max_tokens": 2})
@@ -92,8 +104,10 @@ def test_personal_data_never_reaches_the_model(target: Target) -> None:
         reply = target.call("POST", CHAT, _chat(f"Mail me at {text} please"))
         assert reply.status == 200, reply.body
         body = reply.json()
-        return {"prompt": body["usage"]["prompt_tokens"],
-                "text": body["choices"][0]["message"]["content"]}  # fmt: skip
+        return {
+            "prompt": body["usage"]["prompt_tokens"],
+            "text": body["choices"][0]["message"]["content"],
+        }
 
     redacted = ask("jane.doe@example.com")
     assert redacted == ask("[email]")  # the model read exactly "[email]"
@@ -109,9 +123,16 @@ def test_output_ends_at_a_deny_rule_and_is_redacted(target: Target, stream: bool
     assert _content(forced("the SECRET is out")) == ('{"k":"the ', "content_filter")
     redacted = forced("write a@b.io now")
     assert _content(redacted) == ('{"k":"write [email] now"}', "stop")
-    ollama = target.call("POST", "/api/chat", {"model": MODEL, "stream": stream,
-        "messages": [{"role": "user", "content": "Hi"}],
-        "format": _forced("no SECRET")["json_schema"]["schema"]})  # fmt: skip
+    ollama = target.call(
+        "POST",
+        "/api/chat",
+        {
+            "model": MODEL,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "format": _forced("no SECRET")["json_schema"]["schema"],
+        },
+    )
     lines = [json.loads(line) for line in ollama.body.splitlines() if line.strip()]
     assert "".join(line["message"]["content"] for line in lines) == '{"k":"no '
     assert lines[-1]["done_reason"] == "content_filter"
@@ -126,9 +147,10 @@ def test_metrics_count_refusals_redactions_and_how_answers_ended(
     rules_file: Path, tiny_model_dir: Path
 ) -> None:
     env = {"ORTSERVE_CONTENT_FILTER": str(rules_file)}
-    with edge_server(tiny_model_dir, env) as base, httpx.Client(
-        base_url=base, headers=AUTH, timeout=60
-    ) as http:  # fmt: skip
+    with (
+        edge_server(tiny_model_dir, env) as base,
+        httpx.Client(base_url=base, headers=AUTH, timeout=60) as http,
+    ):
         assert http.post(CHAT, json=_chat("forbidden")).status_code == 400
         assert http.post(CHAT, json=_chat("me: a@b.io", max_tokens=3)).status_code == 200
         http.post(CHAT, json=_chat("Hi", max_tokens=40, response_format=_forced("SECRET")))

@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from bake.errors import BakeError
-from bake.package_edge import package_edge
-from bake.targets import get_target
 from benchmarks.support.servers import free_port
-from core import playground
+from ortserve.bake.errors import BakeError
+from ortserve.bake.package_edge import package_edge
+from ortserve.bake.targets import get_target
+from ortserve.core import playground
 from tests import edge_bundle_qemu as emu
 from tests import models
 from tests.edge_bundle_kit import (
@@ -100,8 +100,12 @@ def _ask(url: str) -> dict[str, float]:
         assert 1 <= body["tokens_generated"] <= 16
         assert body["finish_reason"] in ("length", "stop")
 
-        chat = {"model": model, "messages": [{"role": "user", "content": "Hi"}],
-                "max_tokens": 8, "stream": True}  # fmt: skip
+        chat = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 8,
+            "stream": True,
+        }
         clock = Stopwatch()
         with client.stream("POST", "/v1/chat/completions", json=chat) as stream:
             assert stream.status_code == 200
@@ -122,8 +126,9 @@ def _install_serve_uninstall(
     """`env`: install.sh's environment (None: this process's)."""
     timings: dict[str, float] = {}
     clock = Stopwatch()
-    first = install(bundle, "--prefix", str(prefix), "--python", str(python), "--no-systemd",
-                    env=env)  # fmt: skip
+    first = install(
+        bundle, "--prefix", str(prefix), "--python", str(python), "--no-systemd", env=env
+    )
     timings["install_s"] = clock()
     assert first.returncode == 0, first.stdout + first.stderr
     assert "checks passed" in first.stdout
@@ -136,16 +141,18 @@ def _install_serve_uninstall(
     assert (prefix / ENV_REL).stat().st_mode & 0o777 == 0o600
     analyze = shutil.which("systemd-analyze")
     if analyze:  # the rewritten unit is still valid (ExecStart must exist and be executable)
-        verify = subprocess.run([analyze, "verify", str(prefix / UNIT_REL)],
-                                capture_output=True, text=True, check=False)  # fmt: skip
+        verify = subprocess.run(
+            [analyze, "verify", str(prefix / UNIT_REL)], capture_output=True, text=True, check=False
+        )
         assert verify.returncode == 0, verify.stderr
         assert verify.stdout + verify.stderr == ""
 
     # Idempotent: a second run verifies and changes nothing at all.
     before = listing(prefix)
     clock = Stopwatch()
-    second = install(bundle, "--prefix", str(prefix), "--python", str(python), "--no-systemd",
-                     env=env)  # fmt: skip
+    second = install(
+        bundle, "--prefix", str(prefix), "--python", str(python), "--no-systemd", env=env
+    )
     timings["second_install_s"] = clock()
     assert second.returncode == 0, second.stdout + second.stderr
     assert "already installed: nothing changed" in second.stdout
@@ -240,16 +247,20 @@ def test_the_bundle_carries_what_install_sh_needs(aarch64_bundle: Path) -> None:
     names = sorted(p.name for p in (aarch64_bundle / "wheels").glob("*.whl"))
     for dist in ("onnxruntime_genai-0.18.0", "onnxruntime-", "numpy-", "pydantic_core-"):
         for python in ("cp311", "cp312", "cp313", "cp314"):
-            assert any(n.startswith(dist) and f"-{python}-" in n and "aarch64" in n
-                       for n in names), (dist, python, names)  # fmt: skip
+            assert any(
+                n.startswith(dist) and f"-{python}-" in n and "aarch64" in n for n in names
+            ), (dist, python, names)
     for pure in ("ortserve-", "uvicorn-", "prometheus_client-", "pip-", "h11-", "click-"):
         assert any(n.startswith(pure) for n in names), (pure, names)
     assert not [n for n in names if "x86_64" in n]
     info = (aarch64_bundle / "BUNDLE-INFO").read_text(encoding="utf-8")
     assert "arch=aarch64\n" in info
     assert "python=3.11 3.12 3.13 3.14\n" in info
-    subprocess.run(["sha256sum", "-c", "--quiet", "--strict", "BUNDLE-MANIFEST.sha256"],
-                   cwd=aarch64_bundle, check=True)  # fmt: skip
+    subprocess.run(
+        ["sha256sum", "-c", "--quiet", "--strict", "BUNDLE-MANIFEST.sha256"],
+        cwd=aarch64_bundle,
+        check=True,
+    )
 
 
 def test_the_bake_cli_writes_the_bundle() -> None:
@@ -257,8 +268,9 @@ def test_the_bake_cli_writes_the_bundle() -> None:
     bundle = models.baked("builtin:tiny-llama", target="edge-aarch64")
     for name in ("install.sh", "ortserve.service", "ortserve.env", "BUNDLE-INFO", "wheels"):
         assert (bundle / name).exists(), name
-    subprocess.run(["sha256sum", "-c", "--quiet", "--strict", "BUNDLE-MANIFEST.sha256"],
-                   cwd=bundle, check=True)  # fmt: skip
+    subprocess.run(
+        ["sha256sum", "-c", "--quiet", "--strict", "BUNDLE-MANIFEST.sha256"], cwd=bundle, check=True
+    )
 
 
 def test_a_bake_without_network_or_cache_fails_in_one_line(

@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from benchmarks.support.servers import ORTSERVE
-from core.manifest import list_files, manifest_digest, read_manifest, write_manifest
-from edge.settings import EdgeSettings
+from ortserve.core.manifest import list_files, manifest_digest, read_manifest, write_manifest
+from ortserve.edge.settings import EdgeSettings
 from tests import models
 
 pytestmark = pytest.mark.slow
@@ -48,14 +48,20 @@ class Daemon:
         self.messages: list[tuple[float, str]] = []  # (monotonic time, datagram)
         self.stdout: list[str] = []
         self.stderr_path = Path(self._folder.name) / "stderr"
-        base = {k: v for k, v in os.environ.items()
-                if not k.startswith(("ORTSERVE_", "NOTIFY_", "WATCHDOG_"))}  # fmt: skip
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("ORTSERVE_", "NOTIFY_", "WATCHDOG_"))
+        }
         full_env = {**base, "ORTSERVE_PROVIDERS": "cpu", "NOTIFY_SOCKET": notify_path, **env}
         with self.stderr_path.open("wb") as stderr:
             self.proc = subprocess.Popen(
                 [*ORTSERVE, "serve", "--model-dir", str(model_dir), "--port", "0"],
-                stdout=subprocess.PIPE, stderr=stderr, env=full_env, text=True,
-            )  # fmt: skip
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=full_env,
+                text=True,
+            )
         for target in (self._read_stdout, self._read_notify):
             threading.Thread(target=target, daemon=True).start()
         status = self.wait_for("STATUS=listening on ")
@@ -173,8 +179,12 @@ def test_a_broken_model_leaves_the_process_up_and_not_ready_when_it_waits_for_on
 ) -> None:
     """With ORTSERVE_WAIT_FOR_MODEL (the systemd unit sets it), as systemd expects."""
     folder = tmp_path / "model"
-    named = {"missing": "does not exist", "truncated": "model.onnx.data",
-             "tampered": "model.onnx.data", "bad-genai-config": "genai_config.json"}  # fmt: skip
+    named = {
+        "missing": "does not exist",
+        "truncated": "model.onnx.data",
+        "tampered": "model.onnx.data",
+        "bad-genai-config": "genai_config.json",
+    }
     env = {"WAIT_FOR_MODEL": "true"}
     if damage != "missing":
         shutil.copytree(tiny_model_dir, folder)
@@ -231,8 +241,15 @@ def test_a_model_that_cannot_load_at_start_exits_1_with_the_reason(
 
 def test_serve_without_a_model_exits_1_at_once(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORTSERVE_")}
-    proc = subprocess.run([*ORTSERVE, "serve", "--port", "0"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [*ORTSERVE, "serve", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert proc.returncode == 1
     said = "exiting: model folder models/default/model does not exist (no --model-dir or "
     assert said + "ORTSERVE_MODEL_DIR given)" in proc.stderr, proc.stderr
@@ -240,8 +257,11 @@ def test_serve_without_a_model_exits_1_at_once(tmp_path: Path) -> None:
 
 
 def _events(raw: bytes) -> list[Any]:
-    return [json.loads(block.removeprefix("data: "))
-            for block in raw.decode().split("\n\n") if block.strip()]  # fmt: skip
+    return [
+        json.loads(block.removeprefix("data: "))
+        for block in raw.decode().split("\n\n")
+        if block.strip()
+    ]
 
 
 def test_sigterm_drains_an_in_flight_stream_then_exits_0(start: Any) -> None:
@@ -283,7 +303,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_at_once(start: Any) -> N
         httpx.Client(base_url=daemon.url) as leaving,
         leaving.stream(
             "POST", "/generate", json={**body, "stream": True}, headers={"x-request-id": "gone"}
-        ) as reply,  # fmt: skip
+        ) as reply,
     ):
         next(reply.iter_raw())
     # Leaving the block closes the connection mid-stream.
@@ -376,10 +396,13 @@ def test_no_api_key_appears_in_the_logs(start: Any) -> None:
         {"api-key": secret},  # the key in a header the API does not read: 401
     ]
     statuses = [
-        daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 2},
-                         headers={**h, "x-request-id": f"k-{i}"}).status_code
+        daemon.http.post(
+            "/generate",
+            json={"prompt": PROMPT, "max_new_tokens": 2},
+            headers={**h, "x-request-id": f"k-{i}"},
+        ).status_code
         for i, h in enumerate(attempts)
-    ]  # fmt: skip
+    ]
     assert statuses == [200, 401, 401, 401]
     for i in range(len(attempts)):
         daemon.record(f"k-{i}")
@@ -416,8 +439,10 @@ def _connect(url: str) -> socket.socket:
 
 def _post(body: dict[str, Any], request_id: str) -> bytes:
     data = json.dumps(body).encode()
-    head = (f"POST /generate HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(data)}\r\nx-request-id: {request_id}\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST /generate HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(data)}\r\nx-request-id: {request_id}\r\n\r\n"
+    )
     return head.encode() + data
 
 
@@ -461,8 +486,14 @@ def test_a_queued_request_whose_client_leaves_leaves_the_queue_at_once(start: An
     # The 135M shape: the request ahead must outlast the queued one's arrival and
     # departure (400 tokens take seconds there; the tiny model's 2,000 take ~0.3 s).
     shape = models.shape_135m()
-    daemon = start(shape, MAX_NEW_TOKENS=str(LONG), MAX_CONCURRENCY="1", MAX_QUEUE="1",
-                   MAX_BATCH="1", QUEUE_TIMEOUT_S="60")  # fmt: skip
+    daemon = start(
+        shape,
+        MAX_NEW_TOKENS=str(LONG),
+        MAX_CONCURRENCY="1",
+        MAX_QUEUE="1",
+        MAX_BATCH="1",
+        QUEUE_TIMEOUT_S="60",
+    )
     daemon.wait_for("READY=1")
     ahead_tokens = 400
     body = {"prompt": PROMPT, "max_new_tokens": ahead_tokens}
@@ -647,8 +678,9 @@ def test_the_drain_timeout_ends_streams_and_buffered_requests_with_shutting_down
     # The 135M shape, not the tiny model: its 2,000 tokens take seconds, so both requests
     # are surely still generating when SIGTERM comes (the tiny model's took ~0.3 s in CI).
     shape = models.shape_135m()
-    daemon = start(shape, MAX_NEW_TOKENS=str(LONG), MAX_CONCURRENCY="2", MAX_BATCH="1",
-                   DRAIN_TIMEOUT_S="0")  # fmt: skip
+    daemon = start(
+        shape, MAX_NEW_TOKENS=str(LONG), MAX_CONCURRENCY="2", MAX_BATCH="1", DRAIN_TIMEOUT_S="0"
+    )
     daemon.wait_for("READY=1")
     buffered: dict[str, Any] = {}
 
@@ -662,8 +694,12 @@ def test_the_drain_timeout_ends_streams_and_buffered_requests_with_shutting_down
     deadline = time.monotonic() + 10
     while daemon.http.get("/healthz").json()["active"] < 1 and time.monotonic() < deadline:
         time.sleep(0.005)
-    chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": LONG,
-            "temperature": 0, "stream": True}  # fmt: skip
+    chat = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": LONG,
+        "temperature": 0,
+        "stream": True,
+    }
     with daemon.http.stream("POST", "/v1/chat/completions", json=chat) as reply:
         chunks = reply.iter_raw()
         first = next(chunks)
@@ -727,8 +763,13 @@ def test_the_metrics_exposition_passes_promtool_check_metrics(start: Any) -> Non
     scrape = daemon.http.get("/metrics")
     assert scrape.status_code == 200
     assert "_created" not in scrape.text
-    checked = subprocess.run([promtool, "check", "metrics"], input=scrape.content,
-                             capture_output=True, timeout=30, check=False)  # fmt: skip
+    checked = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=scrape.content,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
     lint = (checked.stdout + checked.stderr).decode(errors="replace")
     assert checked.returncode == 0 and not lint.strip(), f"promtool: {lint}\n{scrape.text}"
     assert daemon.stop() == 0

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from benchmarks.support.servers import ORTSERVE
-from core.manifest import manifest_digest, read_manifest, write_manifest
-from edge.switch import set_link
+from ortserve.core.manifest import manifest_digest, read_manifest, write_manifest
+from ortserve.edge.switch import set_link
 from tests.functional.test_edge_daemon import PROMPT, start  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.slow
@@ -59,8 +59,9 @@ class Load:
         self.statuses: Counter[int] = Counter()
         self.failures: list[str] = []
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
-                         for i in range(clients)]  # fmt: skip
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -154,9 +155,11 @@ def test_reload_and_rollback_under_load_lose_no_request(start: Any, state: Path)
         time.sleep(0.1)
     assert "the previous model" in daemon.stderr() and "is freed" in daemon.stderr()
     assert daemon.proc.poll() is None  # SIGHUP no longer ends the process
-    print(f"\nblue/green under load: switch {switch_s:.2f} s (SIGHUP -> /readyz serves "
-          f"the new digest), rollback {rollback_s:.2f} s (ortserve rollback: links swapped "
-          f"-> /readyz serves the old digest); {load.total()} requests, 0 failed")  # fmt: skip
+    print(
+        f"\nblue/green under load: switch {switch_s:.2f} s (SIGHUP -> /readyz serves "
+        f"the new digest), rollback {rollback_s:.2f} s (ortserve rollback: links swapped "
+        f"-> /readyz serves the old digest); {load.total()} requests, 0 failed"
+    )
     assert rollback_s <= 10
 
 
@@ -165,10 +168,23 @@ def _switch_cli(
 ) -> subprocess.CompletedProcess[str]:
     """`ortserve reload` / `ortserve rollback` against `daemon`, as an operator runs it."""
     return subprocess.run(
-        [*ORTSERVE, command, "--state-dir", str(state), "--url", daemon.url,
-         "--pid", str(daemon.proc.pid), "--timeout", str(timeout)],
-        capture_output=True, text=True, timeout=2 * timeout, check=False,
-    )  # fmt: skip
+        [
+            *ORTSERVE,
+            command,
+            "--state-dir",
+            str(state),
+            "--url",
+            daemon.url,
+            "--pid",
+            str(daemon.proc.pid),
+            "--timeout",
+            str(timeout),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2 * timeout,
+        check=False,
+    )
 
 
 def test_a_failed_reload_keeps_the_old_model_serving_and_says_why(

@@ -11,12 +11,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from core.engine import Engine
-from core.errors import BusyError, InvalidRequestError, ProviderUnavailableError
-from core.generation import GenerationRequest, Guidance, SamplingOptions
-from core.manifest import list_files, read_manifest, write_manifest
-from core.service import Service
-from core.settings import EngineSettings
+from ortserve.core.engine import Engine
+from ortserve.core.errors import BusyError, InvalidRequestError, ProviderUnavailableError
+from ortserve.core.generation import GenerationRequest, Guidance, SamplingOptions
+from ortserve.core.manifest import list_files, read_manifest, write_manifest
+from ortserve.core.service import Service
+from ortserve.core.settings import EngineSettings
 from tests.functional.batching import concurrently
 
 PROMPT = "Serverless functions start cold, load the model once"
@@ -189,9 +189,12 @@ def test_json_schema_guidance_output_validates(service: Service) -> None:
 
 def test_regex_guidance_and_invalid_guidance(service: Service) -> None:
     done = service.generate(
-        GenerationRequest(prompt=PROMPT, options=SamplingOptions(30),
-                          guidance=Guidance("regex", "[0-9]{3}-[a-z]{2}"))
-    )  # fmt: skip
+        GenerationRequest(
+            prompt=PROMPT,
+            options=SamplingOptions(30),
+            guidance=Guidance("regex", "[0-9]{3}-[a-z]{2}"),
+        )
+    )
     assert done.finish_reason == "stop"
     assert len(done.text) == 6
     assert done.text[3] == "-"
@@ -219,9 +222,12 @@ def test_closing_a_stream_cancels_and_frees_the_slot(service: Service) -> None:
 
 def test_busy_after_the_queue_timeout(tiny_model_dir: Path) -> None:
     settings = EngineSettings(
-        model_dir=tiny_model_dir, providers="cpu", max_concurrency=1, max_queue=1,
+        model_dir=tiny_model_dir,
+        providers="cpu",
+        max_concurrency=1,
+        max_queue=1,
         queue_timeout_s=0.2,
-    )  # fmt: skip
+    )
     service = Service.load(settings)
     holder = service.stream(_req(100))
     next(holder)
@@ -263,8 +269,9 @@ def test_cuda_only_fails_clearly(tiny_model_dir: Path) -> None:
 
 def _batching_service(model_dir: Path) -> Service:
     # Two generations at once: room for a blocker beside a full batch (see `_as_one_batch`).
-    settings = EngineSettings(model_dir=model_dir, providers="cpu", max_batch=4,
-                              max_concurrency=2, batch_window_ms=50)  # fmt: skip
+    settings = EngineSettings(
+        model_dir=model_dir, providers="cpu", max_batch=4, max_concurrency=2, batch_window_ms=50
+    )
     return Service.load(settings)
 
 
@@ -280,8 +287,10 @@ def test_concurrent_greedy_requests_batch_and_match_unbatched(
 ) -> None:
     prompts = ["Hello there", "The quick brown fox jumps over the lazy dog", "Edge", "Cold"]
     lengths = [24, 7, 40, 16]
-    requests = [GenerationRequest(prompt=p, options=SamplingOptions(n))
-                for p, n in zip(prompts, lengths, strict=True)]  # fmt: skip
+    requests = [
+        GenerationRequest(prompt=p, options=SamplingOptions(n))
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
     alone = [service.generate(r).text for r in requests]  # one by one: each runs alone
     assert _as_one_batch(_batching_service(tiny_model_dir), requests) == alone
 
@@ -355,14 +364,21 @@ def test_a_batched_stream_can_stop_and_cancel(service: Service, tiny_model_dir: 
 def test_unseeded_sampled_requests_batch_and_seeded_ones_run_alone(tiny_model_dir: Path) -> None:
     batched = _batching_service(tiny_model_dir)
     sampled = SamplingOptions(max_new_tokens=12, temperature=0.9, top_p=0.95, top_k=40)
-    texts = _as_one_batch(batched, [GenerationRequest(prompt=p, options=sampled)
-                                    for p in ("Hello", "Edge", "Cold", "Lambda")])  # fmt: skip
+    texts = _as_one_batch(
+        batched,
+        [GenerationRequest(prompt=p, options=sampled) for p in ("Hello", "Edge", "Cold", "Lambda")],
+    )
     assert all(texts)
     # Different sampling options never share a batch (one set of search options each).
     other = SamplingOptions(max_new_tokens=12, temperature=0.5)
     with pytest.raises(AssertionError, match=r"\(2, 2\) == \(1, 2\)"):
-        _as_one_batch(batched, [GenerationRequest(prompt="a", options=sampled),
-                                GenerationRequest(prompt="b", options=other)])  # fmt: skip
+        _as_one_batch(
+            batched,
+            [
+                GenerationRequest(prompt="a", options=sampled),
+                GenerationRequest(prompt="b", options=other),
+            ],
+        )
     # A seed promises the same output: seeded requests keep a generator of their own,
     # so they never reach the batcher.
     seeded = [
@@ -397,8 +413,10 @@ def test_logits_at_every_position_also_from_a_pruned_lm_head(
     # Row i predicts token i + 1: its last row equals the first step of a generation.
     first = next(iter(engine.stream_tokens(ids, SamplingOptions(1))))
     assert int(full[-1].argmax()) == first
-    pruned_dir = baked(str(tiny_hf_dir), package=False,
-                       extra=("--builder-option", "prune_lm_head=true")) / "model"  # fmt: skip
+    pruned_dir = (
+        baked(str(tiny_hf_dir), package=False, extra=("--builder-option", "prune_lm_head=true"))
+        / "model"
+    )
     pruned = Engine.load(EngineSettings(model_dir=pruned_dir, providers="cpu")).logits(ids)
     assert pruned.shape == full.shape
     assert np.allclose(pruned, full, atol=1e-3)

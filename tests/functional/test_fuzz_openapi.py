@@ -79,9 +79,11 @@ def test_no_server_errors_and_errors_keep_their_shape(tiny_model_dir: Path) -> N
                 schemathesis.GenerationMode.NEGATIVE,
             ):
                 check = settings(
-                    max_examples=25, deadline=None, suppress_health_check=list(HealthCheck),
+                    max_examples=25,
+                    deadline=None,
+                    suppress_health_check=list(HealthCheck),
                     database=None,
-                )(given(case=operation.as_strategy(generation_mode=mode))(_check))  # fmt: skip
+                )(given(case=operation.as_strategy(generation_mode=mode))(_check))
                 try:
                     check()
                 except Unsatisfiable:  # no invalid request exists (a GET without parameters)

@@ -29,11 +29,26 @@ def _listening(port: int, deadline: float) -> bool:
 
 def test_a_cold_start_race_answers_200(tiny_gcf_bundle: Path) -> None:
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "functions-framework"), "--source", "main.py",
-           "--target", "ortserve", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).parent / "functions-framework"),
+        "--source",
+        "main.py",
+        "--target",
+        "ortserve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     env = {**os.environ, **SERVER_ENV, "PYTHONPATH": str(tiny_gcf_bundle)}
-    proc = subprocess.Popen(cmd, cwd=tiny_gcf_bundle, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tiny_gcf_bundle,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert _listening(port, time.monotonic() + 60), "functions-framework did not listen"
         base = f"http://127.0.0.1:{port}"

@@ -31,8 +31,10 @@ def _connect(url: str) -> socket.socket:
 
 
 def _head(extra: str) -> bytes:
-    return (f"POST /generate HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {API_KEY}\r\n"
-            f"content-type: application/json\r\n{extra}\r\n").encode()  # fmt: skip
+    return (
+        f"POST /generate HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {API_KEY}\r\n"
+        f"content-type: application/json\r\n{extra}\r\n"
+    ).encode()
 
 
 def _answer(sock: socket.socket) -> tuple[int, Any]:

@@ -20,9 +20,9 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 from onnx import helper, load, numpy_helper
 
-from bake.gguf_import import import_exact
-from core.engine import Engine
-from core.settings import EngineSettings
+from ortserve.bake.gguf_import import import_exact
+from ortserve.core.engine import Engine
+from ortserve.core.settings import EngineSettings
 from tests.models import _cached, _key, run_ortserve, tiny_hf_checkpoint
 from tests.unit.test_gguf_blocks import random_rows
 
@@ -31,16 +31,31 @@ HEADS, KV_HEADS = 4, 2
 # side terms on the lm_head (the graph's output), and one F16 tensor that keeps the
 # builder's quantization.
 TYPES = {
-    "blk.0.attn_q": "Q4_K", "blk.0.attn_k": "Q6_K", "blk.0.attn_v": "Q5_1",
-    "blk.0.attn_output": "Q4_0", "blk.0.ffn_gate": "Q5_K", "blk.0.ffn_up": "Q8_0",
+    "blk.0.attn_q": "Q4_K",
+    "blk.0.attn_k": "Q6_K",
+    "blk.0.attn_v": "Q5_1",
+    "blk.0.attn_output": "Q4_0",
+    "blk.0.ffn_gate": "Q5_K",
+    "blk.0.ffn_up": "Q8_0",
     "blk.0.ffn_down": "Q4_1",
-    "blk.1.attn_q": "Q5_0", "blk.1.attn_k": "Q4_1", "blk.1.attn_v": "Q4_1",
-    "blk.1.attn_output": "F16", "blk.1.ffn_gate": "Q4_0", "blk.1.ffn_up": "Q4_K",
-    "blk.1.ffn_down": "Q5_K", "output": "Q4_1",
-}  # fmt: skip
-_HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-       "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-       "ffn_down": "mlp.down_proj"}  # fmt: skip
+    "blk.1.attn_q": "Q5_0",
+    "blk.1.attn_k": "Q4_1",
+    "blk.1.attn_v": "Q4_1",
+    "blk.1.attn_output": "F16",
+    "blk.1.ffn_gate": "Q4_0",
+    "blk.1.ffn_up": "Q4_K",
+    "blk.1.ffn_down": "Q5_K",
+    "output": "Q4_1",
+}
+_HF = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 def _hf_name(gguf: str) -> str:
@@ -107,13 +122,27 @@ def _save(hf: Path, config: Any, model: Any, weights: dict[str, np.ndarray]) -> 
 
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     config.save_pretrained(hf)
-    save_file({k: torch.from_numpy(v).contiguous() for k, v in weights.items()},
-              str(hf / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {k: torch.from_numpy(v).contiguous() for k, v in weights.items()},
+        str(hf / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
 
 
 def _bake(hf: Path, out: Path, *extra: str) -> None:
-    done = run_ortserve("bake", "--model", str(hf), "--target", "edge-x86_64", "--model-only",
-                        "--no-smoke", "--no-quality-check", "--out", str(out), *extra)  # fmt: skip
+    done = run_ortserve(
+        "bake",
+        "--model",
+        str(hf),
+        "--target",
+        "edge-x86_64",
+        "--model-only",
+        "--no-smoke",
+        "--no-quality-check",
+        "--out",
+        str(out),
+        *extra,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -124,11 +153,18 @@ def _make(out: Path) -> None:
 
     hf, base = _tokenizer_only(out / "hf")
     config = LlamaConfig(
-        vocab_size=base["vocab_size"], hidden_size=256, intermediate_size=512,
-        num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-        max_position_embeddings=512, tie_word_embeddings=False, architectures=["LlamaForCausalLM"],
-        bos_token_id=base.get("bos_token_id"), eos_token_id=base.get("eos_token_id"),
-    )  # fmt: skip
+        vocab_size=base["vocab_size"],
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+        bos_token_id=base.get("bos_token_id"),
+        eos_token_id=base.get("eos_token_id"),
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.eval()  # type: ignore[no-untyped-call]  # untyped upstream
@@ -137,8 +173,9 @@ def _make(out: Path) -> None:
     for seed, (name, kind) in enumerate(TYPES.items()):
         w = weights[_hf_name(name)]
         heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(name.split(".")[-1])
-        back = _gguf_tensor(writer, f"{name}.weight", kind, _permute(w, heads) if heads else w,
-                            seed)  # fmt: skip
+        back = _gguf_tensor(
+            writer, f"{name}.weight", kind, _permute(w, heads) if heads else w, seed
+        )
         weights[_hf_name(name)] = _unpermute(back, heads) if heads else back
     _close(writer)
     _save(hf, config, model, weights)
@@ -150,7 +187,7 @@ def _import(made: Path, model: Path) -> Any:
     """Import `made`'s GGUF into a copy of its bake at `model`; the report."""
     import shutil
 
-    from core.manifest import list_files, read_manifest, write_manifest
+    from ortserve.core.manifest import list_files, read_manifest, write_manifest
 
     shutil.copytree(made / "baked" / "model", model)
     report = import_exact(made / "model.gguf", model, made / "hf", "model.onnx")
@@ -171,8 +208,9 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]
 def test_every_mapped_tensor_is_exact_and_the_f16_one_says_why(imported: Any) -> None:
     _, made, report = imported
     assert report.exact == {f"{n}.weight": k for n, k in TYPES.items() if k != "F16"}
-    assert report.requantized == {"blk.1.attn_output.weight": "blk.1.attn_output.weight: F16 "
-                                  "has no exact MatMulNBits form"}  # fmt: skip
+    assert report.requantized == {
+        "blk.1.attn_output.weight": "blk.1.attn_output.weight: F16 has no exact MatMulNBits form"
+    }
     assert next(iter(GGUFReader(made / "model.gguf").tensors)).name == "blk.0.attn_q.weight"
 
 
@@ -180,9 +218,13 @@ def _graph_weights(model_dir: Path) -> dict[str, np.ndarray]:
     """Each MatMulNBits node's weight [N, K] as the graph computes it, side term included."""
     graph = load(str(model_dir / "model.onnx")).graph
     inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    offsets = {n.input[0].removesuffix("/ortserve_main"): inits[n2.input[1]]
-               for n in graph.node if n.op_type == "Add" and n.input[0].endswith("/ortserve_main")
-               for n2 in graph.node if n2.output[0] == n.input[1]}  # fmt: skip
+    offsets = {
+        n.input[0].removesuffix("/ortserve_main"): inits[n2.input[1]]
+        for n in graph.node
+        if n.op_type == "Add" and n.input[0].endswith("/ortserve_main")
+        for n2 in graph.node
+        if n2.output[0] == n.input[1]
+    }
     out = {}
     for node in graph.node:
         if node.op_type != "MatMulNBits":
@@ -215,15 +257,22 @@ def test_the_graph_computes_with_the_ggufs_weights(imported: Any) -> None:
     checkpoint = load_file(str(made / "hf" / "model.safetensors"))
     weights = _graph_weights(model)
     for layer in (0, 1):
-        qkv = np.concatenate([checkpoint[f"model.layers.{layer}.self_attn.{p}_proj.weight"]
-                              for p in "qkv"])  # fmt: skip
-        got = next(w for name, w in weights.items()
-                   if name.startswith(f"/model/layers.{layer}/attn/qkv_proj/"))  # fmt: skip
+        qkv = np.concatenate(
+            [checkpoint[f"model.layers.{layer}.self_attn.{p}_proj.weight"] for p in "qkv"]
+        )
+        got = next(
+            w
+            for name, w in weights.items()
+            if name.startswith(f"/model/layers.{layer}/attn/qkv_proj/")
+        )
         np.testing.assert_allclose(got, qkv, rtol=0, atol=1e-6 * float(np.abs(qkv).max()))
         for part in ("gate", "up", "down"):
             want = checkpoint[f"model.layers.{layer}.mlp.{part}_proj.weight"]
-            got = next(w for name, w in weights.items()
-                       if name.startswith(f"/model/layers.{layer}/mlp/{part}_proj/"))  # fmt: skip
+            got = next(
+                w
+                for name, w in weights.items()
+                if name.startswith(f"/model/layers.{layer}/mlp/{part}_proj/")
+            )
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
     head = next(w for name, w in weights.items() if name.startswith("/lm_head/"))
     want = checkpoint["lm_head.weight"]
@@ -259,13 +308,22 @@ def test_the_imported_model_runs_closer_to_fp32_than_the_requantized_one(importe
 
 # Phi-3's GGUF names (llama.cpp's converter: no q/k permutation for Phi-3) and types.
 PHI3_TYPES = {
-    "blk.0.attn_qkv": "Q4_K", "blk.0.attn_output": "Q5_0", "blk.0.ffn_up": "Q4_1",
+    "blk.0.attn_qkv": "Q4_K",
+    "blk.0.attn_output": "Q5_0",
+    "blk.0.ffn_up": "Q4_1",
     "blk.0.ffn_down": "Q6_K",
-    "blk.1.attn_qkv": "Q8_0", "blk.1.attn_output": "Q5_1", "blk.1.ffn_up": "Q5_K",
-    "blk.1.ffn_down": "Q4_0", "output": "Q8_0",
-}  # fmt: skip
-_PHI3_HF = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
-            "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}  # fmt: skip
+    "blk.1.attn_qkv": "Q8_0",
+    "blk.1.attn_output": "Q5_1",
+    "blk.1.ffn_up": "Q5_K",
+    "blk.1.ffn_down": "Q4_0",
+    "output": "Q8_0",
+}
+_PHI3_HF = {
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 def _make_phi3(out: Path) -> None:
@@ -275,12 +333,20 @@ def _make_phi3(out: Path) -> None:
     hf, base = _tokenizer_only(out / "hf")
     # original_max_position_embeddings = the context: og's Phi-3 (4k) builder, no LongRoPE.
     config = Phi3Config(
-        vocab_size=base["vocab_size"], hidden_size=256, intermediate_size=512,
-        num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-        max_position_embeddings=512, original_max_position_embeddings=512,
-        tie_word_embeddings=False, architectures=["Phi3ForCausalLM"], pad_token_id=None,
-        bos_token_id=base.get("bos_token_id"), eos_token_id=base.get("eos_token_id"),
-    )  # fmt: skip
+        vocab_size=base["vocab_size"],
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=512,
+        original_max_position_embeddings=512,
+        tie_word_embeddings=False,
+        architectures=["Phi3ForCausalLM"],
+        pad_token_id=None,
+        bos_token_id=base.get("bos_token_id"),
+        eos_token_id=base.get("eos_token_id"),
+    )
     torch.manual_seed(0)
     model = Phi3ForCausalLM(config)
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
@@ -319,13 +385,17 @@ def test_phi3s_fused_tensors_are_imported_into_ogs_separate_matmuls(
         gate_up = checkpoint[f"model.layers.{layer}.mlp.gate_up_proj.weight"]
         half = gate_up.shape[0] // 2
         pairs = [
-            (f"/model/layers.{layer}/attn/qkv_proj/",
-             checkpoint[f"model.layers.{layer}.self_attn.qkv_proj.weight"]),
+            (
+                f"/model/layers.{layer}/attn/qkv_proj/",
+                checkpoint[f"model.layers.{layer}.self_attn.qkv_proj.weight"],
+            ),
             (f"/model/layers.{layer}/mlp/gate_proj/", gate_up[:half]),
             (f"/model/layers.{layer}/mlp/up_proj/", gate_up[half:]),
-            (f"/model/layers.{layer}/mlp/down_proj/",
-             checkpoint[f"model.layers.{layer}.mlp.down_proj.weight"]),
-        ]  # fmt: skip
+            (
+                f"/model/layers.{layer}/mlp/down_proj/",
+                checkpoint[f"model.layers.{layer}.mlp.down_proj.weight"],
+            ),
+        ]
         for prefix, want in pairs:
             atol = 1e-6 * float(np.abs(want).max())
             np.testing.assert_allclose(graph(prefix), want, rtol=0, atol=atol, err_msg=prefix)

@@ -12,10 +12,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from core.manifest import manifest_digest
-from functions.aws.errors import SetupError
-from functions.aws.model_source import fetch_model
-from functions.aws.runtime import LambdaApp
+from ortserve.core.manifest import manifest_digest
+from ortserve.functions.aws.errors import SetupError
+from ortserve.functions.aws.model_source import fetch_model
+from ortserve.functions.aws.runtime import LambdaApp
 from tests.functional.harness import API_KEY
 from tests.functional.lambda_target import LambdaTarget, lambda_app
 
@@ -47,8 +47,9 @@ def bucket(aws: None, tiny_model_dir: Path) -> Any:
 
 def _s3_app(tmp_path: Path, **kw: Any) -> LambdaApp:
     # model_dir is where the baked-in model would be: empty, so only S3 can serve.
-    return lambda_app(tmp_path / "no-baked-model", model_s3_uri=URI,
-                      model_cache_dir=tmp_path / "cache", **kw)  # fmt: skip
+    return lambda_app(
+        tmp_path / "no-baked-model", model_s3_uri=URI, model_cache_dir=tmp_path / "cache", **kw
+    )
 
 
 def _lines(text: str) -> list[dict[str, Any]]:
@@ -166,27 +167,39 @@ def test_keys_from_secrets_manager(aws: None, tiny_model_dir: Path) -> None:
     app = lambda_app(tiny_model_dir, api_keys_secret_id=arn)
     target = LambdaTarget(app.handle)
     for key in ("sm-key-1", "sm-key-2", API_KEY):  # the secret's keys are added to the setting's
-        assert target.call("GET", "/v1/models", headers={"authorization": f"Bearer {key}"}
-                           ).status == 200  # fmt: skip
+        assert (
+            target.call("GET", "/v1/models", headers={"authorization": f"Bearer {key}"}).status
+            == 200
+        )
     assert target.call("GET", "/v1/models", headers={"authorization": "Bearer x"}).status == 401
 
 
 def test_keys_from_ssm(aws: None, tiny_model_dir: Path) -> None:
-    boto3.client("ssm").put_parameter(Name="/ortserve/api-keys", Value="ssm-key-1,ssm-key-2",
-                                      Type="SecureString")  # fmt: skip
+    boto3.client("ssm").put_parameter(
+        Name="/ortserve/api-keys", Value="ssm-key-1,ssm-key-2", Type="SecureString"
+    )
     app = lambda_app(tiny_model_dir, api_keys=[], api_keys_ssm_parameter="/ortserve/api-keys")
     target = LambdaTarget(app.handle)
-    assert target.call("GET", "/v1/models", headers={"authorization": "", "x-api-key": "ssm-key-2"}
-                       ).status == 200  # fmt: skip
+    assert (
+        target.call(
+            "GET", "/v1/models", headers={"authorization": "", "x-api-key": "ssm-key-2"}
+        ).status
+        == 200
+    )
     assert target.call("GET", "/v1/models", headers={"authorization": ""}).status == 401
 
 
 @pytest.mark.parametrize(
     ("secret", "reason"),
-    [(None, "cannot read the API keys from Secrets Manager secret ortserve/keys: "
-            "ResourceNotFoundException"),
-     ("[]", "Secrets Manager secret ortserve/keys holds no API key")],
-)  # fmt: skip
+    [
+        (
+            None,
+            "cannot read the API keys from Secrets Manager secret ortserve/keys: "
+            "ResourceNotFoundException",
+        ),
+        ("[]", "Secrets Manager secret ortserve/keys holds no API key"),
+    ],
+)
 def test_unusable_keys_fail_closed(
     aws: None, tiny_model_dir: Path, secret: str | None, reason: str
 ) -> None:

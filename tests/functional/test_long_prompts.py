@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from core.generation import GenerationRequest, SamplingOptions
-from core.service import Service
-from core.settings import EngineSettings
+from ortserve.core.generation import GenerationRequest, SamplingOptions
+from ortserve.core.service import Service
+from ortserve.core.settings import EngineSettings
 from tests import models
 from tests.functional.test_edge_daemon import start  # noqa: F401 (the daemon fixture)
 
@@ -54,12 +54,17 @@ def _reset_peak(pid: int) -> None:
 
 def test_a_prompt_in_parts_decodes_as_a_prompt_at_once(tiny_model_dir: Path) -> None:
     """Greedy output and logits do not depend on the chunk (one sequence, bit for bit)."""
-    request = GenerationRequest(prompt=" ".join(["Hello world"] * 150),
-                                options=SamplingOptions(max_new_tokens=24))  # fmt: skip
+    request = GenerationRequest(
+        prompt=" ".join(["Hello world"] * 150), options=SamplingOptions(max_new_tokens=24)
+    )
     texts = []
     for chunk in (16, 100, 16384):
-        settings = EngineSettings(model_dir=tiny_model_dir, providers="cpu",
-                                  prefill_chunk_tokens=chunk, prompt_cache_slots=0)  # fmt: skip
+        settings = EngineSettings(
+            model_dir=tiny_model_dir,
+            providers="cpu",
+            prefill_chunk_tokens=chunk,
+            prompt_cache_slots=0,
+        )
         done = Service.load(settings).generate(request)
         assert done.prompt_tokens > 200
         texts.append(done.text)
@@ -111,8 +116,14 @@ def test_sigterm_during_long_prefills_exits_within_the_drain(start: Any) -> None
     """With a 1 s drain, two requests in the middle of 7,000-token prefills end with
     `shutting_down` and the process exits within the drain, the stop grace (2 s) and a
     part: not when the prefills end (they would take tens of seconds here)."""
-    daemon = start(_shape(), MAX_NEW_TOKENS="64", MAX_CONCURRENCY="2", MAX_BATCH="1",
-                   PROMPT_CACHE_SLOTS="0", DRAIN_TIMEOUT_S="1")  # fmt: skip
+    daemon = start(
+        _shape(),
+        MAX_NEW_TOKENS="64",
+        MAX_CONCURRENCY="2",
+        MAX_BATCH="1",
+        PROMPT_CACHE_SLOTS="0",
+        DRAIN_TIMEOUT_S="1",
+    )
     daemon.wait_for("READY=1")
     replies: dict[str, httpx.Response] = {}
 
@@ -121,8 +132,12 @@ def test_sigterm_during_long_prefills_exits_within_the_drain(start: Any) -> None
             replies[name] = client.post(path, json=body)
 
     buffered_body = {"prompt": _prompt(7000), "max_new_tokens": 64}
-    stream_body = {"prompt": _prompt(7000) + " more", "max_tokens": 64, "stream": True,
-                   "min_tokens": 64}  # fmt: skip
+    stream_body = {
+        "prompt": _prompt(7000) + " more",
+        "max_tokens": 64,
+        "stream": True,
+        "min_tokens": 64,
+    }
     askers = [
         threading.Thread(target=ask, args=("buffered", "/generate", buffered_body)),
         threading.Thread(target=ask, args=("stream", "/v1/completions", stream_body)),
@@ -157,8 +172,9 @@ def test_a_long_prompt_holds_its_kv_cache_and_one_part(start: Any) -> None:  # n
     pid = daemon.proc.pid
     idle = _status_mib(pid, "VmRSS")
     _reset_peak(pid)
-    reply = daemon.http.post("/generate", json={"prompt": _prompt(4000), "max_new_tokens": 4},
-                             timeout=600)  # fmt: skip
+    reply = daemon.http.post(
+        "/generate", json={"prompt": _prompt(4000), "max_new_tokens": 4}, timeout=600
+    )
     assert reply.status_code == 200, reply.text
     prompt = reply.json()["prompt_tokens"]
     assert prompt > 3900
@@ -198,15 +214,19 @@ def test_the_declared_concurrency_of_longest_prompts_fits_the_declared_memory(
     of the longest length it allows, each with room for the most new tokens, all
     prefilling at once, keep the process's peak RSS (VmHWM, load included) under the
     memory the bake declares."""
-    from bake.package_cloudrun import sizing
-    from bake.sizing import MAX_NEW_TOKENS
+    from ortserve.bake.package_cloudrun import sizing
+    from ortserve.bake.sizing import MAX_NEW_TOKENS
 
     shape = _shape()
     size = sizing(shape)
     assert (size.max_prompt_tokens, size.max_new_tokens) == (4096 - MAX_NEW_TOKENS, MAX_NEW_TOKENS)
-    daemon = start(shape, THREADS=str(size.cpu), MAX_BATCH=str(size.concurrency),
-                   MAX_PROMPT_TOKENS=str(size.max_prompt_tokens),
-                   MAX_NEW_TOKENS=str(size.max_new_tokens))  # fmt: skip
+    daemon = start(
+        shape,
+        THREADS=str(size.cpu),
+        MAX_BATCH=str(size.concurrency),
+        MAX_PROMPT_TOKENS=str(size.max_prompt_tokens),
+        MAX_NEW_TOKENS=str(size.max_new_tokens),
+    )
     daemon.wait_for("READY=1")
     first_tokens = threading.Barrier(size.concurrency + 1, timeout=900)
     counts: list[int] = []
@@ -214,11 +234,16 @@ def test_the_declared_concurrency_of_longest_prompts_fits_the_declared_memory(
     def ask(index: int) -> None:
         # The longest prompt allowed, different for each (no shared cache), with room for
         # the most new tokens; batchable (no seed, no min_tokens), as most requests are.
-        body = {"prompt": f"{index} " + _prompt(size.max_prompt_tokens - 8),
-                "max_tokens": MAX_NEW_TOKENS, "stream": True}  # fmt: skip
+        body = {
+            "prompt": f"{index} " + _prompt(size.max_prompt_tokens - 8),
+            "max_tokens": MAX_NEW_TOKENS,
+            "stream": True,
+        }
         try:
-            with (httpx.Client(base_url=daemon.url, timeout=900) as client,
-                  client.stream("POST", "/v1/completions", json=body) as reply):  # fmt: skip
+            with (
+                httpx.Client(base_url=daemon.url, timeout=900) as client,
+                client.stream("POST", "/v1/completions", json=body) as reply,
+            ):
                 assert reply.status_code == 200, reply.read()
                 next(reply.iter_lines())  # the first token: its KV room and prefill are done
                 counts.append(index)
@@ -244,14 +269,24 @@ def test_prompts_that_do_not_fit_one_part_together_run_alone(tiny_model_dir: Pat
     alone at parts of 16 (with the same text either way)."""
     from tests.functional.batching import concurrently
 
-    requests = [GenerationRequest(prompt=f"{who} " + " ".join(["Hello world"] * 12),
-                                  options=SamplingOptions(max_new_tokens=8))
-                for who in ("Ann", "Bob")]  # fmt: skip
+    requests = [
+        GenerationRequest(
+            prompt=f"{who} " + " ".join(["Hello world"] * 12),
+            options=SamplingOptions(max_new_tokens=8),
+        )
+        for who in ("Ann", "Bob")
+    ]
     runs = []
     for chunk in (256, 16):
-        settings = EngineSettings(model_dir=tiny_model_dir, providers="cpu", max_batch=4,
-                                  max_concurrency=2, prefill_chunk_tokens=chunk,
-                                  prompt_cache_slots=0, batch_window_ms=200)  # fmt: skip
+        settings = EngineSettings(
+            model_dir=tiny_model_dir,
+            providers="cpu",
+            max_batch=4,
+            max_concurrency=2,
+            prefill_chunk_tokens=chunk,
+            prompt_cache_slots=0,
+            batch_window_ms=200,
+        )
         runs.append(concurrently(Service.load(settings), requests))
     (texts, batches, sequences), (alone_texts, alone_batches, alone_sequences) = runs
     assert (batches, sequences) == (1, 2)
@@ -262,7 +297,7 @@ def test_prompts_that_do_not_fit_one_part_together_run_alone(tiny_model_dir: Pat
 def test_a_beam_search_beyond_one_part_is_refused(tiny_model_dir: Path) -> None:
     """A beam search prefills beams x prompt at once (og 0.18 crashes on a second append):
     beyond one pass (4 parts) it is a 400 naming num_beams, within it it runs."""
-    from core.errors import InvalidRequestError
+    from ortserve.core.errors import InvalidRequestError
 
     settings = EngineSettings(model_dir=tiny_model_dir, providers="cpu", prefill_chunk_tokens=16)
     service = Service.load(settings)

@@ -49,8 +49,9 @@ def test_list_show_and_version(client: ollama.Client) -> None:
 def test_name_latest_is_the_served_model(client: ollama.Client) -> None:
     """Ollama's clients may add `:latest` (or change the case): the one model answers."""
     for name in (f"{MODEL}:latest", MODEL.upper()):
-        reply = client.chat(model=name, messages=[{"role": "user", "content": "Hi"}],
-                            options={"num_predict": 2})  # fmt: skip
+        reply = client.chat(
+            model=name, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}
+        )
         assert reply.done and reply.model == MODEL
         assert client.show(name).details is not None
 
@@ -75,16 +76,25 @@ def test_generate_raw_and_templated(client: ollama.Client) -> None:
     assert templated.done and raw.done
     # The chat template wraps the prompt: more prompt tokens than the raw prompt.
     assert (templated.prompt_eval_count or 0) > (raw.prompt_eval_count or 0)
-    streamed = client.generate(model=MODEL, prompt="Why is the sky blue?", options=options,
-                               stream=True)  # fmt: skip
+    streamed = client.generate(
+        model=MODEL, prompt="Why is the sky blue?", options=options, stream=True
+    )
     assert "".join(p.response or "" for p in streamed) == templated.response
 
 
 def test_structured_output(client: ollama.Client) -> None:
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
-              "required": ["city"], "additionalProperties": False}  # fmt: skip
-    reply = client.chat(model=MODEL, messages=[{"role": "user", "content": "Where?"}],
-                        format=schema, options={"seed": 1, "num_predict": 40})  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    reply = client.chat(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Where?"}],
+        format=schema,
+        options={"seed": 1, "num_predict": 40},
+    )
     jsonschema.validate(json.loads(reply.message.content or ""), schema)
 
 
@@ -123,18 +133,39 @@ def test_load_unload_and_ps(client: ollama.Client) -> None:
     assert running.size_vram == 0  # on the CPU
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
-        "required": ["city", "unit"]}}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
 # A call as the model writes one; `format` holds a random-weight model to it.
-CALL = {"type": "object", "properties": {
-    "name": {"const": "get_weather"},
-    "arguments": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"], "additionalProperties": False}},
-    "required": ["name", "arguments"], "additionalProperties": False}  # fmt: skip
+CALL = {
+    "type": "object",
+    "properties": {
+        "name": {"const": "get_weather"},
+        "arguments": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "arguments"],
+    "additionalProperties": False,
+}
 
 
 def test_tools_on_chat(client: ollama.Client) -> None:
@@ -147,15 +178,19 @@ def test_tools_on_chat(client: ollama.Client) -> None:
     (call,) = reply.message.tool_calls or []
     assert call.function.name == "get_weather"
     jsonschema.validate(dict(call.function.arguments), CALL["properties"]["arguments"])  # type: ignore[index]
-    streamed = list(client.chat(model=MODEL, messages=ask, tools=[WEATHER], format=CALL,
-                                options=options, stream=True))  # fmt: skip
+    streamed = list(
+        client.chat(
+            model=MODEL, messages=ask, tools=[WEATHER], format=CALL, options=options, stream=True
+        )
+    )
     assert [c for p in streamed for c in p.message.tool_calls or []] == [call]
     assert streamed[-1].done and not any(p.message.content for p in streamed)
     turn = {"role": "assistant", "content": "", "tool_calls": [call]}
     result = {"role": "tool", "content": "18 C, sunny", "tool_name": "get_weather"}
     history: list[dict[str, Any]] = [*ask, turn, result]
-    answer = client.chat(model=MODEL, messages=history, tools=[WEATHER],
-                         options={"seed": 1, "num_predict": 8})  # fmt: skip
+    answer = client.chat(
+        model=MODEL, messages=history, tools=[WEATHER], options={"seed": 1, "num_predict": 8}
+    )
     assert answer.done and answer.eval_count
 
 

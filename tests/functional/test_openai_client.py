@@ -62,9 +62,13 @@ def test_chat_stream_with_usage_equals_non_stream(client: openai.OpenAI) -> None
         model=MODEL, messages=messages, max_tokens=16, temperature=0
     )
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=16, temperature=0, stream=True,
+        model=MODEL,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -87,12 +91,19 @@ def test_stop_and_seed(client: openai.OpenAI) -> None:
 
 
 def test_json_schema_response_format(client: openai.OpenAI) -> None:
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
-              "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
     chat = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "n?"}], max_tokens=40, seed=4,
+        model=MODEL,
+        messages=[{"role": "user", "content": "n?"}],
+        max_tokens=40,
+        seed=4,
         response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
-    )  # fmt: skip
+    )
     assert isinstance(json.loads(chat.choices[0].message.content or "")["n"], int)
 
 
@@ -109,17 +120,26 @@ def test_errors_become_client_exceptions(client: openai.OpenAI) -> None:
 
 def test_n_choices_and_logprobs(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, n=2, seed=3,
-        logprobs=True, top_logprobs=2,
-    )  # fmt: skip
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=6,
+        n=2,
+        seed=3,
+        logprobs=True,
+        top_logprobs=2,
+    )
     assert [c.index for c in reply.choices] == [0, 1]
     for choice in reply.choices:
         assert choice.logprobs is not None and choice.logprobs.content
         assert all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, n=2, seed=3,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=6,
+        n=2,
+        seed=3,
         stream=True,
-    )  # fmt: skip
+    )
     texts = ["", ""]
     for chunk in stream:
         for part in chunk.choices:
@@ -132,24 +152,37 @@ def test_tool_calls_with_the_client(client: openai.OpenAI) -> None:
     follow-up with the result answers in text; streaming assembles the same call."""
     from openai.types.chat import ChatCompletionToolParam
 
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}},
-              "required": ["city"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 10}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     weather = {"name": "get_weather", "description": "The weather in a city", "parameters": schema}
     tools: list[ChatCompletionToolParam] = [{"type": "function", "function": weather}]  # type: ignore[typeddict-item]
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Paris?"}]
     reply = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=tools, tool_choice="required", max_tokens=40,
+        model=MODEL,
+        messages=messages,
+        tools=tools,
+        tool_choice="required",
+        max_tokens=40,
         seed=4,
-    )  # fmt: skip
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
     call = choice.message.tool_calls[0]
     assert call.type == "function" and call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), schema)
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=tools, tool_choice="required", max_tokens=40,
-        seed=4, stream=True,
-    )  # fmt: skip
+        model=MODEL,
+        messages=messages,
+        tools=tools,
+        tool_choice="required",
+        max_tokens=40,
+        seed=4,
+        stream=True,
+    )
     name, arguments, finish = "", "", None
     for chunk in stream:
         for part in chunk.choices:

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from core import playground
-from core.api import Api
-from core.settings import ServerSettings
-from core.state import ModelState
+from ortserve.core import playground
+from ortserve.core.api import Api
+from ortserve.core.settings import ServerSettings
+from ortserve.core.state import ModelState
 from tests.functional.harness import InProcess, Reply, edge_server
 
 BROWSER_DIR = Path(__file__).resolve().parents[1] / "browser"
@@ -112,8 +112,11 @@ def test_playground_on_the_edge_daemon(tiny_model_dir: Path, core: InProcess) ->
         head = httpx.head(f"{base}/", timeout=30)
         models = httpx.get(f"{base}/v1/models", timeout=30)
         script = httpx.get(f"{base}/vendor/purify.min.js", timeout=30)
-        cached = httpx.get(f"{base}/vendor/purify.min.js", timeout=30,
-                           headers={"if-none-match": script.headers["etag"]})  # fmt: skip
+        cached = httpx.get(
+            f"{base}/vendor/purify.min.js",
+            timeout=30,
+            headers={"if-none-match": script.headers["etag"]},
+        )
     reply = Reply(got.status_code, dict(got.headers), got.content)
     _check_page(reply)
     assert reply.body == core.call("GET", "/", headers=NO_KEY).body
@@ -133,13 +136,20 @@ def _node_modules() -> None:
     npm = shutil.which("npm")
     if npm is None:
         pytest.fail("npm is not installed: the browser test needs Node.js 18+ with npm")
-    proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], check=False, cwd=BROWSER_DIR,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund"],
+        check=False,
+        cwd=BROWSER_DIR,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"npm ci failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
 
 
-def run_browser(base: str, key: str, shots: Path, message: str | None = None,
-                max_tokens: int = 48) -> dict[str, Any]:  # fmt: skip
+def run_browser(
+    base: str, key: str, shots: Path, message: str | None = None, max_tokens: int = 48
+) -> dict[str, Any]:
     """Run tests/browser/playground.mjs against the page at `base` (screenshots into the
     folder `shots`) and return what the page showed; fails with the script's output if it
     failed."""
@@ -152,8 +162,14 @@ def run_browser(base: str, key: str, shots: Path, message: str | None = None,
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y --no-install-recommends chromium")
     _node_modules()
     shots.mkdir(parents=True, exist_ok=True)
-    cmd = [node, str(BROWSER_DIR / "playground.mjs"), f"{base}/", key, str(shots),
-           *([message] if message else [])]  # fmt: skip
+    cmd = [
+        node,
+        str(BROWSER_DIR / "playground.mjs"),
+        f"{base}/",
+        key,
+        str(shots),
+        *([message] if message else []),
+    ]
     env = {**os.environ, "MAX_TOKENS": str(max_tokens), "CHROMIUM": CHROMIUM}
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, f"playground.mjs failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"

@@ -96,8 +96,13 @@ def _strace() -> str:
     strace = shutil.which("strace")
     if strace is None:
         pytest.fail("strace is missing: apt-get install -y strace (make system-deps)")
-    probe = subprocess.run([strace, "-f", "-o", os.devnull, "true"], capture_output=True,
-                           text=True, timeout=30, check=False)  # fmt: skip
+    probe = subprocess.run(
+        [strace, "-f", "-o", os.devnull, "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     if probe.returncode != 0:
         pytest.fail(
             "strace cannot trace a process here, so this test cannot check what leaves the "
@@ -123,13 +128,26 @@ def test_the_daemon_sends_nothing_past_loopback_and_writes_no_telemetry(
     home.mkdir()
     tmp.mkdir()
     # The whole environment: nothing inherited turns telemetry off for the daemon.
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(tmp),
-           "LANG": "C.UTF-8", **SERVER_ENV}  # fmt: skip
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "TMPDIR": str(tmp),
+        "LANG": "C.UTF-8",
+        **SERVER_ENV,
+    }
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     trace = tmp_path / "strace.log"
-    serve = [*ORTSERVE, "serve", "--model-dir", str(tiny_model_dir), "--host", "127.0.0.1",
-             "--port", str(port)]  # fmt: skip
+    serve = [
+        *ORTSERVE,
+        "serve",
+        "--model-dir",
+        str(tiny_model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     cmd = [strace, "-f", "-yy", "-e", f"trace={TRACED}", "-o", str(trace), *serve]
     with (tmp_path / "daemon.log").open("w+") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -141,8 +159,9 @@ def test_the_daemon_sends_nothing_past_loopback_and_writes_no_telemetry(
                 assert client.post("/generate", json=generate).status_code == 200
                 chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}
                 assert client.post("/v1/chat/completions", json=chat).status_code == 200
-                with client.stream("POST", "/v1/chat/completions",
-                                   json={**chat, "stream": True}) as stream:  # fmt: skip
+                with client.stream(
+                    "POST", "/v1/chat/completions", json={**chat, "stream": True}
+                ) as stream:
                     assert stream.status_code == 200
                     assert b"data: [DONE]" in b"".join(stream.iter_raw())
                 assert client.get("/metrics").status_code == 200

@@ -8,17 +8,18 @@ from typing import Any
 
 import pytest
 
-from core.generation import Completion, GenerationRequest, SamplingOptions
-from core.service import Service
-from core.settings import EngineSettings
+from ortserve.core.generation import Completion, GenerationRequest, SamplingOptions
+from ortserve.core.service import Service
+from ortserve.core.settings import EngineSettings
 from tests import models
 
 SYSTEM = {"role": "system", "content": " ".join(["Edge boards answer quickly."] * 60)}
 
 
 def _service(model_dir: Path, slots: int) -> Service:
-    return Service.load(EngineSettings(model_dir=model_dir, providers="cpu",
-                                       prompt_cache_slots=slots))  # fmt: skip
+    return Service.load(
+        EngineSettings(model_dir=model_dir, providers="cpu", prompt_cache_slots=slots)
+    )
 
 
 def _chat(service: Service, turns: int, options: SamplingOptions) -> list[Completion]:
@@ -52,8 +53,10 @@ def test_the_same_prompt_again_equals_its_first_answer() -> None:
     system = " ".join(
         ["You are the assistant of an edge board that serves a small language model."] * 70
     )
-    messages = [{"role": "system", "content": system},
-                {"role": "user", "content": "Question 1: what can you do?"}]  # fmt: skip
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Question 1: what can you do?"},
+    ]
     request = GenerationRequest(messages=messages, options=SamplingOptions(max_new_tokens=32))
     service = _service(folder, 1)
     first, again = service.generate(request), service.generate(request)
@@ -79,8 +82,9 @@ def test_slots_bound_the_cache_and_sampling_bypasses_it(tiny_model_dir: Path) ->
         else:  # two slots: each finds its own conversation
             assert held == [a.prompt_tokens - 2 for a in again]  # 2: see PromptCache
     sampled = SamplingOptions(max_new_tokens=4, temperature=0.8, seed=3)
-    request = GenerationRequest(messages=[SYSTEM, {"role": "user", "content": "hi"}],
-                                options=sampled)  # fmt: skip
+    request = GenerationRequest(
+        messages=[SYSTEM, {"role": "user", "content": "hi"}], options=sampled
+    )
     runs = [two.generate(request) for _ in range(2)]
     assert runs[0].text == runs[1].text and runs[1].cached_tokens == 0
 
@@ -93,8 +97,10 @@ def test_the_warm_up_allocates_the_slot_the_first_request_reuses(tiny_model_dir:
     service.warm_up()
     cache = service.engine.prompt_cache
     assert cache is not None and cache.describe(0, 0)["held"] == 1
-    request = GenerationRequest(messages=[{"role": "user", "content": "Tell me a story"}],
-                                options=SamplingOptions(max_new_tokens=12))  # fmt: skip
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        options=SamplingOptions(max_new_tokens=12),
+    )
     done = service.generate(request)
     assert done.cached_tokens == 0 and cache.describe(0, 0)["held"] == 1  # reused, not added
     assert done.text == _service(tiny_model_dir, 0).generate(request).text

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bake.quality import _reference_logits
+from ortserve.bake.quality import _reference_logits
 
 
 @pytest.fixture(scope="module")

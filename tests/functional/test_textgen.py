@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from core.api import Api
-from core.settings import ServerSettings
-from core.state import ModelState
-from core.store import record
 from ortserve import OrtServeError, TextGenerator
+from ortserve.core.api import Api
+from ortserve.core.settings import ServerSettings
+from ortserve.core.state import ModelState
+from ortserve.store import record
 from tests.functional.harness import InProcess
 
 
@@ -19,8 +19,14 @@ def test_generate_stream_and_chat_match_the_http_api(tiny_model_dir: Path) -> No
     gen = TextGenerator(tiny_model_dir, providers="cpu")
     assert gen.model_name == "ortserve/tiny-llama-random-weights"
     result = gen.generate("Hello there", max_new_tokens=24)
-    assert set(result) == {"generated_text", "tokens_generated", "prompt_tokens",
-                           "finish_reason", "time_to_first_token_s", "tokens_per_s"}  # fmt: skip
+    assert set(result) == {
+        "generated_text",
+        "tokens_generated",
+        "prompt_tokens",
+        "finish_reason",
+        "time_to_first_token_s",
+        "tokens_per_s",
+    }
     settings = ServerSettings(model_dir=tiny_model_dir, providers="cpu")
     state = ModelState(settings)
     state.load()

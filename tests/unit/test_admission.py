@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from core.admission import Admission
-from core.errors import BusyError, ClientClosedError
+from ortserve.core.admission import Admission
+from ortserve.core.errors import BusyError, ClientClosedError
 
 
 def test_queue_full_is_refused_at_once() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bake import gguf
-from core.cli import Terminated
+from ortserve.bake import gguf
+from ortserve.cli import Terminated
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])

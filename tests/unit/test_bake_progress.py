@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from bake import errors
-from bake.progress import BuilderProgress
+from ortserve.bake import errors
+from ortserve.bake.progress import BuilderProgress
 
 
 def test_a_long_step_has_a_heartbeat(
@@ -128,11 +128,14 @@ def test_a_steps_output_is_read_as_it_comes(monkeypatch: pytest.MonkeyPatch) -> 
     out = io.StringIO()
     progress = BuilderProgress(3, stream=out, tty=False, interval=0.3)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = errors.run_step([sys.executable, "-c", code], "the model builder", env=env,
-                           progress=progress)  # fmt: skip
+    proc = errors.run_step(
+        [sys.executable, "-c", code], "the model builder", env=env, progress=progress
+    )
     assert proc.returncode == 3 and proc.stderr == "boom\n"
-    assert proc.stdout == ("Reading layer 0\nReading layer 1\nReading layer 2\n"
-                           "Saving ONNX model in /x\n\nProgress: [##  ] 50.00%")  # fmt: skip
+    assert proc.stdout == (
+        "Reading layer 0\nReading layer 1\nReading layer 2\n"
+        "Saving ONNX model in /x\n\nProgress: [##  ] 50.00%"
+    )
     lines = out.getvalue().splitlines()
     assert any(": building layers: 2/3 layers (67%), " in line for line in lines), lines
     assert lines[-2:] == [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from core.batcher import Alone, Batcher, End, Sequence
+from ortserve.core.batcher import Alone, Batcher, End, Sequence
 
 WINDOW_S = 30.0  # far longer than any wait below: a test that waited it would time out
 

@@ -1,4 +1,4 @@
-"""core.content_filter: the operator's rules on prompts and outputs (#26 item 12)."""
+"""ortserve.core.content_filter: the operator's rules on prompts and outputs (#26 item 12)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.content_filter import ContentFilter, ContentFilterError, FilterFile
-from core.errors import InvalidRequestError
-from core.generation import GenerationRequest
+from ortserve.core.content_filter import ContentFilter, ContentFilterError, FilterFile
+from ortserve.core.errors import InvalidRequestError
+from ortserve.core.generation import GenerationRequest
 
 RULES = """
 redaction = "<{kind}>"
@@ -56,18 +56,22 @@ def test_input_rules_refuse_by_rule(rules: ContentFilter) -> None:
 
 
 def test_personal_data_is_redacted_before_the_model(rules: ContentFilter) -> None:
-    text = ("Mail jane.doe+x@mail.example.co.uk, call +44 20 7946 0958 or (555) 123-4567, "
-            "card 4111 1111 1111 1111; order 1234567890123456 on 2024-01-05.")  # fmt: skip
+    text = (
+        "Mail jane.doe+x@mail.example.co.uk, call +44 20 7946 0958 or (555) 123-4567, "
+        "card 4111 1111 1111 1111; order 1234567890123456 on 2024-01-05."
+    )
     screened = rules.screen(GenerationRequest(prompt=text))
     assert screened.request.prompt == (
         "Mail <email>, call <phone> or <phone>, card <card>; order 1234567890123456 on "
         "2024-01-05."  # not a card (its checksum fails), too long for a phone; a date
     )
     assert screened.redactions == 4
-    chat = GenerationRequest(messages=[
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "I am bob@example.org", "name": "bob@example.org"},
-    ])  # fmt: skip
+    chat = GenerationRequest(
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "I am bob@example.org", "name": "bob@example.org"},
+        ]
+    )
     messages = rules.screen(chat).request.messages
     assert messages is not None
     assert messages[1] == {"role": "user", "content": "I am <email>", "name": "bob@example.org"}
@@ -122,14 +126,29 @@ def test_output_ends_at_a_deny_match_and_redacts(rules: ContentFilter) -> None:
     assert _streamed(rules, ["killer whales"]) == ("killer whales", "", 0)
 
 
-_PIECES = ["SECRET7", " kill ", "a@b.io", "4111 1111 1111 1111", "skill", "SECRE", "T", " ",
-           "hello", "\n", "é", "x@y", ".", "com"]  # fmt: skip
+_PIECES = [
+    "SECRET7",
+    " kill ",
+    "a@b.io",
+    "4111 1111 1111 1111",
+    "skill",
+    "SECRE",
+    "T",
+    " ",
+    "hello",
+    "\n",
+    "é",
+    "x@y",
+    ".",
+    "com",
+]
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from(_PIECES), max_size=12), st.data())
-def test_output_is_the_same_however_the_text_is_split(rules: ContentFilter, words: list[str],
-                                                      data: st.DataObject) -> None:  # fmt: skip
+def test_output_is_the_same_however_the_text_is_split(
+    rules: ContentFilter, words: list[str], data: st.DataObject
+) -> None:
     text = " ".join(words)  # words: a digit run or an address does not go on into the next
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
     parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]

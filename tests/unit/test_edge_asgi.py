@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from core.http import Request, Response, json_response, sse_response
-from edge.asgi import EdgeApp, Message
-from edge.offload import ChunkPump
+from ortserve.core.http import Request, Response, json_response, sse_response
+from ortserve.edge.asgi import EdgeApp, Message
+from ortserve.edge.offload import ChunkPump
 
 
 class FakeApi:
@@ -79,8 +79,13 @@ class Client:
 
 
 def scope(method: str = "GET", path: str = "/x", query: bytes = b"", headers: Any = ()) -> Any:
-    return {"type": "http", "method": method, "path": path, "query_string": query,
-            "headers": list(headers)}  # fmt: skip
+    return {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "query_string": query,
+        "headers": list(headers),
+    }
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -235,11 +240,13 @@ def test_lifespan_is_acknowledged() -> None:
         client = Client([])
         client.incoming.put_nowait({"type": "lifespan.startup"})
         client.incoming.put_nowait({"type": "lifespan.shutdown"})
-        await app_for(FakeApi(lambda r: Response(200)))({"type": "lifespan"}, client.receive,
-                                                        client.send)  # fmt: skip
+        await app_for(FakeApi(lambda r: Response(200)))(
+            {"type": "lifespan"}, client.receive, client.send
+        )
         assert [m["type"] for m in client.sent] == [
-            "lifespan.startup.complete", "lifespan.shutdown.complete"
-        ]  # fmt: skip
+            "lifespan.startup.complete",
+            "lifespan.shutdown.complete",
+        ]
 
     run(go())
 

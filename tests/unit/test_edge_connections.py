@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge.connections import peer_of
+from ortserve.edge.connections import peer_of
 
 
 @pytest.mark.parametrize(

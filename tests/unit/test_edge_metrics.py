@@ -9,24 +9,34 @@ from typing import cast
 
 from prometheus_client.metrics_core import Metric
 
-from core.manifest import QualityCheck
-from core.records import RequestRecord
-from core.service import Service, Stats
-from core.settings import EngineSettings
-from core.state import ModelState
-from edge.metrics import Metrics
+from ortserve.core.manifest import QualityCheck
+from ortserve.core.records import RequestRecord
+from ortserve.core.service import Service, Stats
+from ortserve.core.settings import EngineSettings
+from ortserve.core.state import ModelState
+from ortserve.edge.metrics import Metrics
 
-QUALITY = QualityCheck(status="passed", reference="HF fp32", scored_tokens=200,
-                       ppl_reference=10.0, ppl=10.5, ppl_ratio=1.05, top1_agreement=0.93,
-                       kl_divergence=0.0123, max_ppl_ratio=1.25)  # fmt: skip
+QUALITY = QualityCheck(
+    status="passed",
+    reference="HF fp32",
+    scored_tokens=200,
+    ppl_reference=10.0,
+    ppl=10.5,
+    ppl_ratio=1.05,
+    top1_agreement=0.93,
+    kl_divergence=0.0123,
+    max_ppl_ratio=1.25,
+)
 
 
 def _loaded(tmp_path: Path, quality: QualityCheck | None = QUALITY) -> ModelState:
     state = ModelState(EngineSettings(model_dir=tmp_path))
     engine = SimpleNamespace(
-        model_name="org/model", digest="ab" * 32, manifest=SimpleNamespace(quality=quality),
+        model_name="org/model",
+        digest="ab" * 32,
+        manifest=SimpleNamespace(quality=quality),
         probe=SimpleNamespace(provider="cpu", load_seconds=0.25),
-    )  # fmt: skip
+    )
     service = SimpleNamespace(engine=engine, stats=lambda: Stats(0, 0, 3, 7))
     state.service, state.status = cast(Service, service), "ready"
     return state
@@ -55,10 +65,14 @@ def test_model_info_names_the_model_digest_provider_and_quality(tmp_path: Path) 
     [sample] = info.samples
     assert sample.value == 1
     assert sample.labels == {
-        "model": "org/model", "digest": "ab" * 32, "provider": "cpu", "quality": "passed",
-        "quality_ppl_ratio": "1.05", "quality_top1_agreement": "0.93",
+        "model": "org/model",
+        "digest": "ab" * 32,
+        "provider": "cpu",
+        "quality": "passed",
+        "quality_ppl_ratio": "1.05",
+        "quality_top1_agreement": "0.93",
         "quality_kl_divergence": "0.0123",
-    }  # fmt: skip
+    }
     # Baked before the quality gate existed: says so, figures empty.
     old = _family(Metrics(_loaded(tmp_path, quality=None)), "ortserve_model_info").samples[0]
     assert old.labels["quality"] == "none" and old.labels["quality_ppl_ratio"] == ""
@@ -70,10 +84,23 @@ def test_model_info_names_the_model_digest_provider_and_quality(tmp_path: Path) 
 def test_time_per_output_token_from_generations_of_two_tokens_or_more(tmp_path: Path) -> None:
     metrics = Metrics(ModelState(EngineSettings(model_dir=tmp_path)))
     # 21 tokens at 250 tokens/s after the first (the record's duration adds a queue wait).
-    metrics.observe(RequestRecord("r1", "POST", "/generate", 200, completion_tokens=21,
-                                  ttft_s=0.01, tokens_per_s=250.0, duration_s=0.5))  # fmt: skip
-    metrics.observe(RequestRecord("r2", "POST", "/generate", 200, completion_tokens=1,
-                                  ttft_s=0.01, duration_s=0.02))  # fmt: skip
+    metrics.observe(
+        RequestRecord(
+            "r1",
+            "POST",
+            "/generate",
+            200,
+            completion_tokens=21,
+            ttft_s=0.01,
+            tokens_per_s=250.0,
+            duration_s=0.5,
+        )
+    )
+    metrics.observe(
+        RequestRecord(
+            "r2", "POST", "/generate", 200, completion_tokens=1, ttft_s=0.01, duration_s=0.02
+        )
+    )
     metrics.observe(RequestRecord("r3", "GET", "/healthz", 200, duration_s=0.001))
     family = _family(metrics, "ortserve_time_per_output_token_seconds")
     samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
@@ -85,7 +112,17 @@ def test_time_per_output_token_from_generations_of_two_tokens_or_more(tmp_path: 
 
 def test_no_created_series(tmp_path: Path) -> None:
     metrics = Metrics(_loaded(tmp_path))
-    metrics.observe(RequestRecord("r1", "POST", "/generate", 200, prompt_tokens=3,
-                                  completion_tokens=5, ttft_s=0.01, tokens_per_s=100.0,
-                                  duration_s=0.1))  # fmt: skip
+    metrics.observe(
+        RequestRecord(
+            "r1",
+            "POST",
+            "/generate",
+            200,
+            prompt_tokens=3,
+            completion_tokens=5,
+            ttft_s=0.01,
+            tokens_per_s=100.0,
+            duration_s=0.1,
+        )
+    )
     assert b"_created" not in metrics.render()

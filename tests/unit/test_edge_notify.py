@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.notify import Notifier
-from edge.settings import EdgeSettings
+from ortserve.edge.notify import Notifier
+from ortserve.edge.settings import EdgeSettings
 
 
 @pytest.fixture
@@ -75,6 +75,8 @@ def test_systemd_variables_are_read_without_the_ortserve_prefix(
     monkeypatch.setenv("ORTSERVE_PORT", "9001")
     settings = EdgeSettings()
     assert (settings.notify_socket, settings.watchdog_usec, settings.watchdog_pid) == (
-        "@sd", 20_000_000, 42
-    )  # fmt: skip
+        "@sd",
+        20_000_000,
+        42,
+    )
     assert settings.port == 9001

@@ -7,14 +7,23 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from core.logs import JsonLog
-from core.records import RequestRecord
-from core.settings import EngineSettings
-from core.state import ModelState
-from edge.metrics import Metrics
+from ortserve.core.logs import JsonLog
+from ortserve.core.records import RequestRecord
+from ortserve.core.settings import EngineSettings
+from ortserve.core.state import ModelState
+from ortserve.edge.metrics import Metrics
 
-GEN = RequestRecord("r1", "POST", "/generate", 200, prompt_tokens=5, completion_tokens=20,
-                    ttft_s=0.012, tokens_per_s=250.0, duration_s=0.09)  # fmt: skip
+GEN = RequestRecord(
+    "r1",
+    "POST",
+    "/generate",
+    200,
+    prompt_tokens=5,
+    completion_tokens=20,
+    ttft_s=0.012,
+    tokens_per_s=250.0,
+    duration_s=0.09,
+)
 
 
 def _samples(metrics: Metrics) -> dict[str, float]:
@@ -85,10 +94,22 @@ def test_one_json_line_per_record() -> None:
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
     first = json.loads(lines[0])
-    assert first == {"level": "INFO", "message": "request", "event": "request",
-                     "request_id": "r1", "method": "POST",
-                     "route": "/generate", "status": 200, "prompt_tokens": 5,
-                     "completion_tokens": 20, "ttft_s": 0.012, "tokens_per_s": 250.0,
-                     "duration_s": 0.09, "ending": "", "filtered": "",
-                     "redactions": 0, "reason": ""}  # fmt: skip
+    assert first == {
+        "level": "INFO",
+        "message": "request",
+        "event": "request",
+        "request_id": "r1",
+        "method": "POST",
+        "route": "/generate",
+        "status": 200,
+        "prompt_tokens": 5,
+        "completion_tokens": 20,
+        "ttft_s": 0.012,
+        "tokens_per_s": 250.0,
+        "duration_s": 0.09,
+        "ending": "",
+        "filtered": "",
+        "redactions": 0,
+        "reason": "",
+    }
     assert json.loads(lines[1])["duration_s"] == 0.000123

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from core.settings import ServerSettings
-from edge.settings import EdgeSettings
+from ortserve.core.settings import ServerSettings
+from ortserve.edge.settings import EdgeSettings
 
 EDGE = Path(__file__).resolve().parents[2] / "edge"
 UNIT = EDGE / "ortserve.service"
@@ -43,8 +43,9 @@ def _settings(unit: Path) -> dict[str, str]:
 
 def test_systemd_analyze_verify_accepts_the_unit(rendered: Path) -> None:
     # verify exits 0 even for unknown keys and bad values, but says so: no output is clean.
-    result = subprocess.run([_analyze(), "verify", str(rendered)], capture_output=True,
-                            text=True, check=False)  # fmt: skip
+    result = subprocess.run(
+        [_analyze(), "verify", str(rendered)], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout + result.stderr == ""
 
@@ -53,8 +54,10 @@ def test_the_unit_is_hardened(rendered: Path) -> None:
     # Exposure is 0 (locked down) .. 10 (unprotected); the threshold is in tenths.
     result = subprocess.run(
         [_analyze(), "security", "--offline=true", "--threshold=25", "--no-pager", str(rendered)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
 
 
@@ -93,16 +96,22 @@ def test_the_example_env_file_names_only_real_settings() -> None:
     # Every example value is valid as written, and is the default it says it is.
     values = {k.removeprefix("ORTSERVE_").lower(): v for k, v in pairs}
     EdgeSettings.model_validate(values)
-    for name in ("read_timeout_s", "keep_alive_s", "max_connections", "max_connections_per_peer",
-                 "max_new_tokens", "max_prompt_tokens"):  # fmt: skip
+    for name in (
+        "read_timeout_s",
+        "keep_alive_s",
+        "max_connections",
+        "max_connections_per_peer",
+        "max_new_tokens",
+        "max_prompt_tokens",
+    ):
         assert EdgeSettings.model_validate({name: values[name]}) == EdgeSettings.model_validate({})
 
 
 def test_the_example_env_file_says_which_routes_stay_open_with_keys() -> None:
     """What the file calls always open is what the API leaves open (the playground's page
     and scripts aside), and it says /metrics needs a key unless METRICS_PUBLIC."""
-    from core import playground
-    from core.api import PUBLIC_ROUTES
+    from ortserve.core import playground
+    from ortserve.core.api import PUBLIC_ROUTES
 
     text = (EDGE / "ortserve.env").read_text(encoding="utf-8")
     match = re.search(r"Always open: ([^.]+)\.", text)

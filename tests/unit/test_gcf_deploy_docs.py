@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core.settings import ServerSettings
+from ortserve.core.settings import ServerSettings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -35,8 +35,9 @@ def _option(words: list[str], name: str) -> str:
 
 def test_the_readme_deploys_the_gcf_bundle_both_ways() -> None:
     assert [words[:3] for words in _deploy_commands()] == [
-        ["gcloud", "functions", "deploy"], ["gcloud", "run", "deploy"]
-    ]  # fmt: skip
+        ["gcloud", "functions", "deploy"],
+        ["gcloud", "run", "deploy"],
+    ]
 
 
 @pytest.mark.parametrize("words", _deploy_commands(), ids=lambda w: " ".join(w[:2]))

@@ -6,14 +6,20 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from bake.gguf_blocks import MAPPED_TYPES, concat, decode
+from ortserve.bake.gguf_blocks import MAPPED_TYPES, concat, decode
 
 # Where each format keeps its fp16 scales (byte offsets in a block): random bytes there
 # could be NaN or huge, so the test writes real fp16 values.
 _HALVES = {
-    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
-    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
-}  # fmt: skip
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
 
 
 def random_rows(
@@ -49,8 +55,10 @@ def test_every_type_decodes_to_gguf_pys_own_dequantization(kind: str) -> None:
 def test_a_fused_projection_of_mixed_formats_keeps_every_weight() -> None:
     """q Q4_K (4-bit, offsets), k Q6_K (8-bit, block 16), v Q8_0: one 8-bit block-16
     weight, rows in order."""
-    parts = [decode(k, random_rows(k, 8, 256, seed=i), 256)
-             for i, k in enumerate(("Q4_K", "Q6_K", "Q8_0"))]  # fmt: skip
+    parts = [
+        decode(k, random_rows(k, 8, 256, seed=i), 256)
+        for i, k in enumerate(("Q4_K", "Q6_K", "Q8_0"))
+    ]
     fused = concat(parts)
     assert (fused.bits, fused.block) == (8, 16) and fused.offset is not None
     expected = np.concatenate([p.dequantize() for p in parts])
@@ -70,7 +78,7 @@ def test_zero_points_are_set_or_left_out_keeping_a_bias_input() -> None:
     weight's zero points change without losing a bias the builder put after them."""
     from onnx import helper
 
-    from bake.gguf_import import _set_zero_points
+    from ortserve.bake.gguf_import import _set_zero_points
 
     node = helper.make_node("MatMulNBits", ["a", "b", "s", "z", "", "bias"], ["y"])
     _set_zero_points(node, "")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bake.errors import BakeError
-from bake.pipeline import BakeRequest, _exact_import
-from bake.sources import ResolvedSource
+from ortserve.bake.errors import BakeError
+from ortserve.bake.pipeline import BakeRequest, _exact_import
+from ortserve.bake.sources import ResolvedSource
 
 
 def _source(gguf: Path | None) -> ResolvedSource:

@@ -8,13 +8,18 @@ import pytest
 from flask import Request as FlaskRequest
 from werkzeug.test import EnvironBuilder
 
-from core.http import Headers, Request, fold
-from edge.asgi import _request as asgi_request
-from functions.aws.events import parse_event
-from functions.gcp.translate import core_request as gcf_request
+from ortserve.core.http import Headers, Request, fold
+from ortserve.edge.asgi import _request as asgi_request
+from ortserve.functions.aws.events import parse_event
+from ortserve.functions.gcp.translate import core_request as gcf_request
 
-RAW = [("X-Forwarded-For", "203.0.113.10"), ("x-forwarded-for", "198.51.100.7"),
-       ("Cookie", "a=1"), ("cookie", "b=2"), ("X-Api-Key", "k")]  # fmt: skip
+RAW = [
+    ("X-Forwarded-For", "203.0.113.10"),
+    ("x-forwarded-for", "198.51.100.7"),
+    ("Cookie", "a=1"),
+    ("cookie", "b=2"),
+    ("X-Api-Key", "k"),
+]
 FOLDED = {"x-forwarded-for": "203.0.113.10, 198.51.100.7", "cookie": "a=1; b=2", "x-api-key": "k"}
 
 
@@ -51,8 +56,13 @@ def test_one_folding_rule() -> None:
 
 def _edge() -> Request:
     raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in RAW]
-    scope = {"type": "http", "method": "GET", "path": "/readyz", "query_string": b"x=1",
-             "headers": raw}  # fmt: skip
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/readyz",
+        "query_string": b"x=1",
+        "headers": raw,
+    }
     return asgi_request(scope, "GET", b"")
 
 
@@ -60,18 +70,28 @@ def _lambda_rest() -> Request:
     multi: dict[str, list[str]] = {}
     for name, value in RAW:
         multi.setdefault(name, []).append(value)
-    event: dict[str, Any] = {"httpMethod": "GET", "path": "/readyz",
-                             "headers": {k: v[-1] for k, v in multi.items()},
-                             "multiValueHeaders": multi}  # fmt: skip
+    event: dict[str, Any] = {
+        "httpMethod": "GET",
+        "path": "/readyz",
+        "headers": {k: v[-1] for k, v in multi.items()},
+        "multiValueHeaders": multi,
+    }
     return parse_event(event).request
 
 
 def _lambda_http() -> Request:
-    event = {"version": "2.0", "rawPath": "/readyz", "rawQueryString": "x=1",
-             "requestContext": {"http": {"method": "GET"}},
-             "headers": {"x-forwarded-for": FOLDED["x-forwarded-for"], "X-Api-Key": "k",
-                         "cookie": "a=1"},
-             "cookies": ["b=2"]}  # fmt: skip
+    event = {
+        "version": "2.0",
+        "rawPath": "/readyz",
+        "rawQueryString": "x=1",
+        "requestContext": {"http": {"method": "GET"}},
+        "headers": {
+            "x-forwarded-for": FOLDED["x-forwarded-for"],
+            "X-Api-Key": "k",
+            "cookie": "a=1",
+        },
+        "cookies": ["b=2"],
+    }
     return parse_event(event).request
 
 

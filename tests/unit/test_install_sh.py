@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bake.package_edge import write_bundle_manifest
+from ortserve.bake.package_edge import write_bundle_manifest
 from tests.edge_bundle_kit import (
     ENV_REL,
     MODEL_REL,
@@ -54,8 +54,9 @@ def test_shellcheck_finds_nothing() -> None:
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    proc = subprocess.run([shellcheck, "-s", "sh", str(INSTALL_SH)], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [shellcheck, "-s", "sh", str(INSTALL_SH)], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stdout
 
 
@@ -141,7 +142,7 @@ def test_a_bundle_for_another_architecture_is_refused(tmp_path: Path) -> None:
         ("x86_64 64 3.11 none", "the C library is not glibc (musl?)"),
         ("x86_64 64 2.7 glibc-2.36", "Python 2.7 ({python}) is too old"),
     ],
-)  # fmt: skip
+)
 def test_an_unfit_python_is_refused(
     bundle: Path, tmp_path: Path, report: str, message: str
 ) -> None:
@@ -153,8 +154,9 @@ def test_an_unfit_python_is_refused(
 
 def test_a_missing_python_is_refused(bundle: Path, tmp_path: Path) -> None:
     prefix = tmp_path / "prefix"
-    err = _refused(install(bundle, "--prefix", str(prefix), "--python", "/nonexistent/python3"),
-                   prefix)  # fmt: skip
+    err = _refused(
+        install(bundle, "--prefix", str(prefix), "--python", "/nonexistent/python3"), prefix
+    )
     assert "Python not found: /nonexistent/python3" in err
 
 
@@ -282,9 +284,12 @@ class FakeSystemd:
         (stubs / "systemctl").write_text(_SYSTEMCTL, encoding="utf-8")
         (stubs / "systemctl").chmod(0o755)
         self.log = tmp_path / "systemctl.log"
-        self.env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
-                    "SYSTEMCTL_LOG": str(self.log),
-                    "SYSTEMCTL_ACTIVE": str(tmp_path / "active")}  # fmt: skip
+        self.env = {
+            **os.environ,
+            "PATH": f"{stubs}:{os.environ['PATH']}",
+            "SYSTEMCTL_LOG": str(self.log),
+            "SYSTEMCTL_ACTIVE": str(tmp_path / "active"),
+        }
 
     def calls(self) -> list[str]:
         """The systemctl calls since the last time this was asked."""
@@ -309,8 +314,7 @@ def test_systemd_calls_install_start_update_and_remove(bundle: Path, tmp_path: P
     first = install(bundle, *args, env=systemd.env)
     assert first.returncode == 0, first.stderr
     assert "venv" in first.stdout and "up to date" in first.stdout
-    assert systemd.calls() == ["daemon-reload", f"is-active --quiet {unit}",
-                               f"enable --now {unit}"]  # fmt: skip
+    assert systemd.calls() == ["daemon-reload", f"is-active --quiet {unit}", f"enable --now {unit}"]
     assert "ortserve runs: systemctl status ortserve" in first.stdout
 
     again = install(bundle, *args, env=systemd.env)
@@ -347,8 +351,12 @@ def test_systemd_calls_install_start_update_and_remove(bundle: Path, tmp_path: P
     # A changed unit file alone: reloaded and restarted.
     (prefix / UNIT_REL).write_text("[Unit]\n", encoding="utf-8")
     install(bundle, *args, env=systemd.env)
-    assert systemd.calls() == ["daemon-reload", f"is-active --quiet {unit}",
-                               f"restart {unit}", f"enable --now {unit}"]  # fmt: skip
+    assert systemd.calls() == [
+        "daemon-reload",
+        f"is-active --quiet {unit}",
+        f"restart {unit}",
+        f"enable --now {unit}",
+    ]
 
     gone = install(bundle, "--uninstall", *args[:2], env=systemd.env)
     assert gone.returncode == 0, gone.stderr

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from core.http import Response, sse_response
-from functions.aws.buffer import buffered_result
-from functions.aws.events import EventError, encoded_size, http_result, parse_event
+from ortserve.core.http import Response, sse_response
+from ortserve.functions.aws.buffer import buffered_result
+from ortserve.functions.aws.events import EventError, encoded_size, http_result, parse_event
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 
@@ -68,16 +68,41 @@ def test_rest_event_path_from_the_proxy_parameter() -> None:
         ("not a dict", "2.0", "not a JSON object"),
         ({"Records": []}, "2.0", "not an API Gateway"),
         ({"version": "2.0", "rawPath": "/x"}, "2.0", "method"),
-        ({"version": "2.0", "rawPath": "/x", "requestContext": {"http": {"method": "GET"}},
-          "headers": {"a": 1}}, "2.0", "headers"),
-        ({"version": "2.0", "rawPath": "/x", "requestContext": {"http": {"method": "POST"}},
-          "body": "***", "isBase64Encoded": True}, "2.0", "base64"),
-        ({"version": "2.0", "rawPath": "/x", "requestContext": {"http": {"method": "GET"}},
-          "cookies": "a=1"}, "2.0", "cookies"),
+        (
+            {
+                "version": "2.0",
+                "rawPath": "/x",
+                "requestContext": {"http": {"method": "GET"}},
+                "headers": {"a": 1},
+            },
+            "2.0",
+            "headers",
+        ),
+        (
+            {
+                "version": "2.0",
+                "rawPath": "/x",
+                "requestContext": {"http": {"method": "POST"}},
+                "body": "***",
+                "isBase64Encoded": True,
+            },
+            "2.0",
+            "base64",
+        ),
+        (
+            {
+                "version": "2.0",
+                "rawPath": "/x",
+                "requestContext": {"http": {"method": "GET"}},
+                "cookies": "a=1",
+            },
+            "2.0",
+            "cookies",
+        ),
         ({"httpMethod": "GET"}, "1.0", "path"),
         ({"httpMethod": "GET", "path": "/x", "multiValueHeaders": {"a": "b"}}, "1.0", "lists"),
     ],
-)  # fmt: skip
+)
 def test_malformed_events(event: object, version: str, words: str) -> None:
     with pytest.raises(EventError) as info:
         parse_event(event)
@@ -86,8 +111,13 @@ def test_malformed_events(event: object, version: str, words: str) -> None:
 
 
 def test_v2_result_shape_and_cookies() -> None:
-    headers = [("content-type", "application/json"), ("set-cookie", "a=1"),
-               ("set-cookie", "b=2"), ("vary", "x"), ("vary", "y")]  # fmt: skip
+    headers = [
+        ("content-type", "application/json"),
+        ("set-cookie", "a=1"),
+        ("set-cookie", "b=2"),
+        ("vary", "x"),
+        ("vary", "y"),
+    ]
     result = http_result("2.0", 200, headers, b'{"ok":true}')
     assert result == {
         "statusCode": 200,
@@ -145,8 +175,11 @@ def test_a_stream_past_the_limit_is_cut_with_an_error_event() -> None:
 
 
 def test_a_whole_body_past_the_limit_is_a_413() -> None:
-    response = Response(200, [("content-type", "application/json"), ("x-request-id", "r1")],
-                        json.dumps({"text": "x" * 10_000}).encode())  # fmt: skip
+    response = Response(
+        200,
+        [("content-type", "application/json"), ("x-request-id", "r1")],
+        json.dumps({"text": "x" * 10_000}).encode(),
+    )
     result = buffered_result(response, "1.0", 4096)
     assert result["statusCode"] == 413
     assert result["headers"]["x-request-id"] == "r1"

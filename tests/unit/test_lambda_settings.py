@@ -7,20 +7,27 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from core.settings import ServerSettings
-from functions.aws.errors import SetupError
-from functions.aws.runtime import plan_load
-from functions.aws.secrets import parse_keys
-from functions.aws.settings import BUNDLE_ROOT, LambdaSettings, function_threads
+from ortserve.core.settings import ServerSettings
+from ortserve.functions.aws.errors import SetupError
+from ortserve.functions.aws.runtime import plan_load
+from ortserve.functions.aws.secrets import parse_keys
+from ortserve.functions.aws.settings import BUNDLE_ROOT, LambdaSettings, function_threads
 
 MB = 1024 * 1024
 
 
 @pytest.mark.parametrize(
     ("memory_mb", "visible", "threads"),
-    [(128, 2, 1), (1769, 2, 1), (1770, 2, 2), (3008, 2, 2), (5307, 3, 3), (10240, 6, 6),
-     (10240, 2, 2)],
-)  # fmt: skip
+    [
+        (128, 2, 1),
+        (1769, 2, 1),
+        (1770, 2, 2),
+        (3008, 2, 2),
+        (5307, 3, 3),
+        (10240, 6, 6),
+        (10240, 2, 2),
+    ],
+)
 def test_threads_follow_the_functions_cpu_share(memory_mb: int, visible: int, threads: int) -> None:
     assert function_threads(memory_mb, visible) == threads
 
@@ -42,9 +49,13 @@ def test_settings_read_lambda_variables(monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("ORTSERVE_LAMBDA_LOAD_AT_INIT", "sometimes"), ("ORTSERVE_MODEL_S3_URI", "https://x/y"),
-     ("ORTSERVE_MODEL_SHA256", "abc"), ("ORTSERVE_LAMBDA_MAX_RESPONSE_BYTES", "7000000")],
-)  # fmt: skip
+    [
+        ("ORTSERVE_LAMBDA_LOAD_AT_INIT", "sometimes"),
+        ("ORTSERVE_MODEL_S3_URI", "https://x/y"),
+        ("ORTSERVE_MODEL_SHA256", "abc"),
+        ("ORTSERVE_LAMBDA_MAX_RESPONSE_BYTES", "7000000"),
+    ],
+)
 def test_invalid_settings_are_refused(
     monkeypatch: pytest.MonkeyPatch, name: str, value: str
 ) -> None:
@@ -54,9 +65,16 @@ def test_invalid_settings_are_refused(
 
 
 def _plan(**kw: object) -> tuple[bool, str]:
-    args: dict[str, object] = {"mode": "auto", "initialization_type": "on-demand",
-                               "model_bytes": 100 * MB, "read_passes": 1, "mb_per_s": 80.0,
-                               "budget_s": 8.0, "elapsed_s": 0.5, **kw}  # fmt: skip
+    args: dict[str, object] = {
+        "mode": "auto",
+        "initialization_type": "on-demand",
+        "model_bytes": 100 * MB,
+        "read_passes": 1,
+        "mb_per_s": 80.0,
+        "budget_s": 8.0,
+        "elapsed_s": 0.5,
+        **kw,
+    }
     return plan_load(**args)  # type: ignore[arg-type]
 
 
@@ -82,9 +100,14 @@ def test_long_inits_and_operator_choices() -> None:
 
 @pytest.mark.parametrize(
     ("text", "keys"),
-    [('["k1", "k2"]', ["k1", "k2"]), ("k1, k2,,", ["k1", "k2"]), ('"k1"', ["k1"]),
-     (" k1 ", ["k1"]), ('["k1", "k1"]', ["k1", "k1"])],
-)  # fmt: skip
+    [
+        ('["k1", "k2"]', ["k1", "k2"]),
+        ("k1, k2,,", ["k1", "k2"]),
+        ('"k1"', ["k1"]),
+        (" k1 ", ["k1"]),
+        ('["k1", "k1"]', ["k1", "k1"]),
+    ],
+)
 def test_key_formats(text: str, keys: list[str]) -> None:
     assert parse_keys(text, "secret s") == keys
 

@@ -7,7 +7,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORM = {"flask", "functions_framework", "awslambdaric", "boto3", "uvicorn", "starlette"}
-ADAPTERS = {"functions", "edge", "bake", "build"}
+# The parts of the one package `ortserve`, by folder: DESIGN.md's layout mapped into it
+# (pyproject.toml; ortserve/core etc. are links to the folders).
+PARTS = {"core": "core", "functions": "functions", "edge": "edge", "bake": "build/bake"}
+FRONT = ROOT / "ortserve"
+OLD_NAMES = {"core", "functions", "edge", "bake", "build"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -18,6 +22,8 @@ def _imports(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+            if node.module == "ortserve":  # `from ortserve import store`
+                names.update(f"ortserve.{alias.name}" for alias in node.names)
     return names
 
 
@@ -25,13 +31,69 @@ def _py(*folders: str) -> list[Path]:
     return [p for folder in folders for p in sorted((ROOT / folder).rglob("*.py"))]
 
 
-def test_core_imports_no_adapter_bake_or_platform_library() -> None:
+def _front() -> list[Path]:
+    """The front's own modules: ortserve/*.py (not the parts linked in)."""
+    return sorted(FRONT.glob("*.py"))
+
+
+def _part(name: str) -> str | None:
+    """Which part of ortserve the module `name` is in: core, functions, edge, bake, or
+    "front" (ortserve itself and its own modules); None outside ortserve."""
+    pieces = name.split(".")
+    if pieces[0] != "ortserve":
+        return None
+    return pieces[1] if len(pieces) > 1 and pieces[1] in PARTS else "front"
+
+
+def _parts_imported(path: Path) -> set[str]:
+    return {p for p in map(_part, _imports(path)) if p is not None}
+
+
+def test_every_folder_maps_into_the_one_package() -> None:
+    for part, folder in PARTS.items():
+        link = FRONT / part
+        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), part
+    assert {p.name for p in FRONT.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(PARTS)
+
+
+def test_code_imports_only_the_one_name() -> None:
+    """No module anywhere (the parts, the front, tests, benchmarks) imports a part by its
+    folder's name: `import core` works in a source checkout only, never from the wheel."""
+    paths = _py(*PARTS.values(), "tests", "benchmarks") + _front()
+    for path in paths:
+        tops = {name.split(".")[0] for name in _imports(path)}
+        assert not tops & OLD_NAMES, f"{path.relative_to(ROOT)} imports {tops & OLD_NAMES}"
+
+
+def test_core_imports_only_core() -> None:
     assert _py("core"), "core has no modules?"
     for path in _py("core"):
         tops = {name.split(".")[0] for name in _imports(path)}
-        assert not tops & (ADAPTERS | PLATFORM), (
-            f"{path.name} imports {tops & (ADAPTERS | PLATFORM)}"
-        )
+        assert not tops & PLATFORM, f"{path.name} imports {tops & PLATFORM}"
+        assert _parts_imported(path) <= {"core"}, f"{path.name} imports {_parts_imported(path)}"
+
+
+def test_bake_imports_core_and_itself_only() -> None:
+    """The bake is a library the front drives: it never imports the front (CLI, store),
+    the daemon or the serverless adapters."""
+    for path in _py("build"):
+        parts = _parts_imported(path)
+        assert parts <= {"core", "bake"}, f"{path.relative_to(ROOT)} imports {parts}"
+
+
+def test_adapters_import_core_and_never_the_front_or_the_bake() -> None:
+    for path in _py("edge", "functions"):
+        parts = _parts_imported(path)
+        assert parts <= {"core", "edge", "functions"}, f"{path.relative_to(ROOT)} imports {parts}"
+
+
+def test_the_front_imports_its_parts_by_the_one_name() -> None:
+    """The front (CLI, store, Python API) sits on top: it may import every part; the
+    checks above make sure no part imports it. Here: the front imports only ortserve's
+    own parts and modules by the one name."""
+    assert {p.name for p in _front()} >= {"__init__.py", "cli.py", "store.py", "textgen.py"}
+    for path in _front():
+        assert _parts_imported(path) <= {*PARTS, "front"}, path
 
 
 def test_onnxruntime_genai_is_imported_in_exactly_one_module() -> None:
@@ -43,12 +105,6 @@ def test_onnxruntime_genai_is_imported_in_exactly_one_module() -> None:
         if any(n.split(".")[0] == "onnxruntime_genai" for n in _imports(p))
     ]
     assert users == ["core/engine.py", "build/bake/upstream.py"]
-
-
-def test_runtime_never_imports_bake() -> None:
-    for path in _py("core", "edge", "functions"):
-        tops = {name.split(".")[0] for name in _imports(path)}
-        assert "bake" not in tops, f"{path} imports bake"
 
 
 _ENV_NAMES = {"environ", "environb", "getenv", "getenvb"}
@@ -82,16 +138,22 @@ def _reads_environment(source: str) -> bool:
 
 
 def test_environment_is_read_only_in_settings_modules() -> None:
-    for path in _py("core", "edge", "functions"):
+    """Every part and the front read ORTSERVE_* (and the rest of the environment) through
+    their settings modules alone."""
+    for path in _py(*PARTS.values()) + _front():
         if path.name == "settings.py":
             continue
         assert not _reads_environment(path.read_text(encoding="utf-8")), path
 
 
 def test_the_environment_check_sees_every_spelling() -> None:
-    for source in ("import os\nx = os.environ['A']", "import os\nos.getenv('A')",
-                   "from os import environ\nx = environ['A']", "from os import getenv as g",
-                   "import os as o\nx = o.environ"):  # fmt: skip
+    for source in (
+        "import os\nx = os.environ['A']",
+        "import os\nos.getenv('A')",
+        "from os import environ\nx = environ['A']",
+        "from os import getenv as g",
+        "import os as o\nx = o.environ",
+    ):
         spelled = source.replace("os.environ", "os .environ").replace("os.getenv", "os .getenv")
         assert _reads_environment(source) and _reads_environment(spelled), source
     assert not _reads_environment("def f(request):\n    return request.environ['PATH_INFO']")
@@ -99,8 +161,8 @@ def test_the_environment_check_sees_every_spelling() -> None:
 
 # Each adapter is a package of its own; the streaming Lambda image runs the edge daemon
 # (its ASGI app behind the Lambda Web Adapter): the one allowed edge between adapters.
-_ADAPTER_PACKAGES = ("edge", "functions.aws", "functions.gcp")
-_ALLOWED = {("functions/aws/serve.py", "edge")}
+_ADAPTER_PACKAGES = ("ortserve.edge", "ortserve.functions.aws", "ortserve.functions.gcp")
+_ALLOWED = {("functions/aws/serve.py", "ortserve.edge")}
 
 
 def _adapter(module: str) -> str | None:
@@ -110,22 +172,17 @@ def _adapter(module: str) -> str | None:
 def test_adapters_never_import_each_other() -> None:
     for path in _py("edge", "functions"):
         rel = path.relative_to(ROOT).as_posix()
-        own = _adapter(rel.removesuffix(".py").replace("/", "."))
+        own = _adapter("ortserve." + rel.removesuffix(".py").replace("/", "."))
         tree = ast.parse(path.read_text(encoding="utf-8"))
         names = _imports(path) | {
-            f"{node.module}.{alias.name}"  # `from functions import gcp`
+            f"{node.module}.{alias.name}"  # `from ortserve.functions import gcp`
             for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.module in ("functions", "edge")
+            if isinstance(node, ast.ImportFrom)
+            and node.module in ("ortserve.functions", "ortserve.edge")
             for alias in node.names
         }
         others = {a for a in map(_adapter, names) if a is not None and a != own}
         assert others <= {a for r, a in _ALLOWED if r == rel}, f"{rel} imports {others}"
-
-
-def test_the_python_api_package_is_a_name_over_core() -> None:
-    for path in _py("ortserve"):
-        tops = {name.split(".")[0] for name in _imports(path)}
-        assert tops <= {"__future__", "core"}, f"{path.name} imports {tops}"
 
 
 def test_adapters_records_and_the_api_import_without_onnxruntime_genai() -> None:
@@ -134,10 +191,22 @@ def test_adapters_records_and_the_api_import_without_onnxruntime_genai() -> None
     import subprocess
     import sys
 
-    modules = ["core.api", "core.state", "core.records", "core.http", "core.logs", "edge.asgi",
-               "edge.logs", "edge.metrics", "functions.aws.buffer", "functions.aws.events",
-               "functions.aws.coldstart", "functions.gcp.translate"]  # fmt: skip
+    modules = [
+        "ortserve.core.api",
+        "ortserve.core.state",
+        "ortserve.core.records",
+        "ortserve.core.http",
+        "ortserve.core.logs",
+        "ortserve.edge.asgi",
+        "ortserve.edge.logs",
+        "ortserve.edge.metrics",
+        "ortserve.functions.aws.buffer",
+        "ortserve.functions.aws.events",
+        "ortserve.functions.aws.coldstart",
+        "ortserve.functions.gcp.translate",
+    ]
     code = f"import sys; import {', '.join(modules)}; print('onnxruntime_genai' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     assert out.stdout.strip() == "False", out.stderr

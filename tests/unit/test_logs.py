@@ -11,18 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from core.logs import JsonLog, access_line
-from core.records import RequestRecord
-from edge.logs import RequestLog, records_as_text
+from ortserve.core.logs import JsonLog, access_line
+from ortserve.core.records import RequestRecord
+from ortserve.edge.logs import RequestLog, records_as_text
 
 
 def test_a_line_has_level_message_fields_and_context() -> None:
     out = io.StringIO()
     log = JsonLog(out, context=lambda: {"aws_request_id": "req-1"})
     log.write("ERROR", "cold start failed", reason="é", path=Path("/tmp/m"))
-    assert json.loads(out.getvalue()) == {"level": "ERROR", "message": "cold start failed",
-                                          "reason": "é", "path": "/tmp/m",
-                                          "aws_request_id": "req-1"}  # fmt: skip
+    assert json.loads(out.getvalue()) == {
+        "level": "ERROR",
+        "message": "cold start failed",
+        "reason": "é",
+        "path": "/tmp/m",
+        "aws_request_id": "req-1",
+    }
 
 
 def test_cloud_logging_reads_severity() -> None:
@@ -58,12 +62,26 @@ def test_lines_from_threads_stay_whole() -> None:
     assert len(lines) == 1600 and all(json.loads(line)["message"] for line in lines)
 
 
-GENERATION = RequestRecord("r1", "POST", "/v1/chat/completions", 200, prompt_tokens=12,
-                           completion_tokens=64, ttft_s=0.031, tokens_per_s=48.25,
-                           duration_s=1.354, ending="stop")  # fmt: skip
-REFUSED = RequestRecord("r2", "POST", "/generate", 400, duration_s=0.0003,
-                        reason="invalid_request: max_new_tokens: Input should be greater "
-                        "than or equal to 1")  # fmt: skip
+GENERATION = RequestRecord(
+    "r1",
+    "POST",
+    "/v1/chat/completions",
+    200,
+    prompt_tokens=12,
+    completion_tokens=64,
+    ttft_s=0.031,
+    tokens_per_s=48.25,
+    duration_s=1.354,
+    ending="stop",
+)
+REFUSED = RequestRecord(
+    "r2",
+    "POST",
+    "/generate",
+    400,
+    duration_s=0.0003,
+    reason="invalid_request: max_new_tokens: Input should be greater than or equal to 1",
+)
 
 
 def test_an_access_line_says_what_a_person_wants_to_know() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ModelIntegrityError
-from core.manifest import (
+from ortserve.core.errors import ModelIntegrityError
+from ortserve.core.manifest import (
     Manifest,
     arch_mismatch,
     list_files,
@@ -24,10 +24,16 @@ def folder(tmp_path: Path) -> Path:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "tokenizer.json").write_text("{}")
     manifest = Manifest(
-        model_name="m", source="s", source_kind="local-hf", precision="int4", target="gcf",
-        execution_provider="cpu", onnxruntime_genai_version="0.18.0", builder_version="b",
+        model_name="m",
+        source="s",
+        source_kind="local-hf",
+        precision="int4",
+        target="gcf",
+        execution_provider="cpu",
+        onnxruntime_genai_version="0.18.0",
+        builder_version="b",
         files=list_files(tmp_path),
-    )  # fmt: skip
+    )
     write_manifest(tmp_path, manifest)
     return tmp_path
 
@@ -79,8 +85,8 @@ def test_tampered_file_is_caught_by_the_full_hash_only(folder: Path) -> None:
 def test_engine_refuses_a_tampered_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     import shutil
 
-    from core.engine import Engine
-    from core.settings import EngineSettings
+    from ortserve.core.engine import Engine
+    from ortserve.core.settings import EngineSettings
 
     copy = tmp_path / "m"
     shutil.copytree(tiny_model_dir, copy)

@@ -1,4 +1,4 @@
-"""core.memory: freed large buffers go back to the system at once (glibc)."""
+"""ortserve.core.memory: freed large buffers go back to the system at once (glibc)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 _CHILD = """
 import sys
 import numpy as np
-from core.memory import return_freed_memory
+from ortserve.core.memory import return_freed_memory
 if sys.argv[1] == "fixed":
     assert return_freed_memory()
 def rss():
@@ -29,8 +29,9 @@ print(held, rss() - before)
 
 
 def _held_and_kept_kib(mode: str) -> tuple[int, int]:
-    out = subprocess.run([sys.executable, "-c", _CHILD, mode], capture_output=True, text=True,
-                         check=True).stdout.split()  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, check=True
+    ).stdout.split()
     return int(out[0]), int(out[1])
 
 

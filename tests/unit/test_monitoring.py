@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from core.settings import EngineSettings
-from core.state import ModelState
-from edge.metrics import Metrics
+from ortserve.core.settings import EngineSettings
+from ortserve.core.state import ModelState
+from ortserve.edge.metrics import Metrics
 
 MONITORING = Path(__file__).resolve().parents[2] / "edge" / "monitoring"
 _METRIC = re.compile(r"\b(?:ortserve|process)_[a-z_]+")
@@ -27,11 +27,18 @@ def _promtool() -> str:
     return promtool
 
 
-@pytest.mark.parametrize("args", [["check", "rules", "ortserve-rules.yml"],
-                                  ["test", "rules", "ortserve-rules.test.yml"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "args", [["check", "rules", "ortserve-rules.yml"], ["test", "rules", "ortserve-rules.test.yml"]]
+)
 def test_promtool_accepts_the_rules(args: list[str]) -> None:
-    done = subprocess.run([_promtool(), *args], cwd=MONITORING, capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [_promtool(), *args],
+        cwd=MONITORING,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

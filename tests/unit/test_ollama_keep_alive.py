@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from core.errors import InvalidRequestError
-from core.protocol import parse
-from core.protocol.ollama import OllamaGenerateBody, unloads
+from ortserve.core.errors import InvalidRequestError
+from ortserve.core.protocol import parse
+from ortserve.core.protocol.ollama import OllamaGenerateBody, unloads
 
 # Ollama reads a number as seconds and a string with Go's time.ParseDuration, then
 # truncates to whole nanoseconds: 0 ns asks to unload; negative keeps the model for good.

@@ -4,18 +4,30 @@ from __future__ import annotations
 
 import pytest
 
-from bake.errors import BakeError
-from bake.onnx_source import choose_variant, graphs_in
+from ortserve.bake.errors import BakeError
+from ortserve.bake.onnx_source import choose_variant, graphs_in
 
 COMMUNITY = [
-    "onnx/model.onnx", "onnx/model_fp16.onnx", "onnx/model_int8.onnx", "onnx/model_q4.onnx",
-    "onnx/model_q4f16.onnx", "onnx/model_quantized.onnx", "onnx/model_uint8.onnx",
-]  # fmt: skip
+    "onnx/model.onnx",
+    "onnx/model_fp16.onnx",
+    "onnx/model_int8.onnx",
+    "onnx/model_q4.onnx",
+    "onnx/model_q4f16.onnx",
+    "onnx/model_quantized.onnx",
+    "onnx/model_uint8.onnx",
+]
 
 
 def test_graphs_are_found_at_the_top_and_in_onnx_only() -> None:
-    files = ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "model.onnx",
-             "other/model.onnx", "onnx/deep/model.onnx", "README.md"]  # fmt: skip
+    files = [
+        "config.json",
+        "onnx/model.onnx",
+        "onnx/model.onnx_data",
+        "model.onnx",
+        "other/model.onnx",
+        "onnx/deep/model.onnx",
+        "README.md",
+    ]
     assert graphs_in(files) == ["model.onnx", "onnx/model.onnx"]
 
 

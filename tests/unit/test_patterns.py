@@ -1,4 +1,4 @@
-"""core.protocol.patterns: regex classes as JSON Schema (ECMA-262) means them."""
+"""ortserve.core.protocol.patterns: regex classes as JSON Schema (ECMA-262) means them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.protocol.patterns import closed_objects, ecma_classes, ecma_schema
+from ortserve.core.protocol.patterns import closed_objects, ecma_classes, ecma_schema
 
 
 def test_digit_and_word_classes_are_ascii() -> None:
@@ -30,11 +30,15 @@ def test_other_escapes_are_kept() -> None:
 
 
 def test_schemas_are_translated_wherever_a_pattern_is() -> None:
-    schema: dict[str, Any] = {"type": "object",
-              "properties": {"year": {"type": "string", "pattern": r"^\d{4}$"},
-                             "pattern": {"type": "string"}},
-              "patternProperties": {r"^\w+$": {"pattern": r"\d"}},
-              "anyOf": [{"pattern": r"\w"}]}  # fmt: skip
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "year": {"type": "string", "pattern": r"^\d{4}$"},
+            "pattern": {"type": "string"},
+        },
+        "patternProperties": {r"^\w+$": {"pattern": r"\d"}},
+        "anyOf": [{"pattern": r"\w"}],
+    }
     out = ecma_schema(schema)
     assert out["properties"]["year"]["pattern"] == "^[0-9]{4}$"
     assert out["properties"]["pattern"] == {"type": "string"}  # a property named so

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.prefill import prefill_parts
+from ortserve.core.prefill import prefill_parts
 
 
 def test_a_long_prompt_goes_in_parts_of_the_chunk() -> None:

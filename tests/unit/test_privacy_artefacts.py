@@ -15,17 +15,20 @@ from typing import Any
 import pytest
 from cfnlint.decode.decode import decode_str  # type: ignore[import-untyped]  # no type hints
 
-from bake import pipeline
-from bake.errors import BakeError
-from bake.pipeline import BakeRequest
-from bake.targets import get_target
 from benchmarks.support.dockerfile import env_of, final_stage, parse
-from core import cli
-from core.settings import PRIVACY_ENVIRONMENT
+from ortserve import cli
+from ortserve.bake import pipeline
+from ortserve.bake.errors import BakeError
+from ortserve.bake.pipeline import BakeRequest
+from ortserve.bake.targets import get_target
+from ortserve.core.settings import PRIVACY_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = ["functions/aws/Dockerfile", "functions/aws/Dockerfile.stream",
-               "build/bake/templates/cloudrun/Dockerfile"]  # fmt: skip
+DOCKERFILES = [
+    "functions/aws/Dockerfile",
+    "functions/aws/Dockerfile.stream",
+    "build/bake/templates/cloudrun/Dockerfile",
+]
 UNIT = ROOT / "edge" / "ortserve.service"
 
 
@@ -90,8 +93,11 @@ def test_the_cli_turns_telemetry_off_before_any_command() -> None:
 @pytest.mark.usefixtures("no_privacy_environment")
 def test_a_bake_from_python_turns_telemetry_off_before_its_source_loads(tmp_path: Path) -> None:
     with pytest.raises(BakeError):  # no such folder: fails at the source, after the switch
-        pipeline.bake(BakeRequest(source=str(tmp_path / "missing"), target="edge-x86_64",
-                                  out=tmp_path / "out"))  # fmt: skip
+        pipeline.bake(
+            BakeRequest(
+                source=str(tmp_path / "missing"), target="edge-x86_64", out=tmp_path / "out"
+            )
+        )
     assert _privacy(os.environ) == PRIVACY_ENVIRONMENT
 
 
@@ -107,8 +113,15 @@ def test_the_model_builder_is_started_without_telemetry(
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(pipeline, "run_step", run_step)
-    pipeline._run_builder(tmp_path / "src", tmp_path / "out", tmp_path / "cache", "int4",
-                          get_target("edge-x86_64"), {}, tmp_path / "failed.log")  # fmt: skip
+    pipeline._run_builder(
+        tmp_path / "src",
+        tmp_path / "out",
+        tmp_path / "cache",
+        "int4",
+        get_target("edge-x86_64"),
+        {},
+        tmp_path / "failed.log",
+    )
     (env,) = seen
     assert _privacy(env) == PRIVACY_ENVIRONMENT
     assert env["HF_HUB_OFFLINE"] == "1"

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from bake.errors import BakeError
-from bake.recipes import (
+from ortserve.bake.errors import BakeError
+from ortserve.bake.recipes import (
     RECIPES,
     Recipe,
     Rule,
@@ -18,7 +18,7 @@ from bake.recipes import (
     node_types,
     target_options,
 )
-from bake.targets import builder_options, get_target
+from ortserve.bake.targets import builder_options, get_target
 
 # SmolLM2-135M's config.json, the parts a recipe reads.
 SMOLLM2 = {"num_hidden_layers": 30, "tie_word_embeddings": True}
@@ -171,7 +171,7 @@ def test_recipe_files_json_and_toml(tmp_path: Path) -> None:
         ('{"layers": "all"}', r"layers: Extra inputs are not permitted"),
         ("{not json", "not valid json"),
     ],
-)  # fmt: skip
+)
 def test_invalid_recipe_files_say_what_is_wrong(tmp_path: Path, content: str, error: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(content)

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from bake.errors import BakeError
-from bake.s3 import download_prefix
-from core.s3uri import parse_s3_uri
-from functions.aws.errors import SetupError
-from functions.aws.model_source import fetch_model, remote_model_bytes
+from ortserve.bake.errors import BakeError
+from ortserve.bake.s3 import download_prefix
+from ortserve.core.s3uri import parse_s3_uri
+from ortserve.functions.aws.errors import SetupError
+from ortserve.functions.aws.model_source import fetch_model, remote_model_bytes
 
 
 @pytest.mark.parametrize(

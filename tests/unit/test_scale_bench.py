@@ -20,20 +20,29 @@ def _graph_model(tied: bool, folder: Path) -> Path:
     MatMul also reads the embedding (transposed use is irrelevant to the byte count)."""
     emb = numpy_helper.from_array(np.ones((64, 8), np.float32), "emb")
     weight = numpy_helper.from_array(np.ones((8, 16), np.float32), "w")
-    nodes = [helper.make_node("Gather", ["emb", "ids"], ["h"]),
-             helper.make_node("MatMul", ["h", "w"], ["y"])]  # fmt: skip
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["h"]),
+        helper.make_node("MatMul", ["h", "w"], ["y"]),
+    ]
     if tied:
         nodes.append(helper.make_node("MatMul", ["h", "emb_t"], ["z"]))
         nodes.insert(0, helper.make_node("Transpose", ["emb"], ["emb_t"]))
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
         initializer=[emb, weight],
-    )  # fmt: skip
+    )
     folder.mkdir()
     path = folder / "model.onnx"
-    onnx.save(helper.make_model(graph), str(path), save_as_external_data=True,
-              location="model.onnx.data", size_threshold=0)  # fmt: skip
+    onnx.save(
+        helper.make_model(graph),
+        str(path),
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
     return folder
 
 
@@ -65,8 +74,10 @@ def test_llama_cpp_skips_the_token_embedding_only_when_an_output_matrix_exists(
 
 
 def test_the_tree_holds_a_childs_memory() -> None:
-    code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
-            "'import time; x = bytearray(200 << 20); time.sleep(5)'])")  # fmt: skip
+    code = (
+        "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+        "'import time; x = bytearray(200 << 20); time.sleep(5)'])"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.monotonic() + 20

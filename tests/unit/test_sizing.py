@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from bake.errors import BakeError
-from bake.package_edge import unit_memory_max, with_memory_max
-from bake.package_lambda import samconfig
-from bake.sizing import memory_for
+from ortserve.bake.errors import BakeError
+from ortserve.bake.package_edge import unit_memory_max, with_memory_max
+from ortserve.bake.package_lambda import samconfig
+from ortserve.bake.sizing import memory_for
 
-SMOLLM2_135M = {"context_length": 8192, "vocab_size": 49152, "decoder": {
-    "num_hidden_layers": 30, "num_key_value_heads": 3, "head_size": 64}}  # fmt: skip
-QWEN25_05B = {"context_length": 32768, "vocab_size": 151936, "decoder": {
-    "num_hidden_layers": 24, "num_key_value_heads": 2, "head_size": 64}}  # fmt: skip
+SMOLLM2_135M = {
+    "context_length": 8192,
+    "vocab_size": 49152,
+    "decoder": {"num_hidden_layers": 30, "num_key_value_heads": 3, "head_size": 64},
+}
+QWEN25_05B = {
+    "context_length": 32768,
+    "vocab_size": 151936,
+    "decoder": {"num_hidden_layers": 24, "num_key_value_heads": 2, "head_size": 64},
+}
 
 
 def test_the_terms_of_smollm2_135m() -> None:
@@ -52,7 +58,10 @@ def test_a_short_context_needs_no_prompt_cap() -> None:
     terms = memory_for(150 << 20, short, sequences=1)
     # Prompt + new tokens never pass the context, the sequence's room: no cap either.
     assert (terms.tokens_per_sequence, terms.max_prompt_tokens, terms.max_new_tokens) == (
-        2048, 0, 0)  # fmt: skip
+        2048,
+        0,
+        0,
+    )
 
 
 def test_the_edge_unit_gets_the_formulas_memory_max() -> None:

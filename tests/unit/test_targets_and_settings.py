@@ -6,16 +6,22 @@ import os
 
 import pytest
 
-from bake.errors import BakeError
-from bake.targets import TARGETS, builder_options, get_target
-from core.cpu import usable_cpus
-from core.settings import DEFAULT_PROVIDER_ORDER, EngineSettings
+from ortserve.bake.errors import BakeError
+from ortserve.bake.targets import TARGETS, builder_options, get_target
+from ortserve.core.cpu import usable_cpus
+from ortserve.core.settings import DEFAULT_PROVIDER_ORDER, EngineSettings
 
 
 def test_every_design_target_exists() -> None:
     assert set(TARGETS) == {
-        "lambda-x86_64", "lambda-arm64", "gcf", "cloudrun", "edge-aarch64", "edge-x86_64", "cuda"
-    }  # fmt: skip
+        "lambda-x86_64",
+        "lambda-arm64",
+        "gcf",
+        "cloudrun",
+        "edge-aarch64",
+        "edge-x86_64",
+        "cuda",
+    }
     assert get_target("cuda").builder_ep == "cuda"
     assert get_target("edge-aarch64").arch == "aarch64"
 
@@ -64,7 +70,7 @@ def test_api_keys_that_hold_no_key_refuse_to_start(monkeypatch: pytest.MonkeyPat
     """ORTSERVE_API_KEYS=" , " would otherwise turn auth off without a word."""
     from pydantic import ValidationError
 
-    from core.settings import ServerSettings
+    from ortserve.core.settings import ServerSettings
 
     monkeypatch.setenv("ORTSERVE_API_KEYS", " , ")
     with pytest.raises(ValidationError, match="holds no key"):

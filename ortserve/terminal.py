@@ -16,10 +16,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from core.errors import OrtServeError
-from core.generation import GenerationRequest, SamplingOptions
-from core.service import Service
-from core.settings import EngineSettings
+from ortserve.core.errors import OrtServeError
+from ortserve.core.generation import GenerationRequest, SamplingOptions
+from ortserve.core.service import Service
+from ortserve.core.settings import EngineSettings
 
 BYE = ("/bye", "/exit")
 HELP = """\
@@ -119,8 +119,7 @@ def chat(session: Session) -> int:
     """The interactive chat at a terminal, until `/bye` or Ctrl-D; the exit code."""
     with contextlib.suppress(ImportError):  # not on every platform
         import readline  # noqa: F401  # line editing and history for input()
-    print(f"chatting with {session.name}: /bye or Ctrl-D to leave, /? for help",
-          file=sys.stderr)  # fmt: skip
+    print(f"chatting with {session.name}: /bye or Ctrl-D to leave, /? for help", file=sys.stderr)
     history: list[dict[str, Any]] = []
     while True:
         try:

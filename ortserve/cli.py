@@ -1,7 +1,7 @@
-"""The `ortserve` command: core's own subcommands plus those other packages register.
-
-Other packages (bake, edge) add subcommands through the `ortserve.commands` entry-point
-group, so core never imports them.
+"""The `ortserve` command, assembled here at the package's front: the store's commands
+(list, show, rm), generate, probe and completion, the bake's (bake, run, prune:
+ortserve.cli_bake) and the edge daemon's (serve, reload, rollback: ortserve.edge.cli).
+Only the front imports the other parts; none of them imports the front.
 """
 
 from __future__ import annotations
@@ -11,16 +11,15 @@ import difflib
 import os
 import signal
 import sys
-from collections.abc import Callable
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.errors import OrtServeError
-from core.settings import EngineSettings, disable_telemetry
+from ortserve.cli_kit import MODEL_OR_FOLDER, STORED_MODEL, DefaultsFormatter, at_least, human_size
+from ortserve.core.errors import OrtServeError
+from ortserve.core.settings import EngineSettings, disable_telemetry
 
 if TYPE_CHECKING:
-    from core.manifest import Manifest
+    from ortserve.core.manifest import Manifest
 
 _DESCRIPTION = """\
 Serve small language models with ONNX Runtime GenAI on CPUs: bake a model into a
@@ -48,7 +47,7 @@ def _located_settings(args: argparse.Namespace) -> tuple[EngineSettings, str | N
     """The engine's settings with the model `--model-dir` (or ORTSERVE_MODEL_DIR) names
     located (a folder, or a stored model's name), and the name to show for the model
     (None: the manifest's)."""
-    from core.store import with_model
+    from ortserve.store import with_model
 
     settings, located = with_model(_settings(args))
     return settings, located.name if located is not None else None
@@ -56,39 +55,15 @@ def _located_settings(args: argparse.Namespace) -> tuple[EngineSettings, str | N
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model-dir", type=Path,
+        "--model-dir",
+        type=Path,
         help="baked model folder, or a name from `ortserve list` (default: ORTSERVE_MODEL_DIR)",
-    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # fmt: skip
+    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]
     parser.add_argument(
         "--providers",
         help="execution providers to try: auto, or a comma list such as cuda,cpu "
         "(default: ORTSERVE_PROVIDERS, else auto)",
     )
-
-
-class DefaultsFormatter(argparse.HelpFormatter):
-    """Help that shows each option's default where it has a real one (not None, an empty
-    list or a flag's) and its help does not already say it."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        unset = default is None or default == [] or isinstance(default, bool)
-        if "default" in text or unset or default is argparse.SUPPRESS:
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an int of at least `minimum`, else a one-line usage error."""
-
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def _version() -> str:
@@ -105,27 +80,6 @@ def _version() -> str:
     return f"ortserve {ours} (onnxruntime-genai {og})"
 
 
-# Shell completion of a stored model's name (`ortserve list -q`), as shtab's `complete`
-# attribute of an argument; MODEL_OR_FOLDER also offers folders (`serve --model-dir`).
-_COMPLETION_FUNCTIONS = {
-    "bash": """
-_ortserve_stored_models() { compgen -W "$(ortserve list -q 2>/dev/null)" -- "$1"; }
-_ortserve_models_or_dirs() { _ortserve_stored_models "$1"; compgen -d -- "$1"; }
-""",
-    "zsh": """
-_ortserve_stored_models() {
-  local -a names; names=(${(f)"$(ortserve list -q 2>/dev/null)"})
-  compadd -a names
-}
-_ortserve_models_or_dirs() { _ortserve_stored_models; _files -/ }
-""",
-}
-STORED_MODEL = {"bash": "_ortserve_stored_models", "zsh": "_ortserve_stored_models",
-                "preamble": _COMPLETION_FUNCTIONS}  # fmt: skip
-MODEL_OR_FOLDER = {"bash": "_ortserve_models_or_dirs", "zsh": "_ortserve_models_or_dirs",
-                   "preamble": _COMPLETION_FUNCTIONS}  # fmt: skip
-
-
 def _completion(args: argparse.Namespace) -> int:
     import shtab
 
@@ -134,8 +88,8 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from core.generation import GenerationRequest, SamplingOptions
-    from core.service import Service
+    from ortserve.core.generation import GenerationRequest, SamplingOptions
+    from ortserve.core.service import Service
 
     settings, name = _located_settings(args)
     service = Service.load(settings)
@@ -150,9 +104,10 @@ def _generate(args: argparse.Namespace) -> int:
     )
     if args.chat:
         request = GenerationRequest(
-            messages=[{"role": "user", "content": args.prompt}], options=options,
+            messages=[{"role": "user", "content": args.prompt}],
+            options=options,
             stop=tuple(args.stop),
-        )  # fmt: skip
+        )
     else:
         request = GenerationRequest(prompt=args.prompt, options=options, stop=tuple(args.stop))
     stream = service.stream(request)
@@ -174,7 +129,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from core.engine import Engine
+    from ortserve.core.engine import Engine
 
     settings, name = _located_settings(args)
     engine = Engine.load(settings)
@@ -196,13 +151,13 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _store() -> Path:
-    from core.settings import StoreSettings
+    from ortserve.core.settings import StoreSettings
 
     return StoreSettings().models
 
 
 def _list(args: argparse.Namespace) -> int:
-    from core import store
+    from ortserve import store
 
     models = store.list_models(_store())
     if args.quiet:  # names only, for scripts and shell completion
@@ -218,28 +173,21 @@ def _list(args: argparse.Namespace) -> int:
     rows = [("NAME", "ID", "TARGET", "PRECISION", "SIZE", "QUALITY", "BAKED")]
     for model in models:
         manifest = model.manifest
-        rows.append((
-            model.short_name, model.name, str(model.spec.get("target", "?")),
-            manifest.precision if manifest else "unreadable",
-            human_size(model.size_bytes),
-            _quality_cell(manifest),
-            manifest.created_at[:16].replace("T", " ") if manifest else "-",
-        ))  # fmt: skip
+        rows.append(
+            (
+                model.short_name,
+                model.name,
+                str(model.spec.get("target", "?")),
+                manifest.precision if manifest else "unreadable",
+                human_size(model.size_bytes),
+                _quality_cell(manifest),
+                manifest.created_at[:16].replace("T", " ") if manifest else "-",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return 0
-
-
-def human_size(size: int) -> str:
-    """Bytes for people, in SI units as `ortserve list` and `prune` show them: 340 kB,
-    117 MB, 1.2 GB."""
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 999.5 or unit == "GB":
-            break
-        value /= 1000
-    return f"{value:.0f} {unit}" if value >= 9.95 or unit == "B" else f"{value:.1f} {unit}"
 
 
 def _quality_cell(manifest: Manifest | None) -> str:
@@ -253,8 +201,8 @@ def _quality_cell(manifest: Manifest | None) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from core import store
-    from core.manifest import read_manifest
+    from ortserve import store
+    from ortserve.core.manifest import read_manifest
 
     located = store.locate(_store(), args.model)
     folder = located.folder
@@ -265,33 +213,39 @@ def _show(args: argparse.Namespace) -> int:
         print(f"id:         {located.stored.name}")
     print(f"folder:     {folder}")
     for label, value in (
-        ("model", manifest.model_name), ("source", manifest.source),
-        ("target", manifest.target), ("precision", manifest.precision),
+        ("model", manifest.model_name),
+        ("source", manifest.source),
+        ("target", manifest.target),
+        ("precision", manifest.precision),
         ("options", ", ".join(f"{k}={v}" for k, v in manifest.builder_options.items()) or "-"),
         ("runtime", f"onnxruntime-genai {manifest.onnxruntime_genai_version}"),
         ("baked", manifest.created_at),
         ("quality", quality.summary() if quality else "not run"),
         ("gguf", manifest.gguf_import.summary() if manifest.gguf_import else "-"),
         ("files", f"{len(manifest.files)}, {human_size(sum(f.size for f in manifest.files))}"),
-    ):  # fmt: skip
+    ):
         print(f"{label + ':':<11} {value}")
     return 0
 
 
 def _rm(args: argparse.Namespace) -> int:
-    from core import store
+    from ortserve import store
 
     model = store.find(_store(), args.name)
     if model is None:
-        print(f"ortserve rm: error: no stored model {args.name!r}: see `ortserve list`",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"ortserve rm: error: no stored model {args.name!r}: see `ortserve list`",
+            file=sys.stderr,
+        )
         return 1
     if not store.is_exact(model, args.name) and not args.yes:
         # Only a name or id as listed deletes at once: a part of one ("l") is confirmed.
         if not sys.stdin.isatty():
-            print(f"ortserve rm: error: {args.name!r} is not a stored model's full name: "
-                  f"name {model.short_name} or {model.name} in full, or add --yes",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"ortserve rm: error: {args.name!r} is not a stored model's full name: "
+                f"name {model.short_name} or {model.name} in full, or add --yes",
+                file=sys.stderr,
+            )
             return 1
         answer = input(f"remove {model.short_name} ({model.name})? [y/N] ").strip().lower()
         if answer not in ("y", "yes"):
@@ -305,18 +259,21 @@ def _rm(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The full `ortserve` parser, with every registered subcommand."""
     parser = argparse.ArgumentParser(
-        prog="ortserve", description=_DESCRIPTION,
+        prog="ortserve",
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     parser.add_argument("-v", "--version", action="version", version=_version())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     defaults = DefaultsFormatter
 
     gen = subparsers.add_parser(
-        "generate", help="generate text from a baked model, streamed to the terminal",
+        "generate",
+        help="generate text from a baked model, streamed to the terminal",
         description="Generate text from a baked model, streamed to the terminal; a line of "
-        "figures (tokens, TTFT, tokens/s, EP) follows on stderr.", formatter_class=defaults,
-    )  # fmt: skip
+        "figures (tokens, TTFT, tokens/s, EP) follows on stderr.",
+        formatter_class=defaults,
+    )
     _add_engine_args(gen)
     gen.add_argument("prompt", help="the prompt (with --chat: the user's message)")
     gen.add_argument(
@@ -333,22 +290,28 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
 
     probe = subparsers.add_parser(
-        "probe", help="show which execution providers work for a baked model",
+        "probe",
+        help="show which execution providers work for a baked model",
         description="Load a baked model with each allowed execution provider and show "
         "which one is chosen, why the others were skipped, and the bake's quality figures.",
-    )  # fmt: skip
+    )
     _add_engine_args(probe)
     probe.set_defaults(func=_probe)
 
     listing = subparsers.add_parser(
-        "list", help="list the models in the local store (baked by `ortserve run`)",
+        "list",
+        help="list the models in the local store (baked by `ortserve run`)",
         description="List the local store's models: name, id, target, precision, size, the "
         "quality gate's perplexity ratio, when baked (store: ORTSERVE_HOME/models). Every "
         "command takes a name (in any case, `:latest` or not, or a unique part of one) or "
         "an id.",
-    )  # fmt: skip
-    listing.add_argument("-q", "--quiet", action="store_true",
-                         help="print the names only (an id where two share a name)")  # fmt: skip
+    )
+    listing.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print the names only (an id where two share a name)",
+    )
     listing.set_defaults(func=_list)
     show = subparsers.add_parser(
         "show", help="show a baked model's manifest (a stored model's name, or a folder)"
@@ -365,15 +328,20 @@ def build_parser() -> argparse.ArgumentParser:
     rm.set_defaults(func=_rm)
 
     completion = subparsers.add_parser(
-        "completion", help="print a shell completion script (bash or zsh)",
+        "completion",
+        help="print a shell completion script (bash or zsh)",
         description="Print a completion script: e.g. `ortserve completion bash > "
         "/etc/bash_completion.d/ortserve`, or `source <(ortserve completion zsh)`.",
-    )  # fmt: skip
+    )
     completion.add_argument("shell", choices=["bash", "zsh"])
     completion.set_defaults(func=_completion)
 
-    for entry in entry_points(group="ortserve.commands"):
-        entry.load()(subparsers)
+    from ortserve import cli_bake
+    from ortserve.edge import cli as edge_cli
+    from ortserve.store import with_model
+
+    cli_bake.register(subparsers)
+    edge_cli.register(subparsers, DefaultsFormatter, MODEL_OR_FOLDER, locate=with_model)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""`ortserve bake`: the command-line face of the bake pipeline."""
+"""`ortserve bake`, `ortserve run` and `ortserve prune`: the command-line face of the bake
+pipeline, with the store and the edge daemon (`run` bakes, stores, then serves or talks)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import contextlib
 import sys
 from pathlib import Path
 
-from bake.context import DEFAULT_CONTEXT
-from bake.errors import BakeError
-from bake.recipes import DEFAULT_RECIPE, RECIPES
-from bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
-from core.cli import DefaultsFormatter, at_least
+from ortserve.bake.context import DEFAULT_CONTEXT
+from ortserve.bake.errors import BakeError
+from ortserve.bake.recipes import DEFAULT_RECIPE, RECIPES
+from ortserve.bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
+from ortserve.cli_kit import DefaultsFormatter, at_least
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -125,8 +126,9 @@ def _register_prune(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "it to be served: it spares a rebake the download and the conversion (--all frees "
         "that too). Not while a bake runs.",
     )
-    parser.add_argument("--all", action="store_true",
-                        help="also what stored models were baked from")  # fmt: skip
+    parser.add_argument(
+        "--all", action="store_true", help="also what stored models were baked from"
+    )
     parser.add_argument("-y", "--yes", action="store_true", help="delete (default: only list)")
     parser.set_defaults(func=prune)
 
@@ -139,8 +141,8 @@ def _default_target() -> str:
 
 
 def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from core.cli import MODEL_OR_FOLDER
-    from edge.cli import add_listen_args  # standard library only at its top
+    from ortserve.cli_kit import MODEL_OR_FOLDER
+    from ortserve.edge.cli import add_listen_args  # standard library only at its top
 
     parser = subparsers.add_parser(
         "run",
@@ -163,43 +165,60 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         metavar="MODEL",
         help="a stored model's name, or a source as `ortserve bake --model` takes",
     ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # shtab's attribute
-    parser.add_argument("prompt", nargs="?", metavar="PROMPT",
-                        help="answer this and exit (`-`: read it from stdin)")  # fmt: skip
     parser.add_argument(
-        "--target", choices=sorted(TARGETS), default=_default_target(),
+        "prompt", nargs="?", metavar="PROMPT", help="answer this and exit (`-`: read it from stdin)"
+    )
+    parser.add_argument(
+        "--target",
+        choices=sorted(TARGETS),
+        default=_default_target(),
         help="the target to bake for (this machine's edge target)",
-    )  # fmt: skip
+    )
     parser.add_argument("--precision", choices=PRECISIONS, help="default: the bake's")
     parser.add_argument(
         "--recipe", metavar="NAME|FILE", help="int4 recipe, as `ortserve bake --recipe`"
     )
     parser.add_argument("--revision", help="hub revision to pin")
     parser.add_argument(
-        "--context-length", dest="context_length", type=int, metavar="TOKENS",
+        "--context-length",
+        dest="context_length",
+        type=int,
+        metavar="TOKENS",
         help="the context the model serves, as `ortserve bake --context-length`",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--requantize", action="store_true",
+        "--requantize",
+        action="store_true",
         help="a GGUF source: requantize instead of the exact import, as `ortserve bake`",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--builder-option", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+        "--builder-option",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
         help="a model-builder extra option (repeatable)",
-    )  # fmt: skip
+    )
     parser.add_argument("--rebake", action="store_true", help="bake again even if stored")
     parser.add_argument(
-        "--bake-only", action="store_true",
+        "--bake-only",
+        action="store_true",
         help="bake into the store if needed, print the model folder and exit (for scripts: "
         "`make demo`); --host/--port, when given, are still checked first",
-    )  # fmt: skip
+    )
     answers = parser.add_argument_group("answers (with PROMPT, and in the chat)")
-    answers.add_argument("--max-new-tokens", type=at_least(1), metavar="N",
-                         help="most tokens an answer may have (default: the server's, "
-                         "ORTSERVE_MAX_NEW_TOKENS or 512)")  # fmt: skip
+    answers.add_argument(
+        "--max-new-tokens",
+        type=at_least(1),
+        metavar="N",
+        help="most tokens an answer may have (default: the server's, "
+        "ORTSERVE_MAX_NEW_TOKENS or 512)",
+    )
     answers.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     answers.add_argument("--seed", type=int, help="same seed, same answer")
-    answers.add_argument("--verbose", action="store_true",
-                         help="each answer's tokens, TTFT and tokens/s on stderr")  # fmt: skip
+    answers.add_argument(
+        "--verbose", action="store_true", help="each answer's tokens, TTFT and tokens/s on stderr"
+    )
     add_listen_args(parser)
     parser.set_defaults(func=run_model)
 
@@ -211,9 +230,9 @@ _BAKE_OPTIONS = ("precision", "recipe", "revision", "builder_option", "rebake")
 def _is_source(text: str) -> bool:
     """Whether `ortserve run`'s MODEL names something to bake, not a stored model or a
     baked folder."""
-    from bake.sources import is_hub_id
-    from core.manifest import MANIFEST_NAME
-    from core.store import looks_like_path
+    from ortserve.bake.sources import is_hub_id
+    from ortserve.core.manifest import MANIFEST_NAME
+    from ortserve.store import looks_like_path
 
     if text.startswith(("builtin:", "pypi:", "s3://")) or is_hub_id(text):
         return True
@@ -226,7 +245,7 @@ def _is_source(text: str) -> bool:
 def _mode(args: argparse.Namespace) -> str:
     """What `ortserve run` does after the model is there: `bake-only`, `answer` (PROMPT,
     or one on stdin), `chat` (a terminal), `serve`."""
-    from core.terminal import stdin_kind
+    from ortserve.terminal import stdin_kind
 
     if args.bake_only:
         return "bake-only"
@@ -254,7 +273,7 @@ def run_model(args: argparse.Namespace) -> int:
         print(folder)
         return 0
     if mode == "serve":
-        from edge import cli as edge_cli
+        from ortserve.edge import cli as edge_cli
 
         args.model_dir, args.served_name = folder, name
         return edge_cli.run(args)
@@ -264,39 +283,45 @@ def run_model(args: argparse.Namespace) -> int:
 def _located(args: argparse.Namespace) -> tuple[Path, str | None] | None:
     """The stored model (or baked folder) `args.model` names: its folder and the name to
     serve it under; None after an error (said on stderr)."""
-    from core.errors import ModelNotFoundError
-    from core.settings import StoreSettings
-    from core.store import locate
+    from ortserve.core.errors import ModelNotFoundError
+    from ortserve.core.settings import StoreSettings
+    from ortserve.store import locate
 
     given = [n.replace("_", "-") for n in _BAKE_OPTIONS if getattr(args, n)]
     if given:
-        print(f"ortserve run: error: {args.model} is baked already (a stored model or a "
-              f"baked folder), and --{', --'.join(given)} only apply to a bake: to bake "
-              f"another, name a source (`ortserve show {args.model}` says its own)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"ortserve run: error: {args.model} is baked already (a stored model or a "
+            f"baked folder), and --{', --'.join(given)} only apply to a bake: to bake "
+            f"another, name a source (`ortserve show {args.model}` says its own)",
+            file=sys.stderr,
+        )
         return None
     try:
         located = locate(StoreSettings().models, args.model)
     except ModelNotFoundError as exc:
-        print(f"ortserve run: error: {exc.message}; to bake a model, name its source: "
-              "builtin:NAME, org/name, a .gguf file, pypi:PACKAGE==VERSION, ...",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"ortserve run: error: {exc.message}; to bake a model, name its source: "
+            "builtin:NAME, org/name, a .gguf file, pypi:PACKAGE==VERSION, ...",
+            file=sys.stderr,
+        )
         return None
     if located.stored is not None:
-        print(f"ortserve run: {located.stored.short_name} ({located.stored.name}) is in the "
-              "store", file=sys.stderr)  # fmt: skip
+        print(
+            f"ortserve run: {located.stored.short_name} ({located.stored.name}) is in the store",
+            file=sys.stderr,
+        )
     return located.folder, located.name
 
 
 def _baked(args: argparse.Namespace, check_port: bool) -> tuple[Path, str] | None:
     """Bake `args.model` into the store unless it is there: its model folder and stored
     name; None after an error (said on stderr)."""
-    from bake.pipeline import BakeRequest, bake
-    from bake.settings import BakeSettings
-    from bake.sources import check_local
-    from core import store
-    from core.settings import StoreSettings
-    from edge import cli as edge_cli
+    from ortserve import store
+    from ortserve.bake.pipeline import BakeRequest, bake
+    from ortserve.bake.settings import BakeSettings
+    from ortserve.bake.sources import check_local
+    from ortserve.core.settings import StoreSettings
+    from ortserve.edge import cli as edge_cli
 
     if check_port and (not args.bake_only or args.host is not None or args.port is not None):
         # Before a bake of minutes, not after it (the port is the daemon's next step).
@@ -304,10 +329,15 @@ def _baked(args: argparse.Namespace, check_port: bool) -> tuple[Path, str] | Non
         if problem is not None:
             print(f"ortserve run: error: {problem}", file=sys.stderr)
             return None
-    spec = {"source": args.model, "revision": args.revision, "target": args.target,
-            "precision": args.precision, "options": dict(args.builder_option)}  # fmt: skip
+    spec = {
+        "source": args.model,
+        "revision": args.revision,
+        "target": args.target,
+        "precision": args.precision,
+        "options": dict(args.builder_option),
+    }
     if args.recipe is not None:
-        from bake.recipes import load_recipe
+        from ortserve.bake.recipes import load_recipe
 
         # A file's recipe by its contents: an edited file is another bake.
         try:
@@ -329,14 +359,21 @@ def _baked(args: argparse.Namespace, check_port: bool) -> tuple[Path, str] | Non
         except BakeError as exc:
             print(f"ortserve run: error: {exc}", file=sys.stderr)
             return None
-        print(f"ortserve run: baking {args.model} for {args.target} into {entry}",
-              file=sys.stderr)  # fmt: skip
+        print(f"ortserve run: baking {args.model} for {args.target} into {entry}", file=sys.stderr)
         request = BakeRequest(
-            source=args.model, target=args.target, out=entry, precision=args.precision,
-            revision=args.revision, options=spec["options"], force=True, package=False,
-            cache_dir=BakeSettings().cache_dir, recipe=args.recipe, requantize=args.requantize,
+            source=args.model,
+            target=args.target,
+            out=entry,
+            precision=args.precision,
+            revision=args.revision,
+            options=spec["options"],
+            force=True,
+            package=False,
+            cache_dir=BakeSettings().cache_dir,
+            recipe=args.recipe,
+            requantize=args.requantize,
             context_length=args.context_length,
-        )  # fmt: skip
+        )
         try:
             # stdout is the model folder alone with --bake-only (`make demo` reads it), and
             # the answer alone with a prompt.
@@ -348,24 +385,25 @@ def _baked(args: argparse.Namespace, check_port: bool) -> tuple[Path, str] | Non
         store.record(entry, spec)
         print(f"ortserve run: stored as {name} ({entry.name})", file=sys.stderr)
     else:
-        print(f"ortserve run: {name} ({entry.name}) is in the store (--rebake to bake it "
-              "again)", file=sys.stderr)  # fmt: skip
+        print(
+            f"ortserve run: {name} ({entry.name}) is in the store (--rebake to bake it again)",
+            file=sys.stderr,
+        )
     return entry / store.MODEL_SUBDIR, name
 
 
 def _talk(args: argparse.Namespace, folder: Path, name: str | None, mode: str) -> int:
     """Load the model here and answer the prompt (`answer`) or chat (`chat`)."""
-    from core import terminal
-    from core.generation import SamplingOptions
-    from core.settings import EngineSettings
+    from ortserve import terminal
+    from ortserve.core.generation import SamplingOptions
+    from ortserve.core.settings import EngineSettings
 
     prompt: str = args.prompt or ""
     if mode == "answer" and prompt in ("", "-"):
         prompt = sys.stdin.read()
     service = terminal.load(EngineSettings(model_dir=folder))
     limit = args.max_new_tokens or service.default_new_tokens
-    options = SamplingOptions(max_new_tokens=limit, temperature=args.temperature,
-                              seed=args.seed)  # fmt: skip
+    options = SamplingOptions(max_new_tokens=limit, temperature=args.temperature, seed=args.seed)
     session = terminal.Session(service, name or service.engine.model_name, options, args.verbose)
     if mode == "answer":
         return terminal.answer_once(session, prompt)
@@ -374,8 +412,8 @@ def _talk(args: argparse.Namespace, folder: Path, name: str | None, mode: str) -
 
 def run(args: argparse.Namespace) -> int:
     """Run `ortserve bake` with parsed arguments; exit code 0 on success, 1 on a bake error."""
-    from bake.pipeline import BakeRequest, bake
-    from bake.settings import BakeSettings
+    from ortserve.bake.pipeline import BakeRequest, bake
+    from ortserve.bake.settings import BakeSettings
 
     options = dict(args.builder_option)
     for name in ("block_size", "accuracy_level"):
@@ -410,14 +448,15 @@ def run(args: argparse.Namespace) -> int:
 
 def prune(args: argparse.Namespace) -> int:
     """`ortserve prune`: list the source cache, and delete from it with --yes."""
-    from bake import cache
-    from bake.settings import BakeSettings
-    from core import store
-    from core.cli import human_size
-    from core.settings import StoreSettings
+    from ortserve import store
+    from ortserve.bake import cache
+    from ortserve.bake.settings import BakeSettings
+    from ortserve.cli_kit import human_size
+    from ortserve.core.settings import StoreSettings
 
     root = BakeSettings().cache_dir
-    found = cache.items(root, store.list_models(StoreSettings().models))
+    stored = store.list_models(StoreSettings().models)
+    found = cache.items(root, [(m.name, str(m.spec.get("source", ""))) for m in stored])
     if not found:
         print(f"nothing to prune in {root}")
         return 0

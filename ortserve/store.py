@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from core.errors import InvalidRequestError, ModelNotFoundError
-from core.manifest import Manifest, read_manifest
-from core.names import name_key
-from core.settings import EngineSettings, StoreSettings
+from ortserve.core.errors import InvalidRequestError, ModelNotFoundError
+from ortserve.core.manifest import Manifest, read_manifest
+from ortserve.core.names import name_key
+from ortserve.core.settings import EngineSettings, StoreSettings
 
 RECORD = "store.json"
 MODEL_SUBDIR = "model"
@@ -248,8 +248,10 @@ def not_found(store: Path, name: str) -> str:
         return f"no folder or stored model {name!r}, and the store ({store}) is empty"
     close = difflib.get_close_matches(name_key(name), names, n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    return (f"no folder or stored model {name!r}{hint} (stored: {', '.join(sorted(set(names)))}; "
-            "`ortserve list`)")  # fmt: skip
+    return (
+        f"no folder or stored model {name!r}{hint} (stored: {', '.join(sorted(set(names)))}; "
+        "`ortserve list`)"
+    )
 
 
 def _owner(store: Path, folder: Path) -> StoredModel | None:

@@ -11,17 +11,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.engine import Engine
-from core.errors import InvalidRequestError
-from core.generation import Completion, GenerationRequest, SamplingOptions
-from core.service import Service
-from core.settings import EngineSettings, StoreSettings
+from ortserve.core.engine import Engine
+from ortserve.core.errors import InvalidRequestError
+from ortserve.core.generation import Completion, GenerationRequest, SamplingOptions
+from ortserve.core.service import Service
+from ortserve.core.settings import EngineSettings, StoreSettings
 
 
 def _default_model_dir(settings: EngineSettings) -> Path:
     """ORTSERVE_MODEL_DIR (a folder, or a stored model's name) when it holds a model, else
     the store's newest model."""
-    from core import store
+    from ortserve import store
 
     settings, _ = store.with_model(settings)
     if (settings.model_dir / "manifest.json").is_file():
@@ -62,7 +62,7 @@ class TextGenerator:
         Raises:
             OrtServeError: No model, or it cannot be loaded (the reason says why).
         """
-        from core import store
+        from ortserve import store
 
         engine_settings = EngineSettings(**settings)
         if model_dir is not None:  # a folder, or a stored model's name (`smollm2`)
@@ -93,13 +93,18 @@ class TextGenerator:
         stop: Sequence[str] | None,
     ) -> GenerationRequest:
         options = SamplingOptions(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
             seed=seed,
-        )  # fmt: skip
+        )
         return GenerationRequest(
-            prompt=prompt, messages=list(messages) if messages is not None else None,
-            options=options, stop=tuple(stop or ()),
-        )  # fmt: skip
+            prompt=prompt,
+            messages=list(messages) if messages is not None else None,
+            options=options,
+            stop=tuple(stop or ()),
+        )
 
     def generate(
         self,
