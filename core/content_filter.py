@@ -143,9 +143,14 @@ class _Compiled:
         self.redactors = [(kind, *_KINDS[kind]) for kind in _KINDS if kind in rules.redact]
         self.redaction = redaction
 
-    def denied(self, text: str) -> tuple[str, re.Match[str]] | None:
-        """The earliest deny match in `text` (its rule's name and the match)."""
-        found = [(m.start(), name, m) for name, rx in self.deny if (m := rx.search(text))]
+    def denied(self, text: str, after: int = 0) -> tuple[str, re.Match[str]] | None:
+        """The earliest deny match in `text` that ends past `after` (its rule's name and
+        the match): text before `after` is context, already let through."""
+        found = [
+            (m.start(), name, m)
+            for name, rx in self.deny
+            if (m := next((m for m in rx.finditer(text) if m.end() > after), None))
+        ]
         if not found:
             return None
         _, name, match = min(found, key=lambda f: f[0])
@@ -284,7 +289,9 @@ class OutputGuard:
 
     def _release(self, final: bool) -> str:
         text, context = self._held, self._sent_tail
-        denied = self._rules.denied(context + text)
+        # Only a match reaching into the new text counts: the context's first character
+        # is a cut, not a word's start (its "kill" may be the end of a sent "skill").
+        denied = self._rules.denied(context + text, after=len(context))
         if denied is not None:
             self.rule = f"output.{denied[0]}"
             cut = max(0, denied[1].start() - len(context))
