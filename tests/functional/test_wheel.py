@@ -1,0 +1,100 @@
+"""The wheel installs one import name, `ortserve` (#28 item 1).
+
+The source folders stay where DESIGN.md puts them (core/, functions/, edge/, build/bake/)
+and `ortserve/` maps them in: a wheel built from this tree, installed into an empty
+venv, must leave `ortserve` and its dist-info in site-packages and nothing else (no
+top-level `core` or `functions` to collide with other packages).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_PIP = (sys.executable, "-m", "pip")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    # No build isolation: hatchling comes with the dev extra, so no index is needed.
+    subprocess.run(
+        [*_PIP, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        timeout=300,
+    )
+    (built,) = out.glob("ortserve-*.whl")
+    return built
+
+
+def test_the_wheel_holds_one_package_with_every_part(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    dist_info = wheel.name.split("-py3")[0] + ".dist-info"  # ortserve-VERSION.dist-info
+    assert tops == {"ortserve", dist_info}
+    assert f"{dist_info}/licenses/LICENSE" in names  # MIT, and the vendored scripts' own
+    assert f"{dist_info}/licenses/core/vendor/LICENSE.marked.md" in names
+    for part in (
+        "ortserve/__init__.py",
+        "ortserve/py.typed",
+        "ortserve/cli.py",
+        "ortserve/core/engine.py",
+        "ortserve/core/playground.html",
+        "ortserve/core/vendor/marked.umd.js",
+        "ortserve/functions/aws/handler.py",
+        "ortserve/functions/aws/Dockerfile",
+        "ortserve/functions/gcp/main.py",
+        "ortserve/edge/daemon.py",
+        "ortserve/bake/pipeline.py",
+    ):
+        assert part in names, part
+    entry_points = zipfile.ZipFile(wheel).read(
+        next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    )
+    assert b"ortserve = ortserve.cli:main" in entry_points
+
+
+def test_an_installed_wheel_leaves_ortserve_alone_in_site_packages(
+    wheel: Path, tmp_path: Path
+) -> None:
+    env = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env)
+    python = env / "bin" / "python"
+    subprocess.run(
+        [*_PIP, "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        timeout=300,
+    )
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    installed = sorted(p.name for p in Path(purelib).iterdir() if p.name != "__pycache__")
+    assert len(installed) == 2, installed
+    assert installed[0] == "ortserve"
+    assert installed[1].startswith("ortserve-") and installed[1].endswith(".dist-info")
+    # The package imports without its dependencies: the Python API loads on first use.
+    probe = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import ortserve, ortserve.core, ortserve.bake; print(ortserve.__all__)",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert "TextGenerator" in probe.stdout
+    assert sysconfig.get_paths()["purelib"] != purelib  # a venv of its own, not ours
