@@ -38,7 +38,13 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 from ortserve.bake.errors import BakeError, run_step, say
-from ortserve.bake.packaging_common import MODEL_SUBDIR, RUNTIME_DISTRIBUTIONS, pinned, write_lines
+from ortserve.bake.packaging_common import (
+    FRONT_DISTRIBUTIONS,
+    MODEL_SUBDIR,
+    RUNTIME_DISTRIBUTIONS,
+    pinned,
+    write_lines,
+)
 from ortserve.bake.sizing import Memory, model_memory, write_record
 from ortserve.bake.targets import Target
 from ortserve.core.manifest import sha256_file
@@ -126,7 +132,7 @@ def wheel_requirements() -> tuple[list[str], list[str]]:
     Raises:
         BakeError: A distribution to pin is not installed here.
     """
-    roots = (*RUNTIME_DISTRIBUTIONS, *EDGE_DISTRIBUTIONS)
+    roots = (*RUNTIME_DISTRIBUTIONS, *FRONT_DISTRIBUTIONS, *EDGE_DISTRIBUTIONS)  # the whole wheel
     try:
         requirements = pinned(roots)
     except KeyError as exc:  # pinned() knows only installed and a few tested versions

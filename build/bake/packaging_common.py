@@ -6,22 +6,32 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-from importlib.metadata import PackageNotFoundError, distribution, version
+from importlib.metadata import PackageNotFoundError, distribution, requires, version
 from pathlib import Path
 
 MODEL_SUBDIR = "model"
 
-# The runtime's dependencies, pinned to the versions installed (and tested) here.
-RUNTIME_DISTRIBUTIONS = (
-    "onnxruntime-genai",
-    "pydantic",
-    "pydantic-core",
-    "pydantic-settings",
-    "numpy",
-    "jinja2",
-    "tokenizers",
-    "shtab",
-)
+# What only the front (the `ortserve` command) uses: `ortserve completion`'s generator.
+# The serverless images run core and an adapter, never the command: it stays out of them.
+FRONT_DISTRIBUTIONS = ("shtab",)
+
+
+def runtime_distributions() -> tuple[str, ...]:
+    """The runtime's dependencies, as ortserve's own metadata (pyproject.toml's
+    `dependencies`) names them, but the front's: every image pins these to the versions
+    installed (and tested) here."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        declared = [Requirement(line) for line in requires("ortserve") or []]
+    except PackageNotFoundError:
+        raise RuntimeError("ortserve's metadata is missing: is ortserve installed?") from None
+    names = [canonicalize_name(r.name) for r in declared if r.marker is None]
+    return tuple(n for n in dict.fromkeys(names) if n not in FRONT_DISTRIBUTIONS)
+
+
+RUNTIME_DISTRIBUTIONS = runtime_distributions()
 # Versions this project was tested with, for tools the bake machine may not have.
 _TESTED = {
     "functions-framework": "3.10.2",
