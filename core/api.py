@@ -55,6 +55,7 @@ from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
 from ortserve.core.protocol.openai import ChatBody, CompletionBody
 from ortserve.core.records import RequestRecord
+from ortserve.core.routes import METRICS_ROUTE, PUBLIC_ROUTES, TABLE, find
 from ortserve.core.settings import ServerSettings
 from ortserve.core.state import ModelState
 
@@ -63,30 +64,19 @@ if TYPE_CHECKING:  # annotations only: adapters import this module without onnxr
 
 log = logging.getLogger("ortserve")
 
-ROUTES = frozenset(
-    {
-        "/generate",
-        "/v1/completions",
-        "/v1/chat/completions",
-        "/v1/models",
-        "/healthz",
-        "/readyz",
-        "/openapi.json",
-        "/api/generate",
-        "/api/chat",
-        "/api/tags",
-        "/api/show",
-        "/api/ps",
-        "/api/version",
-        *playground.ROUTES,
-    }
-)
-# With API keys set, every other route needs one (/metrics too, unless METRICS_PUBLIC).
-# The chat playground ("/" and its scripts) holds no data; its API calls carry the key.
-PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", *playground.ROUTES})
-METRICS_ROUTE = "/metrics"  # the edge daemon's, when it passes a scrape
+# With API keys set, every route but the public ones needs a key (/metrics too, unless
+# METRICS_PUBLIC). The chat playground ("/" and its scripts) holds no data; its API calls
+# carry the key. The routes themselves: core.routes, the one table.
 _OLLAMA_PREFIX = "/api/"  # Ollama's routes answer errors in Ollama's shape
 _MODEL_PREFIX = "/v1/models/"
+# The request bodies of the generation routes (core.routes names them).
+_BODIES: dict[str, type[GenerationBody]] = {
+    "GenerateBody": GenerateBody,
+    "CompletionBody": CompletionBody,
+    "ChatBody": ChatBody,
+    "OllamaGenerateBody": OllamaGenerateBody,
+    "OllamaChatBody": OllamaChatBody,
+}
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
@@ -128,24 +118,14 @@ class Api:
         self.in_flight = 0
         self._lock = threading.Lock()
         self._keys = [k.encode() for k in settings.api_keys]
-        self._routes: dict[str, dict[str, _Route]] = {
-            "/": {"GET": self._playground},
-            **{route: {"GET": self._playground_asset} for route in playground.ASSETS},
-            "/generate": {"POST": self._generation(GenerateBody)},
-            "/v1/completions": {"POST": self._generation(CompletionBody)},
-            "/v1/chat/completions": {"POST": self._generation(ChatBody)},
-            "/v1/models": {"GET": self._models},
-            "/healthz": {"GET": self._healthz},
-            "/readyz": {"GET": self._readyz},
-            "/openapi.json": {"GET": self._openapi},
-            "/api/generate": {"POST": self._generation(OllamaGenerateBody)},
-            "/api/chat": {"POST": self._generation(OllamaChatBody)},
-            "/api/tags": {"GET": self._ollama_tags},
-            "/api/show": {"POST": self._ollama_show},
-            "/api/ps": {"GET": self._ollama_ps},
-            "/api/version": {"GET": self._ollama_version},
-        }
-        assert set(self._routes) == ROUTES  # one list of routes, for adapters' metrics too
+        self._routes: dict[str, dict[str, _Route]] = {}
+        for route in TABLE:
+            answer: _Route = (
+                self._generation(_BODIES[route.body])
+                if route.answer == "_generate" and route.body is not None
+                else getattr(self, route.answer)
+            )
+            self._routes.setdefault(route.path, {})[route.method] = answer
         self._scrape = metrics
         if metrics is not None:
             self._routes[METRICS_ROUTE] = {"GET": self._metrics}
@@ -278,9 +258,8 @@ class Api:
             raise AuthenticationError(
                 "missing or invalid API key: send 'Authorization: Bearer KEY' or 'x-api-key'"
             )
-        methods = self._routes.get(request.path)
-        if methods is None and request.path.startswith(_MODEL_PREFIX):
-            methods = {"GET": self._model}  # /v1/models/{id}: the id may hold slashes
+        route = find(request.path)  # /v1/models/{model}: the id may hold slashes
+        methods = self._routes.get(request.path if route is None else route.path)
         if methods is None:
             raise NotFoundError(f"no route {request.path}")
         # HEAD wherever GET is (RFC 9110), OPTIONS everywhere (with Allow; CORS preflight).

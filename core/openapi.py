@@ -10,6 +10,7 @@ from pydantic.json_schema import models_json_schema
 from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
 from ortserve.core.protocol.openai import ChatBody, CompletionBody
+from ortserve.core.routes import TABLE, Route
 
 _REF = "#/components/schemas/{model}"
 _ERROR = {
@@ -129,12 +130,18 @@ def _nullable_optionals(schema: dict[str, Any]) -> None:
             members.append(_NULL)
 
 
-def _model_path() -> dict[str, Any]:
-    operation = _get("one model, by its id (the served one)", auth=True)
-    operation["get"]["parameters"] = [
-        {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
-    ]
-    operation["get"]["responses"]["404"] = {"description": "no such model"}
+def _operation(route: Route) -> dict[str, Any]:
+    """The OpenAPI path item of one route of the table."""
+    if route.method == "POST":
+        assert route.body is not None  # every POST route takes a JSON body
+        return _post(route.body, route.summary, route.ollama)
+    operation = _get(route.summary, auth=not route.public)
+    if route.prefix is not None:  # /v1/models/{model}
+        name = route.path[len(route.prefix) :].strip("{}")
+        operation["get"]["parameters"] = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        ]
+        operation["get"]["responses"]["404"] = {"description": f"no such {name}"}
     return operation
 
 
@@ -167,23 +174,7 @@ def openapi_document(max_new_tokens: int) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "ortserve", "version": "1"},
-        "paths": {
-            "/generate": _post("GenerateBody", "generate text (native API)"),
-            "/v1/completions": _post("CompletionBody", "OpenAI-compatible completion"),
-            "/v1/chat/completions": _post("ChatBody", "OpenAI-compatible chat completion"),
-            "/v1/models": _get("the served model", auth=True),
-            "/v1/models/{model}": _model_path(),
-            "/healthz": _get("process alive", auth=False),
-            "/readyz": _get("model loaded and ready", auth=False),
-            "/api/generate": _post(
-                "OllamaGenerateBody", "Ollama-compatible generate (NDJSON)", True
-            ),
-            "/api/chat": _post("OllamaChatBody", "Ollama-compatible chat (NDJSON)", True),
-            "/api/tags": _get("the served model, as Ollama lists models", auth=True),
-            "/api/show": _post("OllamaShowBody", "the served model's details (Ollama)", True),
-            "/api/ps": _get("the loaded model (Ollama's ps; none while loading)", auth=True),
-            "/api/version": _get("the server's version (Ollama)", auth=True),
-        },
+        "paths": {r.path: _operation(r) for r in TABLE if r.documented},
         "components": {
             "schemas": components,
             "securitySchemes": {

@@ -11,9 +11,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from ortserve.core.api import ROUTES
 from ortserve.core.cpu import usable_cpus
 from ortserve.core.records import RequestRecord
+from ortserve.core.routes import label
 from ortserve.core.service import Stats
 from ortserve.core.state import ModelState
 
@@ -200,7 +200,7 @@ class Metrics:
 
     def observe(self, record: RequestRecord) -> None:
         """Count one finished request."""
-        route = record.route if record.route in ROUTES else "other"
+        route = label(record.route)
         self.requests.labels(route, str(record.status)).inc()
         self.latency.labels(route).observe(record.duration_s)
         if record.completion_tokens:

@@ -18,12 +18,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortserve.core.api import PUBLIC_ROUTES, Api
+from ortserve.core.api import Api
 from ortserve.core.cpu import usable_cpus
 from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.http import Request
 from ortserve.core.logs import JsonLog
 from ortserve.core.manifest import read_manifest
+from ortserve.core.routes import WITHOUT_MODEL
 from ortserve.core.state import ModelState
 from ortserve.functions.aws.buffer import buffered_result, error_result
 from ortserve.functions.aws.coldstart import cold_start, model_settings
@@ -40,8 +41,6 @@ log = logging.getLogger("ortserve.lambda")
 _MB = 1024 * 1024
 # Init types whose init phase may run for minutes instead of 10 s.
 LONG_INIT_TYPES = frozenset({"provisioned-concurrency", "snap-start"})
-# Routes that answer without the model (and so must not wait for a lazy load).
-_NO_SETUP_ROUTES = PUBLIC_ROUTES - {"/readyz"}
 
 
 def plan_load(
@@ -242,7 +241,7 @@ class LambdaApp:
                 return error_result(version, InvalidRequestError(exc.message))
             version = parsed.version
             request = replace(parsed.request, deadline=self.deadline(parsed, context, started))
-            if request.path not in _NO_SETUP_ROUTES:
+            if request.path not in WITHOUT_MODEL:  # those must not wait for a lazy load
                 self.ensure_ready()
             return self.answer(request, version)
         except Exception:  # never an exception out of the handler: Lambda would answer 502

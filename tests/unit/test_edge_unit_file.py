@@ -111,7 +111,7 @@ def test_the_example_env_file_says_which_routes_stay_open_with_keys() -> None:
     """What the file calls always open is what the API leaves open (the playground's page
     and scripts aside), and it says /metrics needs a key unless METRICS_PUBLIC."""
     from ortserve.core import playground
-    from ortserve.core.api import PUBLIC_ROUTES
+    from ortserve.core.routes import PUBLIC_ROUTES
 
     text = (EDGE / "ortserve.env").read_text(encoding="utf-8")
     match = re.search(r"Always open: ([^.]+)\.", text)

@@ -1,0 +1,179 @@
+"""The HTTP API's one route table: every route, its method, what answers it, and who
+may call it. The API's dispatch (core.api), the OpenAPI document (core.openapi), the
+public routes (no API key), the Lambda routes that answer before the model is loaded,
+and the metric labels (edge.metrics) are all derived from it.
+
+No imports beyond the standard library and core.playground: adapters read it at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ortserve.core import playground
+
+Method = Literal["GET", "POST"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route of the API.
+
+    Attributes:
+        path: The path; a `{name}` part takes the rest of the path (slashes included).
+        method: The method it answers (HEAD comes with GET, OPTIONS everywhere).
+        answer: The name of the `Api` method that answers it.
+        summary: What it does (the OpenAPI operation's summary).
+        body: The pydantic model of its JSON body (a POST), by name.
+        public: Answered without an API key (it holds no data).
+        without_model: Answered without the model (so a lazily loading Lambda does not
+            wait for the load first).
+        ollama: Errors in Ollama's shape, streams in NDJSON.
+        documented: In the OpenAPI document (the playground's page and scripts are not).
+    """
+
+    path: str
+    method: Method
+    answer: str
+    summary: str
+    body: str | None = None
+    public: bool = False
+    without_model: bool = False
+    ollama: bool = False
+    documented: bool = True
+
+    @property
+    def prefix(self) -> str | None:
+        """For a path with a `{name}` part, the fixed part before it (else None)."""
+        head, brace, _ = self.path.partition("{")
+        return head if brace else None
+
+
+def _playground() -> tuple[Route, ...]:
+    page = Route(
+        "/",
+        "GET",
+        "_playground",
+        "the chat playground",
+        public=True,
+        without_model=True,
+        documented=False,
+    )
+    assets = (
+        Route(
+            path,
+            "GET",
+            "_playground_asset",
+            "a playground script",
+            public=True,
+            without_model=True,
+            documented=False,
+        )
+        for path in sorted(playground.ASSETS)
+    )
+    return (page, *assets)
+
+
+TABLE: tuple[Route, ...] = (
+    *_playground(),
+    Route("/generate", "POST", "_generate", "generate text (native API)", body="GenerateBody"),
+    Route(
+        "/v1/completions",
+        "POST",
+        "_generate",
+        "OpenAI-compatible completion",
+        body="CompletionBody",
+    ),
+    Route(
+        "/v1/chat/completions",
+        "POST",
+        "_generate",
+        "OpenAI-compatible chat completion",
+        body="ChatBody",
+    ),
+    Route("/v1/models", "GET", "_models", "the served model"),
+    Route("/v1/models/{model}", "GET", "_model", "one model, by its id (the served one)"),
+    Route("/healthz", "GET", "_healthz", "process alive", public=True, without_model=True),
+    # Public, but a lazily loading Lambda loads first: "ready" must mean loaded.
+    Route("/readyz", "GET", "_readyz", "model loaded and ready", public=True),
+    Route("/openapi.json", "GET", "_openapi", "this document", documented=False),
+    Route(
+        "/api/generate",
+        "POST",
+        "_generate",
+        "Ollama-compatible generate (NDJSON)",
+        body="OllamaGenerateBody",
+        ollama=True,
+    ),
+    Route(
+        "/api/chat",
+        "POST",
+        "_generate",
+        "Ollama-compatible chat (NDJSON)",
+        body="OllamaChatBody",
+        ollama=True,
+    ),
+    Route(
+        "/api/tags",
+        "GET",
+        "_ollama_tags",
+        "the served model, as Ollama lists models",
+        ollama=True,
+    ),
+    Route(
+        "/api/show",
+        "POST",
+        "_ollama_show",
+        "the served model's details (Ollama)",
+        body="OllamaShowBody",
+        ollama=True,
+    ),
+    Route(
+        "/api/ps",
+        "GET",
+        "_ollama_ps",
+        "the loaded model (Ollama's ps; none while loading)",
+        ollama=True,
+    ),
+    Route("/api/version", "GET", "_ollama_version", "the server's version (Ollama)", ollama=True),
+)
+
+#: The edge daemon's Prometheus scrape, when it passes one to the API (not in TABLE:
+#: only the daemon has it; public with METRICS_PUBLIC).
+METRICS_ROUTE = "/metrics"
+
+#: Every fixed path (metric labels: any other path counts as "other").
+ROUTES = frozenset(r.path for r in TABLE if r.prefix is None)
+#: Routes answered without an API key.
+PUBLIC_ROUTES = frozenset(r.path for r in TABLE if r.public)
+#: Routes that answer without the model.
+WITHOUT_MODEL = frozenset(r.path for r in TABLE if r.without_model)
+
+
+def find(path: str) -> Route | None:
+    """The route of `path`: its own, else the one whose `{name}` part takes its rest."""
+    exact = _BY_PATH.get(path)
+    if exact is not None:
+        return exact
+    return next(
+        (
+            r
+            for r in TABLE
+            if r.prefix is not None and path.startswith(r.prefix) and path != r.prefix
+        ),
+        None,
+    )
+
+
+def label(path: str) -> str:
+    """The metric label of a request's path: its route's path (`/v1/models/{model}` for
+    any model), or "other" (unknown paths must not make unbounded label values)."""
+    if path == METRICS_ROUTE:
+        return path
+    route = find(path)
+    return route.path if route is not None else "other"
+
+
+_BY_PATH = {r.path: r for r in TABLE}
+assert len(_BY_PATH) == len(TABLE), "one route per path"
