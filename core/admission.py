@@ -11,7 +11,8 @@ from ortserve.core.errors import BusyError, ClientClosedError
 
 # How often a waiter whose client may leave looks at its cancellation flag: an Event
 # cannot wake a Condition, and a queued request whose client left should go at once.
-_CANCEL_POLL_S = 0.05
+# (The model state's and the service's waiters use it too.)
+CANCEL_POLL_S = 0.05
 
 
 class Admission:
@@ -87,7 +88,7 @@ class Admission:
                             f"the server is busy: no slot within {self.timeout_s:g} s",
                             self.retry_after_s(),
                         )
-                    self._cond.wait(left if cancelled is None else min(left, _CANCEL_POLL_S))
+                    self._cond.wait(left if cancelled is None else min(left, CANCEL_POLL_S))
                 _check(cancelled)
                 self._take(units)
             finally:

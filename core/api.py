@@ -8,7 +8,6 @@ Every adapter (edge daemon, Lambda, Cloud Functions) calls `Api.handle` and writ
 
 from __future__ import annotations
 
-import functools
 import hmac
 import logging
 import re
@@ -19,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ortserve.core import playground
+from ortserve.core import playground, version
 from ortserve.core.content_filter import ContentFilterError
 from ortserve.core.errors import (
     AuthenticationError,
@@ -43,7 +42,6 @@ from ortserve.core.http import (
     sse_response,
 )
 from ortserve.core.protocol import (
-    MAX_TOKENS_BOUND,
     GenerationBody,
     MultiChoiceReply,
     Reply,
@@ -55,8 +53,8 @@ from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
 from ortserve.core.protocol.openai import ChatBody, CompletionBody
 from ortserve.core.records import RequestRecord
-from ortserve.core.routes import METRICS_ROUTE, PUBLIC_ROUTES, TABLE, find
-from ortserve.core.settings import ServerSettings
+from ortserve.core.routes import METRICS_ROUTE, PUBLIC_ROUTES, TABLE, find, ollama_shaped
+from ortserve.core.settings import MAX_TOKENS_BOUND, ServerSettings
 from ortserve.core.state import ModelState
 
 if TYPE_CHECKING:  # annotations only: adapters import this module without onnxruntime-genai
@@ -67,7 +65,6 @@ log = logging.getLogger("ortserve")
 # With API keys set, every route but the public ones needs a key (/metrics too, unless
 # METRICS_PUBLIC). The chat playground ("/" and its scripts) holds no data; its API calls
 # carry the key. The routes themselves: core.routes, the one table.
-_OLLAMA_PREFIX = "/api/"  # Ollama's routes answer errors in Ollama's shape
 _MODEL_PREFIX = "/v1/models/"
 # The request bodies of the generation routes (core.routes names them).
 _BODIES: dict[str, type[GenerationBody]] = {
@@ -140,7 +137,7 @@ class Api:
         with self._lock:
             self.in_flight += 1
         ctx = _Context(request_id)
-        ollama = request.path.startswith(_OLLAMA_PREFIX)
+        ollama = ollama_shaped(request.path)
         try:
             response = self._dispatch(request, ctx)
         except OrtServeError as exc:
@@ -480,7 +477,7 @@ class Api:
         )
 
     def _ollama_version(self, request: Request, ctx: _Context) -> Response:
-        return json_response(200, {"version": _version()})
+        return json_response(200, {"version": version()})
 
     def _health(self) -> dict[str, Any]:
         state = self.state
@@ -558,18 +555,6 @@ def _merged(dones: list[Completion]) -> Completion:
     choice's tokens, the first choice's timings."""
     first = dones[0]
     return replace(first, completion_tokens=sum(d.completion_tokens for d in dones))
-
-
-@functools.cache
-def _version() -> str:
-    """ortserve's version (`0.0.0` when it runs from a source tree that is not installed,
-    as in the Lambda and GCF bundles)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ortserve")
-    except PackageNotFoundError:
-        return "0.0.0"
 
 
 def _model_card(served: Served, name: str) -> dict[str, Any]:

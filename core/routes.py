@@ -14,6 +14,13 @@ from typing import Literal
 from ortserve.core import playground
 
 Method = Literal["GET", "POST"]
+#: Paths under this prefix are Ollama's: their errors take Ollama's shape (known or not).
+OLLAMA_PREFIX = "/api/"
+
+
+def ollama_shaped(path: str) -> bool:
+    """Whether the errors (and streams) of a request to `path` take Ollama's shape."""
+    return path.startswith(OLLAMA_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -29,7 +36,6 @@ class Route:
         public: Answered without an API key (it holds no data).
         without_model: Answered without the model (so a lazily loading Lambda does not
             wait for the load first).
-        ollama: Errors in Ollama's shape, streams in NDJSON.
         documented: In the OpenAPI document (the playground's page and scripts are not).
     """
 
@@ -40,8 +46,12 @@ class Route:
     body: str | None = None
     public: bool = False
     without_model: bool = False
-    ollama: bool = False
     documented: bool = True
+
+    @property
+    def ollama(self) -> bool:
+        """Ollama's route: errors in Ollama's shape, streams in NDJSON."""
+        return ollama_shaped(self.path)
 
     @property
     def prefix(self) -> str | None:
@@ -104,7 +114,6 @@ TABLE: tuple[Route, ...] = (
         "_generate",
         "Ollama-compatible generate (NDJSON)",
         body="OllamaGenerateBody",
-        ollama=True,
     ),
     Route(
         "/api/chat",
@@ -112,14 +121,12 @@ TABLE: tuple[Route, ...] = (
         "_generate",
         "Ollama-compatible chat (NDJSON)",
         body="OllamaChatBody",
-        ollama=True,
     ),
     Route(
         "/api/tags",
         "GET",
         "_ollama_tags",
         "the served model, as Ollama lists models",
-        ollama=True,
     ),
     Route(
         "/api/show",
@@ -127,16 +134,14 @@ TABLE: tuple[Route, ...] = (
         "_ollama_show",
         "the served model's details (Ollama)",
         body="OllamaShowBody",
-        ollama=True,
     ),
     Route(
         "/api/ps",
         "GET",
         "_ollama_ps",
         "the loaded model (Ollama's ps; none while loading)",
-        ollama=True,
     ),
-    Route("/api/version", "GET", "_ollama_version", "the server's version (Ollama)", ollama=True),
+    Route("/api/version", "GET", "_ollama_version", "the server's version (Ollama)"),
 )
 
 #: The edge daemon's Prometheus scrape, when it passes one to the API (not in TABLE:

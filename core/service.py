@@ -13,7 +13,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ortserve.core.admission import Admission
+from ortserve.core.admission import CANCEL_POLL_S, Admission
 from ortserve.core.batcher import Alone, Batcher, End, Sequence
 from ortserve.core.content_filter import ContentFilter
 from ortserve.core.errors import (
@@ -41,7 +41,6 @@ if TYPE_CHECKING:  # onnxruntime-genai comes with the first load, not with this 
     from ortserve.core.engine import Engine
 
 
-_CANCEL_POLL_S = 0.05  # how often a reader of several choices looks at its cancellation
 _CACHE_HIT_TOKENS = 64  # prompt tokens the cache must hold for a request to skip batching
 # A prefill og takes in one pass (a batch's prompts, a beam search's) may be this many
 # prefill parts: batches of short prompts still form, and one pass still stalls the
@@ -110,7 +109,7 @@ class Choices:
         try:
             while running:
                 try:
-                    item = self._queue.get(timeout=_CANCEL_POLL_S)
+                    item = self._queue.get(timeout=CANCEL_POLL_S)
                 except queue.Empty:
                     if self._cancelled is not None and self._cancelled.is_set():
                         self._stop.set()  # the client left: every choice ends
@@ -550,7 +549,7 @@ class Service:
             while True:
                 sequence.paused_at = None
                 try:  # waiting for a batch, e.g. behind a long prefill: checked as it goes
-                    item = sequence.out.get(timeout=_CANCEL_POLL_S)
+                    item = sequence.out.get(timeout=CANCEL_POLL_S)
                 except queue.Empty:
                     tokens.checkpoint()
                     continue

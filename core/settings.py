@@ -9,6 +9,9 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+# The most new tokens MAX_NEW_TOKENS (and so any request) may name: 128k.
+MAX_TOKENS_BOUND = 131072
+
 DEFAULT_PROVIDER_ORDER = ("cuda", "coreml", "qnn", "openvino", "dml", "webgpu", "cpu")
 # Without MAX_NEW_TOKENS, the new tokens of a request that gives no limit where its API
 # means "as many as fit" (OpenAI's chat, Ollama's num_predict -1): not the whole context,
@@ -85,7 +88,7 @@ class EngineSettings(BaseSettings):
     max_concurrency: int = Field(default=1, ge=1, le=64)
     max_queue: int = Field(default=16, ge=0, le=10000)
     queue_timeout_s: float = Field(default=30.0, ge=0, le=3600)
-    max_new_tokens: int = Field(default=0, ge=0, le=131072)
+    max_new_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_BOUND)
     max_prompt_tokens: int = Field(default=0, ge=0)
     verify_sha256: bool = False
     max_batch: int = Field(default=4, ge=1, le=64)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ortserve.core.admission import CANCEL_POLL_S
 from ortserve.core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
 from ortserve.core.manifest import arch_mismatch, manifest_digest
 from ortserve.core.settings import EngineSettings, ServerSettings
@@ -25,7 +26,6 @@ log = logging.getLogger("ortserve")
 
 ModelStatus = Literal["loading", "ready", "failed"]
 ReloadStatus = Literal["reloading", "switched", "unchanged", "failed"]
-_CANCEL_POLL_S = 0.05  # how often a waiting request whose client may leave looks
 # A swapped-out model is freed once its last request ends; until then it is looked at
 # this often, then less and less often (a collection pass costs a few ms of the GIL).
 _RETIRE_POLL_S = (0.1, 30.0)
@@ -294,7 +294,7 @@ class ModelState:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._settled.wait(left if cancelled is None else min(left, _CANCEL_POLL_S))
+                self._settled.wait(left if cancelled is None else min(left, CANCEL_POLL_S))
         service = self.service
         if service is None:
             error = ModelUnavailableError(

@@ -69,15 +69,13 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    try:
-        ours = version("ortserve")
-    except PackageNotFoundError:  # run from a source tree that is not installed
-        ours = "unknown"
+    from ortserve.core import version as ours
+
     try:
         og = version("onnxruntime-genai")
     except PackageNotFoundError:
         og = "missing"
-    return f"ortserve {ours} (onnxruntime-genai {og})"
+    return f"ortserve {ours()} (onnxruntime-genai {og})"
 
 
 def _completion(args: argparse.Namespace) -> int:

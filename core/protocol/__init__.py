@@ -34,6 +34,7 @@ from ortserve.core.generation import Completion, GenerationRequest, Guidance, To
 from ortserve.core.http import error_payload
 from ortserve.core.names import same_name
 from ortserve.core.protocol.patterns import closed_objects, ecma_schema
+from ortserve.core.settings import MAX_TOKENS_BOUND
 from ortserve.core.stops import MAX_STOP_STRINGS
 
 if TYPE_CHECKING:  # core.protocol.tools imports this module
@@ -244,7 +245,6 @@ Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), BeforeValidator(integral
 SEED = Field(default=None, description="same seed, same output")
 TEMPERATURE_DOC = "0 is greedy; higher samples more freely"
 TOP_K_DOC = "keep the k most likely tokens; 0, or k at or above the vocabulary size: keep all"
-MAX_TOKENS_BOUND = 131072  # MAX_NEW_TOKENS' bound; the OpenAPI document states the server's
 #: A token limit (the OpenAPI document's maximum is the server's own).
 TokenLimit = Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND), BeforeValidator(integral)]
 #: A count of tokens that may be 0.
@@ -320,3 +320,12 @@ def parse(model: type[_B], body: bytes) -> _B:
         raise InvalidRequestError(
             f"{where}: {message}" if where else message, where or None
         ) from None
+
+
+def public_finish(done: Completion) -> Literal["stop", "length", "content_filter"]:
+    """How an answer ended, as OpenAI's `finish_reason` and Ollama's `done_reason` say it:
+    `stop` (an end token or stop string), `content_filter` (the filter ended it; OpenAI's
+    own reason), else `length` (the token limit, or a cancelled generation's cut)."""
+    if done.finish_reason in ("stop", "content_filter"):
+        return done.finish_reason
+    return "length"

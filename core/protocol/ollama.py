@@ -33,7 +33,6 @@ from ortserve.core.generation import (
     TokenLogprob,
 )
 from ortserve.core.protocol import (
-    MAX_TOKENS_BOUND,
     SEED,
     TEMPERATURE_DOC,
     TOP_K_DOC,
@@ -46,9 +45,10 @@ from ortserve.core.protocol import (
     Stop,
     integral,
     json_guidance,
+    public_finish,
 )
 from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolCall, ToolPlan, plan_tools
-from ortserve.core.settings import DEFAULT_NEW_TOKENS
+from ortserve.core.settings import DEFAULT_NEW_TOKENS, MAX_TOKENS_BOUND
 
 _NS = 1_000_000_000
 _NOT_SUPPORTED = "not supported by ortserve"
@@ -321,7 +321,7 @@ class OllamaReply(Reply):
     def _figures(done: Completion) -> dict[str, Any]:
         timings = done.timings
         return {
-            "done_reason": _done_reason(done),
+            "done_reason": public_finish(done),
             "total_duration": round((timings.ttft_s + timings.decode_s) * _NS),
             "load_duration": 0,
             "prompt_eval_count": done.prompt_tokens,
@@ -453,11 +453,3 @@ def _now() -> str:
 
 def _timestamp(moment: datetime) -> str:
     return moment.isoformat().replace("+00:00", "Z")
-
-
-def _done_reason(done: Completion) -> str:
-    """Ollama's `done_reason`: `stop`, `length`, or the content filter's end (which
-    Ollama itself does not have; OpenAI's name for it)."""
-    if done.finish_reason in ("stop", "content_filter"):
-        return done.finish_reason
-    return "length"

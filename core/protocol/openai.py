@@ -37,6 +37,7 @@ from ortserve.core.protocol import (
     integral,
     json_guidance,
     minimum_tokens,
+    public_finish,
 )
 from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolPlan, plan_tools
 
@@ -117,12 +118,6 @@ def _usage(dones: Sequence[Completion]) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
-
-
-def _finish(done: Completion) -> str:
-    if done.finish_reason == "content_filter":  # OpenAI's own reason for it
-        return "content_filter"
-    return "stop" if done.finish_reason == "stop" else "length"
 
 
 class _OpenAIReply(MultiChoiceReply):
@@ -283,12 +278,12 @@ class CompletionReply(_OpenAIReply):
         return {"text": text, "logprobs": self._logprobs(logprobs, index), "finish_reason": None}
 
     def _finish_fields(self, done: Completion) -> dict[str, Any]:
-        return {"text": "", "logprobs": None, "finish_reason": _finish(done)}
+        return {"text": "", "logprobs": None, "finish_reason": public_finish(done)}
 
     def _whole_fields(self, done: Completion, index: int) -> dict[str, Any]:
         self._offsets.pop(index, None)
         logprobs = self._logprobs(done.logprobs, index)
-        return {"text": done.text, "logprobs": logprobs, "finish_reason": _finish(done)}
+        return {"text": done.text, "logprobs": logprobs, "finish_reason": public_finish(done)}
 
 
 # -- /v1/chat/completions ----------------------------------------------------------------
@@ -625,12 +620,12 @@ class ChatReply(_OpenAIReply):
         }
 
     def _finish_fields(self, done: Completion) -> dict[str, Any]:
-        return {"delta": {}, "logprobs": None, "finish_reason": _finish(done)}
+        return {"delta": {}, "logprobs": None, "finish_reason": public_finish(done)}
 
     def _whole_fields(self, done: Completion, index: int) -> dict[str, Any]:
         calls = self.tools.parse(done.text) if self.tools is not None else []
         message: dict[str, Any] = {"role": "assistant", "content": done.text, "refusal": None}
-        finish = _finish(done)
+        finish: str = public_finish(done)
         if calls:
             message.update(content=None, tool_calls=[c.as_openai() for c in calls])
             finish = "tool_calls"

@@ -14,7 +14,6 @@ from typing import Any
 
 from ortserve.core.errors import OrtServeError
 from ortserve.core.http import (
-    NDJSON,
     Response,
     error_payload,
     error_response,
@@ -36,31 +35,34 @@ def _escaped_len(chunk: bytes) -> int:
 
 
 def error_result(
-    version: Version, exc: OrtServeError, request_id: str | None = None
+    version: Version, exc: OrtServeError, request_id: str | None = None, ollama: bool = False
 ) -> dict[str, Any]:
-    """`exc` as a whole error response in the event shape `version`."""
-    error = error_response(exc)
+    """`exc` as a whole error response in the event shape `version` (the body in Ollama's
+    shape for a request to Ollama's routes: core.http decides, as for every error)."""
+    error = error_response(exc, ollama)
     if request_id is not None:
         error.headers.append(("x-request-id", request_id))
     assert isinstance(error.body, bytes)  # error responses are whole
     return http_result(version, error.status, error.headers, error.body)
 
 
-def _too_large(version: Version, response: Response, size: int, limit: int) -> dict[str, Any]:
+def _too_large(
+    version: Version, response: Response, size: int, limit: int, ollama: bool
+) -> dict[str, Any]:
     exc = ResponseTooLargeError(
         f"the response ({size} bytes) is larger than the {limit} bytes a buffered Lambda "
         f"response may carry: {_ADVICE}"
     )
-    return error_result(version, exc, response.header("x-request-id"))
+    return error_result(version, exc, response.header("x-request-id"), ollama)
 
 
-def _collect(response: Response, version: Version, limit: int) -> dict[str, Any]:
+def _collect(response: Response, version: Version, limit: int, ollama: bool) -> dict[str, Any]:
     assert not isinstance(response.body, bytes)
     cut_error = ResponseTooLargeError(
         f"the stream was cut at the {limit} bytes a buffered Lambda response may carry: {_ADVICE}"
     )
     # The stream's own framing: SSE (OpenAI, /generate), or Ollama's NDJSON lines.
-    if (response.header("content-type") or "").startswith(NDJSON):
+    if ollama:
         tail = ndjson_line({"error": cut_error.message})
     else:
         tail = sse_event(error_payload(cut_error))
@@ -83,10 +85,13 @@ def _collect(response: Response, version: Version, limit: int) -> dict[str, Any]
     return http_result(version, response.status, response.headers, b"".join(chunks))
 
 
-def buffered_result(response: Response, version: Version, limit: int) -> dict[str, Any]:
-    """The Lambda result for `response`, whose serialized size is at most `limit` bytes."""
+def buffered_result(
+    response: Response, version: Version, limit: int, ollama: bool = False
+) -> dict[str, Any]:
+    """The Lambda result for `response`, whose serialized size is at most `limit` bytes
+    (`ollama`: it answers a request to Ollama's routes; see core.routes.ollama_shaped)."""
     if not isinstance(response.body, bytes):
-        return _collect(response, version, limit)
+        return _collect(response, version, limit, ollama)
     result = http_result(version, response.status, response.headers, response.body)
     size = encoded_size(result)
-    return result if size <= limit else _too_large(version, response, size, limit)
+    return result if size <= limit else _too_large(version, response, size, limit, ollama)
