@@ -74,6 +74,11 @@ class Sequence:
     paused_at: float | None = field(default_factory=time.monotonic)
     queued_behind: bool = False
 
+    def pause(self, paused: bool) -> None:
+        """Say whether the request is waiting for its reader (or prefilling in parts):
+        the engine's `paused` callback, for a sequence that runs alone."""
+        self.paused_at = time.monotonic() if paused else None
+
     def leave(self) -> None:
         """The request is done with it: a batch feeds it no more, and it will not run
         alone (idempotent)."""

@@ -10,7 +10,6 @@ are core.service's). Native errors are translated to `core.errors` here and nowh
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.core.batcher import End, Sequence
 from ortserve.core.cpu import usable_cpus
 from ortserve.core.errors import (
     GenerationError,
@@ -30,6 +28,7 @@ from ortserve.core.errors import (
 from ortserve.core.generation import (
     GenerationRequest,
     Guidance,
+    Sampling,
     SamplingOptions,
     TokenLogprob,
     Tokens,
@@ -37,6 +36,7 @@ from ortserve.core.generation import (
 from ortserve.core.manifest import Manifest, manifest_digest, verify_folder
 from ortserve.core.memory import return_freed_memory
 from ortserve.core.prefill import KEPT_LOGITS_TOKENS, prefill_parts
+from ortserve.core.prompt_cache import MIN_APPENDED, PromptCache
 from ortserve.core.settings import EngineSettings, disable_telemetry
 from ortserve.core.text import TextCodec
 
@@ -105,7 +105,6 @@ class ProbeReport:
 
 
 _SEED_RANGE = 2**31
-_MIN_APPENDED = 2  # prompt tokens a reused generator prefills at least (see PromptCache)
 # The pause between prefill parts (~1.5% of a 64-token part here).
 _BETWEEN_PARTS_S = 0.002
 # A kept generator's token room (prompt + new tokens; capped by the context): its KV
@@ -205,141 +204,6 @@ def _probe(folder: Path, settings: EngineSettings, threads: int) -> tuple[Any, s
     raise ProviderUnavailableError(
         f"no allowed execution provider could load the model ({reasons})", skipped
     )
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How tokens are picked, as og search options; requests whose `Sampling` is equal can
-    share a batch (a batch has one set of search options)."""
-
-    temperature: float
-    top_p: float
-    top_k: int
-    repetition_penalty: float
-
-    @classmethod
-    def of(cls, options: SamplingOptions, vocab_size: int) -> Sampling:
-        if options.temperature == 0:  # greedy: the sampling knobs do not matter
-            return cls(0.0, 1.0, 0, options.repetition_penalty)
-        # og rejects a top_k above the vocabulary size; keeping every token is what such a
-        # top_k means, and 0 says that to og.
-        top_k = 0 if vocab_size and options.top_k >= vocab_size else options.top_k
-        return cls(options.temperature, options.top_p, top_k, options.repetition_penalty)
-
-    def search(self) -> dict[str, Any]:
-        """The og search options for these (`top_k` 0: no limit)."""
-        search: dict[str, Any] = {
-            "do_sample": self.temperature > 0,
-            "repetition_penalty": self.repetition_penalty,
-        }
-        if self.temperature > 0:
-            search.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        return search
-
-
-@dataclass
-class _Slot:
-    """A kept og Generator: its KV cache holds `prompt`'s tokens, computed by a prefill."""
-
-    prompt: list[int]
-    generator: Any
-    max_length: int
-    sampling: Sampling
-
-
-class PromptCache:
-    """The KV caches of recent greedy requests, kept for the next request whose prompt
-    begins the same way (llama-server's `cache_prompt`): it rewinds a kept generator to
-    the longest common prefix and prefills only the rest.
-
-    Only a prompt's own tokens are reused. Their cache comes from a prefill, as a fresh
-    request's would (and a prefill in two parts equals one here); the cache of tokens a
-    request generated comes from decode steps, whose kernels round differently, so
-    reusing it would change the next output. A multi-turn chat still reuses everything
-    up to the last turn's prompt.
-
-    Attributes:
-        slots: Generators kept at most (least recently used go first).
-        max_tokens: A kept generator's token room (its KV cache is allocated for it).
-    """
-
-    def __init__(self, slots: int, max_tokens: int) -> None:
-        self.slots = slots
-        self.max_tokens = max_tokens
-        self._entries: list[_Slot] = []  # most recently used last
-        self._lock = threading.Lock()
-
-    def _choose(self, ids: list[int], room: int, sampling: Sampling) -> tuple[int, int]:
-        """(index, common prefix) of the kept generator to reuse for `ids` (-1: none).
-
-        One whose whole prompt begins `ids` (the next turn of its conversation) is taken
-        first. One that shares only a part is taken only when the cache is full (it would
-        lose an entry anyway): with room left, a new generator keeps the others intact.
-        When the cache is full and nothing is shared, the least recently used one is
-        taken all the same, from position 0: its KV buffer is allocated already (a
-        4,096-token buffer costs ~80 ms to allocate on the 135M shape).
-        """
-        best, best_common, best_whole, oldest = -1, 0, False, -1
-        for i, entry in enumerate(self._entries):
-            if entry.sampling != sampling or entry.max_length < room:
-                continue
-            oldest = i if oldest < 0 else oldest
-            common = _common_prefix(entry.prompt, ids)
-            whole = common == len(entry.prompt)
-            if (whole, common) > (best_whole, best_common):
-                best, best_common, best_whole = i, common, whole
-        if not best_whole and len(self._entries) < self.slots:
-            return -1, 0
-        if best < 0:  # full, and nothing shared: reuse the oldest's KV buffer (from 0)
-            return oldest, 0
-        # At least two tokens are appended: one alone would go through the decode step's
-        # kernel (M = 1), whose rounding differs from a prefill's (M > 1), and the output
-        # could change (it did, at the 22nd token of a 2,277-token chat prompt).
-        return best, max(0, min(best_common, len(ids) - _MIN_APPENDED))
-
-    def match(self, ids: list[int], room: int, sampling: Sampling) -> int:
-        """How many of `ids` the kept generator `take` would give holds (0: none)."""
-        with self._lock:
-            return self._choose(ids, room, sampling)[1]
-
-    def take(self, ids: list[int], room: int, sampling: Sampling) -> tuple[_Slot, int] | None:
-        """The kept generator to reuse for `ids`, out of the cache, and how much it holds."""
-        with self._lock:
-            index, common = self._choose(ids, room, sampling)
-            if index < 0:
-                return None
-            return self._entries.pop(index), common
-
-    def put(self, prompt: list[int], generator: Any, max_length: int, sampling: Sampling) -> None:
-        """Keep `generator`, whose cache holds `prompt` (the oldest entry may go)."""
-        with self._lock:
-            self._entries.append(_Slot(prompt, generator, max_length, sampling))
-            del self._entries[: max(0, len(self._entries) - self.slots)]
-
-    def describe(self, kv_bytes_per_token: int, vocab_size: int) -> dict[str, Any]:
-        """Its size, for /readyz and the load's log line: slots, tokens and memory each
-        (a slot's KV cache, and the logits of its last prompt part: 64 positions at most)."""
-        logits = KEPT_LOGITS_TOKENS * vocab_size * 4
-        mib = (kv_bytes_per_token * self.max_tokens + logits) / 2**20
-        return {
-            "slots": self.slots,
-            "tokens_per_slot": self.max_tokens,
-            "mib_per_slot": round(mib, 1),
-            "held": len(self._entries),
-        }
-
-    def clear(self) -> None:
-        """Drop every kept generator (their KV caches are freed)."""
-        with self._lock:
-            self._entries.clear()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Engine:
@@ -491,28 +355,23 @@ class Engine:
         max_new: int,
         options: SamplingOptions,
         guidance: Guidance | None = None,
-        sequence: Sequence | None = None,
         logprobs: int | None = None,
-        cache: bool = False,
+        paused: Callable[[bool], None] | None = None,
     ) -> Tokens:
-        """Start decoding one sequence: up to `max_new` new tokens after `input_ids`.
+        """Start decoding one sequence: up to `max_new` new tokens after `input_ids`
+        (sampled or greedy, guided or not; `beam_search` and `decode_cached` are the
+        other ways).
 
         The og Generator is made now (bad guidance fails here, before any token); the
-        tokens come as they are iterated. A lone batched `sequence` is told when the
-        decoding waits for its reader (`paused_at`). With `logprobs` (the number of
+        tokens come as they are iterated. `paused(True)` is called while the decoding
+        waits for its reader or prefills in parts (other work may run beside it), and
+        `paused(False)` when it computes again. With `logprobs` (the number of
         alternatives; 0: none), each token's `TokenLogprob` goes to `Tokens.logprobs`.
-        With `cache` (a greedy, unguided request with no minimum length), a kept
-        generator that holds the start of `input_ids` is reused (`Tokens.cached` says
-        how many), and this one is kept afterwards (see `PromptCache`).
 
         Raises:
             InvalidRequestError: The guidance is invalid.
             GenerationError: og cannot start the generation.
         """
-        if options.num_beams > 1:
-            return self._beams(input_ids, max_new, options)
-        if cache and self.prompt_cache is not None:
-            return self._cached(input_ids, max_new, options, sequence, logprobs)
         prompt_len = len(input_ids)
         search: dict[str, Any] = {
             "max_length": prompt_len + max_new,
@@ -536,11 +395,12 @@ class Engine:
             raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
         guided = guidance is not None
         return Tokens(
-            lambda tokens: self._tokens(generator, input_ids, tokens, sequence, guided, logprobs)
+            lambda tokens: self._tokens(generator, input_ids, tokens, paused, guided, logprobs)
         )
 
-    def _beams(self, input_ids: list[int], max_new: int, options: SamplingOptions) -> Tokens:
-        """Beam search (og's, CPU): the best beam's tokens, all at the end."""
+    def beam_search(self, input_ids: list[int], max_new: int, options: SamplingOptions) -> Tokens:
+        """Beam search (og's, CPU; `options.num_beams`): the best beam's tokens, all at
+        the end."""
         prompt_len = len(input_ids)
         params = og.GeneratorParams(self._model)
         params.set_search_options(
@@ -574,18 +434,21 @@ class Engine:
 
         return Tokens(best)
 
-    def _cached(
+    def decode_cached(
         self,
         input_ids: list[int],
         max_new: int,
         options: SamplingOptions,
-        sequence: Sequence | None,
-        logprobs: int | None,
+        logprobs: int | None = None,
+        paused: Callable[[bool], None] | None = None,
     ) -> Tokens:
-        """`decode` through the prompt cache (greedy: the search options are fixed per
-        og Generator, and a kept one's must equal the request's)."""
+        """`decode` through the prompt cache, for a greedy, unguided request with no
+        minimum length (the search options are fixed per og Generator, and a kept one's
+        must equal the request's): a kept generator that holds the start of `input_ids`
+        is reused (`Tokens.cached` says how many), and this one is kept afterwards (see
+        `PromptCache`). Only with a prompt cache (`prompt_cache` is not None)."""
         cache = self.prompt_cache
-        assert cache is not None
+        assert cache is not None, "decode_cached needs the prompt cache"
         sampling = self.sampling(options)
         room = len(input_ids) + max_new
         taken = cache.take(input_ids, room, sampling)
@@ -617,7 +480,7 @@ class Engine:
                 generator,
                 input_ids[common:],
                 t,
-                sequence,
+                paused,
                 False,
                 logprobs,
                 limit=max_new,
@@ -635,6 +498,8 @@ class Engine:
             max_new = min(max_new, self.context_length - len(input_ids))
         if not input_ids or max_new < 1:
             raise InvalidRequestError(f"{len(input_ids)} prompt tokens leave no room to decode")
+        if options.num_beams > 1:
+            return self.beam_search(input_ids, max_new, options)
         return self.decode(input_ids, max_new, options)
 
     def _tokens(
@@ -642,7 +507,7 @@ class Engine:
         generator: Any,
         input_ids: list[int],
         tokens: Tokens,
-        sequence: Sequence | None,
+        paused: Callable[[bool], None] | None,
         guided: bool = False,
         logprobs: int | None = None,
         limit: int | None = None,
@@ -661,8 +526,8 @@ class Engine:
             # may have none (max_tokens 1, or EOS first): a longer prompt ends on a part
             # of two tokens (one more og call: ~1/32 of the prefill at most).
             kept = prefilled is not None and len(input_ids) > KEPT_LOGITS_TOKENS
-            tail = _MIN_APPENDED if kept else 0
-            self._prefill(generator, input_ids, tokens, sequence, tail)
+            tail = MIN_APPENDED if kept else 0
+            self._prefill(generator, input_ids, tokens, paused, tail)
             appended = True
             count = generator.token_count()
             while not generator.is_done() and (limit is None or produced < limit):
@@ -680,12 +545,12 @@ class Engine:
                 token = int(generator.get_next_tokens()[0])
                 if logits is not None:  # one sequence: its position's logits
                     tokens.logprobs.append(_logprob(logits.reshape(-1), token, logprobs or 0))
-                if sequence is None:
+                if paused is None:
                     yield token
                 else:
-                    sequence.paused_at = time.monotonic()
+                    paused(True)
                     yield token
-                    sequence.paused_at = None
+                    paused(False)
         except RuntimeError as exc:
             appended = False  # a failed generator is not kept
             if guided:
@@ -702,16 +567,16 @@ class Engine:
         generator: Any,
         input_ids: list[int],
         tokens: Tokens,
-        sequence: Sequence | None,
+        paused: Callable[[bool], None] | None,
         tail: int = 0,
     ) -> None:
         """Append a prompt to `generator` in parts of PREFILL_CHUNK_TOKENS (core.prefill),
-        calling `tokens.checkpoint` between them (it raises to stop there). A lone batched
-        `sequence` counts as paused while it prefills in parts, so the batcher may start
-        requests that came meanwhile beside it (their steps then run between its parts)."""
+        calling `tokens.checkpoint` between them (it raises to stop there). A prefill in
+        parts counts as paused (`paused(True)`), so that a batcher may start requests
+        that came meanwhile beside it (their steps then run between its parts)."""
         parts = prefill_parts(len(input_ids), self.settings.prefill_chunk_tokens, tail)
-        if sequence is not None and len(parts) > 1:
-            sequence.paused_at = time.monotonic()
+        if paused is not None and len(parts) > 1:
+            paused(True)
         start = 0
         for i, size in enumerate(parts):
             if i:
@@ -722,57 +587,42 @@ class Engine:
                 tokens.checkpoint()
             generator.append_tokens(input_ids[start : start + size])
             start += size
-        if sequence is not None:
-            sequence.paused_at = None
+        if paused is not None:
+            paused(False)
 
-    def run_batch(self, batch: list[Sequence]) -> None:
-        """Decode `batch` as one Generator; feed each sequence until its EOS or limit.
-
-        Every sequence's `key` is the `Sampling` it was batched by (equal in a batch).
+    def batch_steps(
+        self, prompts: list[list[int]], max_new: int, sampling: Sampling
+    ) -> Generator[list[int], None, None]:
+        """Decode `prompts` as one og Generator: each step's new token of every row, until
+        `max_new` steps past the longest prompt (or the context) are done. An EOS token
+        (`eos_ids`) is a row's end; the caller reads the rows, and stops when it needs no
+        more steps (closing the generator frees the batch's KV cache).
         """
-        longest = max(len(s.input_ids) for s in batch)
+        longest = max(len(p) for p in prompts)
         # Right padding with the pad id: og builds the attention mask from a row's trailing
         # pad ids (padding with any other id is attended to), and GQA writes each row's
         # new tokens after its own length, so logits match the prompt's alone bit for bit
         # (fp32; int4 where the MatMulNBits kernel rounds M > 1 like M = 1, see
         # core.service's batching rule). Left padding does not match; a prompt ending with
         # the pad id cannot batch (core.service).
-        tokens = np.full((len(batch), longest), self.pad_id, dtype=np.int32)
-        for row, sequence in enumerate(batch):
-            tokens[row, : len(sequence.input_ids)] = sequence.input_ids
-        max_length = longest + max(s.max_new for s in batch)  # prompts are padded to `longest`
+        tokens = np.full((len(prompts), longest), self.pad_id, dtype=np.int32)
+        for row, prompt in enumerate(prompts):
+            tokens[row, : len(prompt)] = prompt
+        max_length = longest + max_new  # prompts are padded to `longest`
         if self.context_length:
             max_length = min(max_length, self.context_length)
-        sampling = batch[0].key
-        assert isinstance(sampling, Sampling)  # the service batches by it
         params = og.GeneratorParams(self._model)
-        params.set_search_options(batch_size=len(batch), max_length=max_length, **sampling.search())
+        params.set_search_options(
+            batch_size=len(prompts), max_length=max_length, **sampling.search()
+        )
         generator = og.Generator(self._model, params)
         # og 0.18 takes a batch's prompts in one append ("AppendTokens can only be called
         # once for batch_size > 1"): the batching rule bounds rows x longest
         # (core.service, one_pass_tokens).
         generator.append_tokens(tokens)
-        counts = [0] * len(batch)
-        active = set(range(len(batch)))
-        while active and not generator.is_done():
+        while not generator.is_done():
             generator.generate_next_token()
-            step = generator.get_next_tokens()
-            for row in sorted(active):
-                sequence = batch[row]
-                token = int(step[row])
-                if sequence.cancelled.is_set():
-                    active.discard(row)
-                elif token in self.eos_ids:
-                    sequence.out.put(End("eos"))
-                    active.discard(row)
-                else:
-                    sequence.out.put(token)
-                    counts[row] += 1
-                    if counts[row] >= sequence.max_new:
-                        sequence.out.put(End("length"))
-                        active.discard(row)
+            yield [int(t) for t in generator.get_next_tokens()]
             # og keeps the GIL through a step: without this the requests would take their
             # token only after the next step (a lone request's TTFT +1 step, see README).
             time.sleep(0)
-        for row in active:  # the batch's max_length came first
-            batch[row].out.put(End("length"))

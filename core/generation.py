@@ -248,3 +248,33 @@ class GenerationStream:
             pass
         assert self.completion is not None  # set by __next__ at StopIteration
         return self.completion
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How tokens are picked, as og search options; requests whose `Sampling` is equal can
+    share a batch (a batch has one set of search options)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+
+    @classmethod
+    def of(cls, options: SamplingOptions, vocab_size: int) -> Sampling:
+        if options.temperature == 0:  # greedy: the sampling knobs do not matter
+            return cls(0.0, 1.0, 0, options.repetition_penalty)
+        # og rejects a top_k above the vocabulary size; keeping every token is what such a
+        # top_k means, and 0 says that to og.
+        top_k = 0 if vocab_size and options.top_k >= vocab_size else options.top_k
+        return cls(options.temperature, options.top_p, top_k, options.repetition_penalty)
+
+    def search(self) -> dict[str, Any]:
+        """The og search options for these (`top_k` 0: no limit)."""
+        search: dict[str, Any] = {
+            "do_sample": self.temperature > 0,
+            "repetition_penalty": self.repetition_penalty,
+        }
+        if self.temperature > 0:
+            search.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        return search

@@ -6,6 +6,7 @@ no HTTP (core.api and core.protocol do) and no onnxruntime-genai (core.engine do
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -29,6 +30,7 @@ from ortserve.core.generation import (
     GenerationRequest,
     GenerationStream,
     LogprobLedger,
+    Sampling,
     SamplingOptions,
     Timings,
     TokenLogprob,
@@ -221,7 +223,7 @@ class Service:
         self._arriving_lock = threading.Lock()
         self._batcher = (
             Batcher(
-                engine.run_batch,
+                functools.partial(run_batch, engine),
                 settings.max_batch,
                 settings.batch_window_ms / 1000,
                 arriving=lambda: self._arriving,
@@ -249,8 +251,11 @@ class Service:
         start = time.perf_counter()
         engine = self.engine
         ids = engine.encode("Hello, world") or [engine.pad_id]
-        cache = engine.prompt_cache is not None
-        tokens = engine.decode(ids, 4, SamplingOptions(max_new_tokens=4), cache=cache)
+        options = SamplingOptions(max_new_tokens=4)
+        if engine.prompt_cache is not None:
+            tokens = engine.decode_cached(ids, 4, options)
+        else:
+            tokens = engine.decode(ids, 4, options)
         try:
             for _ in tokens:
                 pass
@@ -465,10 +470,7 @@ class Service:
                     lambda t: self._batched(sequence, request, t), on_close=sequence.leave
                 )
             else:
-                options, guidance = request.options, request.guidance
-                tokens = engine.decode(
-                    input_ids, budget, options, guidance, logprobs=request.logprobs, cache=cache
-                )
+                tokens = self._decode(input_ids, budget, request)
         except BaseException:
             release()
             raise
@@ -541,6 +543,24 @@ class Service:
         with self._arriving_lock:
             self._arriving += delta
 
+    def _decode(
+        self,
+        input_ids: list[int],
+        max_new: int,
+        request: GenerationRequest,
+        paused: Callable[[bool], None] | None = None,
+    ) -> Tokens:
+        """Start one request's decoding, the engine's way for it: beam search, through the
+        prompt cache (`_cacheable`), or a plain decode (sampled or guided too)."""
+        engine, options = self.engine, request.options
+        if options.num_beams > 1:
+            return engine.beam_search(input_ids, max_new, options)
+        if self._cacheable(request):
+            return engine.decode_cached(input_ids, max_new, options, request.logprobs, paused)
+        return engine.decode(
+            input_ids, max_new, options, request.guidance, request.logprobs, paused
+        )
+
     def _batched(
         self, sequence: Sequence, request: GenerationRequest, tokens: Tokens
     ) -> Generator[int, None, None]:
@@ -554,12 +574,8 @@ class Service:
                     tokens.checkpoint()
                     continue
                 if isinstance(item, Alone):  # a batch of one: run it in this thread
-                    alone = self.engine.decode(
-                        sequence.input_ids,
-                        sequence.max_new,
-                        request.options,
-                        sequence=sequence,
-                        cache=self._cacheable(request),
+                    alone = self._decode(
+                        sequence.input_ids, sequence.max_new, request, sequence.pause
                     )
                     alone.checkpoint = tokens.checkpoint
                     tokens.cached = alone.cached
@@ -681,3 +697,39 @@ class Service:
                     redactions=redactions + (cuts.guard.redactions if cuts.guard else 0),
                 )
             )
+
+
+def run_batch(engine: Engine, batch: list[Sequence]) -> None:
+    """Run `batch` (the batcher's) through the engine's batch steps, feeding each sequence
+    its tokens until its EOS, its limit or its leaving; then an `End` to each still fed.
+
+    Every sequence's `key` is the `Sampling` it was batched by (equal in a batch).
+    """
+    sampling = batch[0].key
+    assert isinstance(sampling, Sampling)  # the service batches by it
+    counts = [0] * len(batch)
+    active = set(range(len(batch)))
+    steps = engine.batch_steps(
+        [s.input_ids for s in batch], max(s.max_new for s in batch), sampling
+    )
+    try:
+        for step in steps:
+            for row in sorted(active):
+                sequence, token = batch[row], step[row]
+                if sequence.cancelled.is_set():
+                    active.discard(row)
+                elif token in engine.eos_ids:
+                    sequence.out.put(End("eos"))
+                    active.discard(row)
+                else:
+                    sequence.out.put(token)
+                    counts[row] += 1
+                    if counts[row] >= sequence.max_new:
+                        sequence.out.put(End("length"))
+                        active.discard(row)
+            if not active:
+                break
+    finally:
+        steps.close()  # frees the batch's generator at once
+    for row in active:  # the batch's max_length came first
+        batch[row].out.put(End("length"))

@@ -17,7 +17,7 @@ import pytest
 
 from ortserve.core.batcher import End, Sequence
 from ortserve.core.generation import GenerationRequest, SamplingOptions
-from ortserve.core.service import Service
+from ortserve.core.service import Service, run_batch
 from ortserve.core.settings import EngineSettings
 from tests import models
 from tests.functional.batching import concurrently
@@ -87,7 +87,7 @@ def test_without_the_pad_rule_the_padded_prompt_would_decode_differently(
         Sequence(ids, 16, key=key) for ids in (pad_prompt, engine.encode("The quick brown fox"))
     ]
     assert not service._fits(sequences)
-    engine.run_batch(sequences)  # what the batch would give, had `_fits` allowed it
+    run_batch(engine, sequences)  # what the batch would give, had `_fits` allowed it
     batched: list[int] = []
     while not isinstance(item := sequences[0].out.get(), End):
         assert isinstance(item, int)

@@ -1,0 +1,122 @@
+"""The prompt cache: recent greedy requests' og generators, kept with their KV caches
+for the next request whose prompt begins the same way (see `PromptCache`). It holds the
+choice rule only; the engine makes, rewinds and feeds the generators.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ortserve.core.generation import Sampling
+from ortserve.core.prefill import KEPT_LOGITS_TOKENS
+
+#: Prompt tokens a reused generator prefills at least (see `PromptCache._choose`).
+MIN_APPENDED = 2
+
+
+@dataclass
+class _Slot:
+    """A kept og Generator: its KV cache holds `prompt`'s tokens, computed by a prefill."""
+
+    prompt: list[int]
+    generator: Any
+    max_length: int
+    sampling: Sampling
+
+
+class PromptCache:
+    """The KV caches of recent greedy requests, kept for the next request whose prompt
+    begins the same way (llama-server's `cache_prompt`): it rewinds a kept generator to
+    the longest common prefix and prefills only the rest.
+
+    Only a prompt's own tokens are reused. Their cache comes from a prefill, as a fresh
+    request's would (and a prefill in two parts equals one here); the cache of tokens a
+    request generated comes from decode steps, whose kernels round differently, so
+    reusing it would change the next output. A multi-turn chat still reuses everything
+    up to the last turn's prompt.
+
+    Attributes:
+        slots: Generators kept at most (least recently used go first).
+        max_tokens: A kept generator's token room (its KV cache is allocated for it).
+    """
+
+    def __init__(self, slots: int, max_tokens: int) -> None:
+        self.slots = slots
+        self.max_tokens = max_tokens
+        self._entries: list[_Slot] = []  # most recently used last
+        self._lock = threading.Lock()
+
+    def _choose(self, ids: list[int], room: int, sampling: Sampling) -> tuple[int, int]:
+        """(index, common prefix) of the kept generator to reuse for `ids` (-1: none).
+
+        One whose whole prompt begins `ids` (the next turn of its conversation) is taken
+        first. One that shares only a part is taken only when the cache is full (it would
+        lose an entry anyway): with room left, a new generator keeps the others intact.
+        When the cache is full and nothing is shared, the least recently used one is
+        taken all the same, from position 0: its KV buffer is allocated already (a
+        4,096-token buffer costs ~80 ms to allocate on the 135M shape).
+        """
+        best, best_common, best_whole, oldest = -1, 0, False, -1
+        for i, entry in enumerate(self._entries):
+            if entry.sampling != sampling or entry.max_length < room:
+                continue
+            oldest = i if oldest < 0 else oldest
+            common = common_prefix(entry.prompt, ids)
+            whole = common == len(entry.prompt)
+            if (whole, common) > (best_whole, best_common):
+                best, best_common, best_whole = i, common, whole
+        if not best_whole and len(self._entries) < self.slots:
+            return -1, 0
+        if best < 0:  # full, and nothing shared: reuse the oldest's KV buffer (from 0)
+            return oldest, 0
+        # At least two tokens are appended: one alone would go through the decode step's
+        # kernel (M = 1), whose rounding differs from a prefill's (M > 1), and the output
+        # could change (it did, at the 22nd token of a 2,277-token chat prompt).
+        return best, max(0, min(best_common, len(ids) - MIN_APPENDED))
+
+    def match(self, ids: list[int], room: int, sampling: Sampling) -> int:
+        """How many of `ids` the kept generator `take` would give holds (0: none)."""
+        with self._lock:
+            return self._choose(ids, room, sampling)[1]
+
+    def take(self, ids: list[int], room: int, sampling: Sampling) -> tuple[_Slot, int] | None:
+        """The kept generator to reuse for `ids`, out of the cache, and how much it holds."""
+        with self._lock:
+            index, common = self._choose(ids, room, sampling)
+            if index < 0:
+                return None
+            return self._entries.pop(index), common
+
+    def put(self, prompt: list[int], generator: Any, max_length: int, sampling: Sampling) -> None:
+        """Keep `generator`, whose cache holds `prompt` (the oldest entry may go)."""
+        with self._lock:
+            self._entries.append(_Slot(prompt, generator, max_length, sampling))
+            del self._entries[: max(0, len(self._entries) - self.slots)]
+
+    def describe(self, kv_bytes_per_token: int, vocab_size: int) -> dict[str, Any]:
+        """Its size, for /readyz and the load's log line: slots, tokens and memory each
+        (a slot's KV cache, and the logits of its last prompt part: 64 positions at most)."""
+        logits = KEPT_LOGITS_TOKENS * vocab_size * 4
+        mib = (kv_bytes_per_token * self.max_tokens + logits) / 2**20
+        return {
+            "slots": self.slots,
+            "tokens_per_slot": self.max_tokens,
+            "mib_per_slot": round(mib, 1),
+            "held": len(self._entries),
+        }
+
+    def clear(self) -> None:
+        """Drop every kept generator (their KV caches are freed)."""
+        with self._lock:
+            self._entries.clear()
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens `a` and `b` begin with alike."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
