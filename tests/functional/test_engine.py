@@ -12,7 +12,12 @@ import jsonschema
 import pytest
 
 from ortserve.core.engine import Engine
-from ortserve.core.errors import BusyError, InvalidRequestError, ProviderUnavailableError
+from ortserve.core.errors import (
+    BusyError,
+    InvalidRequestError,
+    ModelIntegrityError,
+    ProviderUnavailableError,
+)
 from ortserve.core.generation import GenerationRequest, Guidance, SamplingOptions
 from ortserve.core.manifest import list_files, read_manifest, write_manifest
 from ortserve.core.service import Service
@@ -422,3 +427,16 @@ def test_logits_at_every_position_also_from_a_pruned_lm_head(
     assert np.allclose(pruned, full, atol=1e-3)
     with pytest.raises(InvalidRequestError, match="cannot score 0 tokens"):
         engine.logits([])
+
+
+def test_engine_refuses_a_tampered_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, copy)
+    data = bytearray((copy / "model.onnx.data").read_bytes())
+    data[100] ^= 0xFF
+    (copy / "model.onnx.data").write_bytes(bytes(data))
+    with pytest.raises(ModelIntegrityError, match=r"model\.onnx\.data does not match"):
+        Engine.load(EngineSettings(model_dir=copy, verify_sha256=True))
+    (copy / "model.onnx.data").write_bytes(bytes(data[:-10]))
+    with pytest.raises(ModelIntegrityError, match=r"model\.onnx\.data has"):
+        Engine.load(EngineSettings(model_dir=copy))

@@ -82,24 +82,6 @@ def test_tampered_file_is_caught_by_the_full_hash_only(folder: Path) -> None:
         verify_folder(folder, full_hash=True)
 
 
-def test_engine_refuses_a_tampered_model(tiny_model_dir: Path, tmp_path: Path) -> None:
-    import shutil
-
-    from ortserve.core.engine import Engine
-    from ortserve.core.settings import EngineSettings
-
-    copy = tmp_path / "m"
-    shutil.copytree(tiny_model_dir, copy)
-    data = bytearray((copy / "model.onnx.data").read_bytes())
-    data[100] ^= 0xFF
-    (copy / "model.onnx.data").write_bytes(bytes(data))
-    with pytest.raises(ModelIntegrityError, match=r"model\.onnx\.data does not match"):
-        Engine.load(EngineSettings(model_dir=copy, verify_sha256=True))
-    (copy / "model.onnx.data").write_bytes(bytes(data[:-10]))
-    with pytest.raises(ModelIntegrityError, match=r"model\.onnx\.data has"):
-        Engine.load(EngineSettings(model_dir=copy))
-
-
 def test_an_entry_outside_the_folder_is_refused_unread(folder: Path, tmp_path: Path) -> None:
     """A manifest entry that climbs out with ../ is never stat'ed (its size would reach
     the public /readyz reason)."""

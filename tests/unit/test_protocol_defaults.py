@@ -1,0 +1,70 @@
+"""What each API's body means when a field is left out or null (core.protocol), without
+a model (#28 item 7): the defaults and limits reach the GenerationRequest."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ortserve.core.errors import InvalidRequestError
+from ortserve.core.protocol import Served, parse
+from ortserve.core.protocol.native import GenerateBody
+from ortserve.core.protocol.ollama import OllamaGenerateBody
+from ortserve.core.protocol.openai import ChatBody, CompletionBody
+
+SERVED = Served("m", "0" * 64, "2026-01-01T00:00:00Z", 2000, 512, context_length=4096)
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def _body(body_type: Any, **fields: Any) -> Any:
+    return parse(body_type, json.dumps(fields).encode())
+
+
+def test_openai_chat_defaults_to_as_many_as_fit_and_null_means_default() -> None:
+    left_out = _body(ChatBody, model="m", messages=CHAT).to_generation(SERVED)
+    nulls = _body(
+        ChatBody, model="m", messages=CHAT, max_tokens=None, temperature=None, stop=None
+    ).to_generation(SERVED)
+    assert left_out == nulls
+    assert left_out.options.max_new_tokens == SERVED.default_new_tokens
+    assert left_out.options.temperature == 1.0  # OpenAI's default
+    assert left_out.limit_field == "max_tokens" and left_out.logprobs is None
+
+
+def test_max_completion_tokens_is_the_limit_the_error_names() -> None:
+    request = _body(ChatBody, model="m", messages=CHAT, max_completion_tokens=7)
+    generation = request.to_generation(SERVED)
+    assert generation.options.max_new_tokens == 7
+    assert generation.limit_field == "max_completion_tokens"
+
+
+def test_openai_completions_default_to_16_tokens() -> None:
+    generation = _body(CompletionBody, model="m", prompt="x").to_generation(SERVED)
+    assert generation.options.max_new_tokens == 16  # OpenAI's completions default
+    assert generation.prompt == "x"
+
+
+def test_logprobs_and_top_logprobs_go_together() -> None:
+    generation = _body(
+        ChatBody, model="m", messages=CHAT, logprobs=True, top_logprobs=3
+    ).to_generation(SERVED)
+    assert generation.logprobs == 3
+    with pytest.raises(InvalidRequestError, match="top_logprobs needs logprobs") as caught:
+        _body(ChatBody, model="m", messages=CHAT, top_logprobs=3).to_generation(SERVED)
+    assert caught.value.param == "top_logprobs"
+
+
+def test_ollama_num_predict_minus_one_is_as_many_as_fit() -> None:
+    body = _body(OllamaGenerateBody, model="m", prompt="x", options={"num_predict": -1})
+    assert body.to_generation(SERVED).options.max_new_tokens == SERVED.default_new_tokens
+
+
+def test_unknown_fields_are_ignored_and_a_bad_one_is_named() -> None:
+    # Clients send fields of newer API versions: ignored, as OpenAI's server does.
+    body = _body(GenerateBody, prompt="x", some_new_field=5)
+    assert body.to_generation(SERVED).prompt == "x"
+    with pytest.raises(InvalidRequestError) as caught:
+        _body(GenerateBody, prompt="x", temperature="hot")
+    assert caught.value.param == "temperature"
