@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ortserve.core import playground, version
 from ortserve.core.content_filter import ContentFilterError
@@ -42,6 +42,7 @@ from ortserve.core.http import (
     sse_response,
 )
 from ortserve.core.protocol import (
+    Event,
     GenerationBody,
     MultiChoiceReply,
     Reply,
@@ -52,6 +53,7 @@ from ortserve.core.protocol import (
 from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
 from ortserve.core.protocol.openai import ChatBody, CompletionBody
+from ortserve.core.protocol.replies import Health, ModelCard, ModelList, OllamaVersion
 from ortserve.core.records import RequestRecord
 from ortserve.core.routes import METRICS_ROUTE, PUBLIC_ROUTES, TABLE, find, ollama_shaped
 from ortserve.core.settings import MAX_TOKENS_BOUND, ServerSettings
@@ -339,7 +341,7 @@ class Api:
     def _stream(self, stream: GenerationStream, reply: Reply, ctx: _Context) -> Response:
         """A generation's events, as SSE or NDJSON (the reply's framing)."""
 
-        def events() -> Iterator[dict[str, Any]]:
+        def events() -> Iterator[Event]:
             yield from reply.first_events()
             for delta in stream:
                 delta_event = reply.delta(delta, stream.take_logprobs())
@@ -368,7 +370,7 @@ class Api:
             ctx.completion = _merged(dones)
             return json_response(200, reply.bodies(dones))
 
-        def events() -> Iterator[dict[str, Any]]:
+        def events() -> Iterator[Event]:
             started: set[int] = set()
             for item in choices:
                 if isinstance(item, int):  # choice `item` ended
@@ -395,7 +397,7 @@ class Api:
 
     def _guarded(
         self,
-        events: Iterator[dict[str, Any]],
+        events: Iterator[Event],
         reply: Reply,
         ctx: _Context,
         close: Callable[[], None],
@@ -447,7 +449,8 @@ class Api:
     def _models(self, request: Request, ctx: _Context) -> Response:
         served = self._served(self._loaded(request))
         cards = [_model_card(served, name) for name in served.names]
-        return json_response(200, {"object": "list", "data": cards})
+        listing: ModelList = {"object": "list", "data": cards}
+        return json_response(200, listing)
 
     def _model(self, request: Request, ctx: _Context) -> Response:
         served = self._served(self._loaded(request))
@@ -477,20 +480,24 @@ class Api:
         )
 
     def _ollama_version(self, request: Request, ctx: _Context) -> Response:
-        return json_response(200, {"version": version()})
+        answer: OllamaVersion = {"version": version()}
+        return json_response(200, answer)
 
-    def _health(self) -> dict[str, Any]:
+    def _health(self) -> Health:
         state = self.state
         status = "draining" if self.draining else state.status
-        payload: dict[str, Any] = {"status": status, **state.describe()}
+        # mypy --strict (extra checks) wants Health's own optional keys in a ** item too.
+        payload: Health = {"status": status, **state.describe()}  # type: ignore[typeddict-item]
         service = state.service
         if service is not None:
             stats = service.stats()
-            payload.update(active=stats.active, waiting=stats.waiting)
+            payload["active"], payload["waiting"] = stats.active, stats.waiting
         return payload
 
     def _healthz(self, request: Request, ctx: _Context) -> Response:
-        return json_response(200, {**self._health(), "alive": True})
+        health = self._health()
+        health["alive"] = True
+        return json_response(200, health)
 
     def _readyz(self, request: Request, ctx: _Context) -> Response:
         payload = self._health()
@@ -557,17 +564,23 @@ def _merged(dones: list[Completion]) -> Completion:
     return replace(first, completion_tokens=sum(d.completion_tokens for d in dones))
 
 
-def _model_card(served: Served, name: str) -> dict[str, Any]:
+def _model_card(served: Served, name: str) -> ModelCard:
     """An OpenAI model object for the served model's `name`, with vLLM's `max_model_len`
     (the context; omitted where unknown) and `max_tokens`: the most new tokens a request
     may ask for."""
-    card: dict[str, Any] = {
+    if served.context_length:
+        return {
+            "id": name,
+            "object": "model",
+            "created": served.created,
+            "owned_by": "ortserve",
+            "max_model_len": served.context_length,
+            "max_tokens": served.max_new_tokens,
+        }
+    return {
         "id": name,
         "object": "model",
         "created": served.created,
         "owned_by": "ortserve",
+        "max_tokens": served.max_new_tokens,
     }
-    if served.context_length:
-        card["max_model_len"] = served.context_length
-    card["max_tokens"] = served.max_new_tokens
-    return card

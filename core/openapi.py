@@ -10,6 +10,7 @@ from pydantic.json_schema import models_json_schema
 from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
 from ortserve.core.protocol.openai import ChatBody, CompletionBody
+from ortserve.core.protocol.replies import REPLIES
 from ortserve.core.routes import TABLE, Route
 
 _REF = "#/components/schemas/{model}"
@@ -34,61 +35,69 @@ _OLLAMA_ERROR = {
     "required": ["error"],
     "properties": {"error": {"type": "string"}},
 }
-_JSON_OBJECT = {"type": "object"}
 
 
-def _responses(ok: str, ollama: bool = False) -> dict[str, Any]:
-    """Responses of a POST route: OpenAI's error shape and SSE streams, or Ollama's."""
-    name, stream = (
-        ("OllamaError", "application/x-ndjson") if ollama else ("Error", "text/event-stream")
-    )
-    error = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
-    return {
-        "200": {
-            "description": ok,
-            "content": {"application/json": {"schema": _JSON_OBJECT}, stream: {}},
-        },
-        **{
-            code: {"description": text, **error}
-            for code, text in (
-                ("400", "invalid request"),
-                ("401", "missing or invalid API key"),
-                ("404", "unknown route or model"),
-                ("405", "method not allowed"),
-                ("413", "body too large"),
-                ("503", "busy, loading or shutting down (see Retry-After)"),
-                ("504", "generation timed out"),
-            )
-        },
-    }
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(model=name)}
 
 
-def _post(body: str, summary: str, ollama: bool = False) -> dict[str, Any]:
+def _answer(route: Route) -> dict[str, Any]:
+    """A 200's content: the route's JSON reply and, for a generation, its stream (SSE, or
+    Ollama's NDJSON), whose events' shapes `x-events` names (OpenAPI 3.1 cannot)."""
+    content: dict[str, Any] = {"application/json": {"schema": _ref(route.reply or "")}}
+    if route.events:
+        stream = "application/x-ndjson" if route.ollama else "text/event-stream"
+        content[stream] = {"x-events": [_ref(name) for name in route.events]}
+    return {"description": route.summary, "content": content}
+
+
+def _error(route: Route) -> dict[str, Any]:
+    name = "OllamaError" if route.ollama else "Error"
+    return {"application/json": {"schema": _ref(name)}}
+
+
+def _post(route: Route) -> dict[str, Any]:
+    assert route.body is not None  # every POST route takes a JSON body
+    error = _error(route)
     return {
         "post": {
-            "summary": summary,
+            "summary": route.summary,
             "requestBody": {
                 "required": True,
-                "content": {
-                    "application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}
+                "content": {"application/json": {"schema": _ref(route.body)}},
+            },
+            "responses": {
+                "200": _answer(route),
+                **{
+                    code: {"description": text, "content": error}
+                    for code, text in (
+                        ("400", "invalid request"),
+                        ("401", "missing or invalid API key"),
+                        ("404", "unknown route or model"),
+                        ("405", "method not allowed"),
+                        ("413", "body too large"),
+                        ("503", "busy, loading or shutting down (see Retry-After)"),
+                        ("504", "generation timed out"),
+                    )
                 },
             },
-            "responses": _responses(summary, ollama),
             "security": [{"bearer": []}, {"apiKey": []}, {}],
         }
     }
 
 
-def _get(summary: str, auth: bool) -> dict[str, Any]:
-    content = {"application/json": {"schema": _JSON_OBJECT}}
+def _get(route: Route) -> dict[str, Any]:
+    # A health route says why it is not ready in its own shape; the others, as errors.
+    not_ready = route.reply == "Health"
+    unavailable = {"application/json": {"schema": _ref("Health")}} if not_ready else _error(route)
     operation: dict[str, Any] = {
-        "summary": summary,
+        "summary": route.summary,
         "responses": {
-            "200": {"description": summary, "content": content},
-            "503": {"description": "not ready", "content": content},
+            "200": _answer(route),
+            "503": {"description": "not ready", "content": unavailable},
         },
     }
-    if auth:
+    if not route.public:
         operation["security"] = [{"bearer": []}, {"apiKey": []}, {}]
     return {"get": operation}
 
@@ -133,9 +142,8 @@ def _nullable_optionals(schema: dict[str, Any]) -> None:
 def _operation(route: Route) -> dict[str, Any]:
     """The OpenAPI path item of one route of the table."""
     if route.method == "POST":
-        assert route.body is not None  # every POST route takes a JSON body
-        return _post(route.body, route.summary, route.ollama)
-    operation = _get(route.summary, auth=not route.public)
+        return _post(route)
+    operation = _get(route)
     if route.prefix is not None:  # /v1/models/{model}
         name = route.path[len(route.prefix) :].strip("{}")
         operation["get"]["parameters"] = [
@@ -143,6 +151,18 @@ def _operation(route: Route) -> dict[str, Any]:
         ]
         operation["get"]["responses"]["404"] = {"description": f"no such {name}"}
     return operation
+
+
+def _reply_schemas() -> dict[str, Any]:
+    """The JSON schemas of every reply shape (core.protocol.replies), by name."""
+    from pydantic import TypeAdapter
+
+    schemas: dict[str, Any] = {}
+    for shape in REPLIES:
+        schema = TypeAdapter(shape).json_schema(ref_template=_REF, mode="serialization")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[shape.__name__] = schema
+    return schemas
 
 
 @cache
@@ -171,6 +191,9 @@ def openapi_document(max_new_tokens: int) -> dict[str, Any]:
         _nullable_optionals(component)
     components["Error"] = _ERROR
     components["OllamaError"] = _OLLAMA_ERROR
+    replies = _reply_schemas()
+    assert not replies.keys() & components.keys(), "a reply is named like a request part"
+    components.update(replies)
     return {
         "openapi": "3.1.0",
         "info": {"title": "ortserve", "version": "1"},

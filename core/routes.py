@@ -33,6 +33,8 @@ class Route:
         answer: The name of the `Api` method that answers it.
         summary: What it does (the OpenAPI operation's summary).
         body: The pydantic model of its JSON body (a POST), by name.
+        reply: The shape of its JSON answer (core.protocol.replies), by name.
+        events: The shape of its stream's events or lines, by name (generation routes).
         public: Answered without an API key (it holds no data).
         without_model: Answered without the model (so a lazily loading Lambda does not
             wait for the load first).
@@ -44,6 +46,8 @@ class Route:
     answer: str
     summary: str
     body: str | None = None
+    reply: str | None = None
+    events: tuple[str, ...] = ()
     public: bool = False
     without_model: bool = False
     documented: bool = True
@@ -87,13 +91,23 @@ def _playground() -> tuple[Route, ...]:
 
 TABLE: tuple[Route, ...] = (
     *_playground(),
-    Route("/generate", "POST", "_generate", "generate text (native API)", body="GenerateBody"),
+    Route(
+        "/generate",
+        "POST",
+        "_generate",
+        "generate text (native API)",
+        body="GenerateBody",
+        reply="Generated",
+        events=("GeneratedText", "GeneratedEnd"),
+    ),
     Route(
         "/v1/completions",
         "POST",
         "_generate",
         "OpenAI-compatible completion",
         body="CompletionBody",
+        reply="TextCompletion",
+        events=("TextCompletion",),
     ),
     Route(
         "/v1/chat/completions",
@@ -101,12 +115,28 @@ TABLE: tuple[Route, ...] = (
         "_generate",
         "OpenAI-compatible chat completion",
         body="ChatBody",
+        reply="ChatCompletion",
+        events=("ChatCompletionChunk",),
     ),
-    Route("/v1/models", "GET", "_models", "the served model"),
-    Route("/v1/models/{model}", "GET", "_model", "one model, by its id (the served one)"),
-    Route("/healthz", "GET", "_healthz", "process alive", public=True, without_model=True),
+    Route("/v1/models", "GET", "_models", "the served model", reply="ModelList"),
+    Route(
+        "/v1/models/{model}",
+        "GET",
+        "_model",
+        "one model, by its id (the served one)",
+        reply="ModelCard",
+    ),
+    Route(
+        "/healthz",
+        "GET",
+        "_healthz",
+        "process alive",
+        reply="Health",
+        public=True,
+        without_model=True,
+    ),
     # Public, but a lazily loading Lambda loads first: "ready" must mean loaded.
-    Route("/readyz", "GET", "_readyz", "model loaded and ready", public=True),
+    Route("/readyz", "GET", "_readyz", "model loaded and ready", reply="Health", public=True),
     Route("/openapi.json", "GET", "_openapi", "this document", documented=False),
     Route(
         "/api/generate",
@@ -114,6 +144,8 @@ TABLE: tuple[Route, ...] = (
         "_generate",
         "Ollama-compatible generate (NDJSON)",
         body="OllamaGenerateBody",
+        reply="OllamaLine",
+        events=("OllamaLine",),
     ),
     Route(
         "/api/chat",
@@ -121,12 +153,15 @@ TABLE: tuple[Route, ...] = (
         "_generate",
         "Ollama-compatible chat (NDJSON)",
         body="OllamaChatBody",
+        reply="OllamaLine",
+        events=("OllamaLine",),
     ),
     Route(
         "/api/tags",
         "GET",
         "_ollama_tags",
         "the served model, as Ollama lists models",
+        reply="OllamaTags",
     ),
     Route(
         "/api/show",
@@ -134,14 +169,22 @@ TABLE: tuple[Route, ...] = (
         "_ollama_show",
         "the served model's details (Ollama)",
         body="OllamaShowBody",
+        reply="OllamaShow",
     ),
     Route(
         "/api/ps",
         "GET",
         "_ollama_ps",
         "the loaded model (Ollama's ps; none while loading)",
+        reply="OllamaPs",
     ),
-    Route("/api/version", "GET", "_ollama_version", "the server's version (Ollama)"),
+    Route(
+        "/api/version",
+        "GET",
+        "_ollama_version",
+        "the server's version (Ollama)",
+        reply="OllamaVersion",
+    ),
 )
 
 #: The edge daemon's Prometheus scrape, when it passes one to the API (not in TABLE:

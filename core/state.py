@@ -11,11 +11,12 @@ import time
 import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from ortserve.core.admission import CANCEL_POLL_S
 from ortserve.core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
 from ortserve.core.manifest import arch_mismatch, manifest_digest
+from ortserve.core.protocol.replies import ModelDescription
 from ortserve.core.settings import EngineSettings, ServerSettings
 
 if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module
@@ -236,13 +237,18 @@ class ModelState:
             self._settled.notify_all()
         log.error("model unavailable: %s", reason)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ModelDescription:
         """What health endpoints and cold-start logs say of the model: what is loaded,
         where and how fast, or why nothing is."""
         engine = self.engine
-        reload = {"reload": asdict(self.last_reload)} if self.last_reload is not None else {}
-        if engine is None:
-            return {"reason": self.reason, **reload}
+        described: ModelDescription = (
+            {"reason": self.reason} if engine is None else self._loaded(engine)
+        )
+        if self.last_reload is not None:
+            described["reload"] = asdict(self.last_reload)
+        return described
+
+    def _loaded(self, engine: Engine) -> ModelDescription:
         probe = engine.probe
         return {
             "model": self.model_id,
@@ -257,7 +263,6 @@ class ModelState:
             "prompt_cache": cache.describe(engine.kv_bytes_per_token, engine.vocab_size)
             if (cache := engine.prompt_cache) is not None
             else None,
-            **reload,
         }
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
@@ -98,6 +98,11 @@ class Served:
         return int(datetime.fromisoformat(self.created_at).timestamp())
 
 
+#: One JSON object a reply sends: a whole answer, or an event of a stream. Each route's
+#: own shapes are TypedDicts (core.protocol.replies), published in the OpenAPI document.
+Event = Mapping[str, Any]
+
+
 class Reply(ABC):
     """How a route answers one generation: a JSON body, or the events of a stream."""
 
@@ -108,25 +113,25 @@ class Reply(ABC):
     #: The request's tools (chat routes that take them), which decide a `tool_calls` ending.
     tools: ToolPlan | None = None
 
-    def error_event(self, exc: OrtServeError) -> dict[str, Any]:
+    def error_event(self, exc: OrtServeError) -> Event:
         """The event that ends a stream an error cut (after its first byte)."""
         return error_payload(exc)
 
-    def first_events(self) -> list[dict[str, Any]]:
+    def first_events(self) -> Sequence[Event]:
         """Events sent before the first text."""
         return []
 
     @abstractmethod
-    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any] | None:
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> Event | None:
         """The event of one text delta (with its tokens' log probabilities, when asked);
         None: nothing to send for it now (the text is held back)."""
 
     @abstractmethod
-    def final_events(self, done: Completion) -> list[dict[str, Any]]:
+    def final_events(self, done: Completion) -> Sequence[Event]:
         """The events after the last text (finish reason, usage)."""
 
     @abstractmethod
-    def body(self, done: Completion) -> dict[str, Any]:
+    def body(self, done: Completion) -> Event:
         """The whole answer of a request that is not streamed."""
 
     def ending(self, done: Completion) -> str:
@@ -138,26 +143,26 @@ class Reply(ABC):
 class MultiChoiceReply(Reply):
     """A reply that can carry several choices of one request (OpenAI's `n`)."""
 
-    def first_events(self, index: int = 0) -> list[dict[str, Any]]:
+    def first_events(self, index: int = 0) -> Sequence[Event]:
         """Events sent before choice `index`'s first text."""
         return []
 
     @abstractmethod
     def delta(
         self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0
-    ) -> dict[str, Any] | None:
+    ) -> Event | None:
         """The event of one text delta of choice `index` (None: nothing to send now)."""
 
     @abstractmethod
-    def finish_events(self, done: Completion, index: int = 0) -> list[dict[str, Any]]:
+    def finish_events(self, done: Completion, index: int = 0) -> Sequence[Event]:
         """The events after choice `index`'s last text."""
 
     @abstractmethod
-    def usage_events(self, dones: Sequence[Completion]) -> list[dict[str, Any]]:
+    def usage_events(self, dones: Sequence[Completion]) -> Sequence[Event]:
         """The events after every choice ended (usage, when asked for)."""
 
     @abstractmethod
-    def bodies(self, dones: Sequence[Completion]) -> dict[str, Any]:
+    def bodies(self, dones: Sequence[Completion]) -> Event:
         """The whole answer with every choice."""
 
 
@@ -205,7 +210,7 @@ class GenerationBody(Body):
         """How its answer is built."""
         raise NotImplementedError
 
-    def instant_answer(self, served: Served) -> dict[str, Any] | None:
+    def instant_answer(self, served: Served) -> Event | None:
         """The whole answer of a request that asks for no text (Ollama's load and unload
         requests), given at once; None: it asks for a generation.
 

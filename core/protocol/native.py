@@ -31,6 +31,7 @@ from ortserve.core.protocol import (
     minimum_tokens,
 )
 from ortserve.core.protocol.patterns import ecma_classes
+from ortserve.core.protocol.replies import Generated, GeneratedEnd, GeneratedText
 
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar")
 MAX_BEAMS = 8
@@ -144,19 +145,23 @@ class GenerateReply(Reply):
 
     done_marker = False
 
-    @staticmethod
-    def _counts(done: Completion) -> dict[str, Any]:
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> GeneratedText:
+        return {"text": text}
+
+    def final_events(self, done: Completion) -> list[GeneratedEnd]:
+        return [
+            {
+                "done": True,
+                "tokens_generated": done.completion_tokens,
+                "prompt_tokens": done.prompt_tokens,
+                "finish_reason": done.finish_reason,
+            }
+        ]
+
+    def body(self, done: Completion) -> Generated:
         return {
+            "generated_text": done.text,
             "tokens_generated": done.completion_tokens,
             "prompt_tokens": done.prompt_tokens,
             "finish_reason": done.finish_reason,
         }
-
-    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        return {"text": text}
-
-    def final_events(self, done: Completion) -> list[dict[str, Any]]:
-        return [{"done": True, **self._counts(done)}]
-
-    def body(self, done: Completion) -> dict[str, Any]:
-        return {"generated_text": done.text, **self._counts(done)}

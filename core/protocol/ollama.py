@@ -47,6 +47,16 @@ from ortserve.core.protocol import (
     json_guidance,
     public_finish,
 )
+from ortserve.core.protocol.replies import (
+    OllamaAssistantMessage,
+    OllamaDetails,
+    OllamaLine,
+    OllamaModel,
+    OllamaPs,
+    OllamaRunning,
+    OllamaShow,
+    OllamaTags,
+)
 from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolCall, ToolPlan, plan_tools
 from ortserve.core.settings import DEFAULT_NEW_TOKENS, MAX_TOKENS_BOUND
 
@@ -146,9 +156,7 @@ class _OllamaBody(GenerationBody):
         if served.named(self.model) is None:
             raise model_not_found(self.model, served)
 
-    def _instant(
-        self, served: Served, text_field: Literal["response", "message"]
-    ) -> dict[str, Any]:
+    def _instant(self, served: Served, text_field: Literal["response", "message"]) -> OllamaLine:
         """Ollama's answer to a load (or unload) request."""
         self._served_model(served)
         return OllamaReply(served.model, text_field).instant(
@@ -198,7 +206,7 @@ class OllamaGenerateBody(_OllamaBody):
     images: NoImages | None = Field(default=None, description=_IMAGES_DOC)
     suffix: Literal[""] | None = Field(default=None, description=_NOT_SUPPORTED)
 
-    def instant_answer(self, served: Served) -> dict[str, Any] | None:
+    def instant_answer(self, served: Served) -> OllamaLine | None:
         return None if self.prompt else self._instant(served, "response")
 
     def to_generation(self, served: Served) -> GenerationRequest:
@@ -264,7 +272,7 @@ class OllamaChatBody(_OllamaBody):
         "come back as message.tool_calls",
     )
 
-    def instant_answer(self, served: Served) -> dict[str, Any] | None:
+    def instant_answer(self, served: Served) -> OllamaLine | None:
         return None if self.messages else self._instant(served, "message")
 
     def _tools(self, served: Served) -> ToolPlan | None:
@@ -305,38 +313,41 @@ class OllamaReply(Reply):
         self.text_field = text_field
         self.tools = tools
 
-    def _line(self, text: str, done: bool, calls: list[ToolCall] | None = None) -> dict[str, Any]:
-        value: Any = text
-        if self.text_field == "message":
-            value = {"role": "assistant", "content": text}
-            if calls:
-                value["tool_calls"] = [c.as_ollama() for c in calls]
-        return {"model": self.model, "created_at": _now(), self.text_field: value, "done": done}
+    def _line(self, text: str, done: bool, calls: list[ToolCall] | None = None) -> OllamaLine:
+        created = _now()
+        if self.text_field == "response":
+            return {"model": self.model, "created_at": created, "response": text, "done": done}
+        message: OllamaAssistantMessage = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [c.as_ollama() for c in calls]
+        return {"model": self.model, "created_at": created, "message": message, "done": done}
 
-    def instant(self, reason: Literal["load", "unload"]) -> dict[str, Any]:
+    def instant(self, reason: Literal["load", "unload"]) -> OllamaLine:
         """The answer to a load or unload request."""
-        return {**self._line("", True), "done_reason": reason}
+        line = self._line("", True)
+        line["done_reason"] = reason
+        return line
 
     @staticmethod
-    def _figures(done: Completion) -> dict[str, Any]:
+    def _last(line: OllamaLine, done: Completion) -> OllamaLine:
+        """`line` with the answer's reason, counts and durations (the last line)."""
         timings = done.timings
-        return {
-            "done_reason": public_finish(done),
-            "total_duration": round((timings.ttft_s + timings.decode_s) * _NS),
-            "load_duration": 0,
-            "prompt_eval_count": done.prompt_tokens,
-            "prompt_eval_duration": round(timings.ttft_s * _NS),
-            "eval_count": done.completion_tokens,
-            "eval_duration": round(timings.decode_s * _NS),
-        }
+        line["done_reason"] = public_finish(done)
+        line["total_duration"] = round((timings.ttft_s + timings.decode_s) * _NS)
+        line["load_duration"] = 0
+        line["prompt_eval_count"] = done.prompt_tokens
+        line["prompt_eval_duration"] = round(timings.ttft_s * _NS)
+        line["eval_count"] = done.completion_tokens
+        line["eval_duration"] = round(timings.decode_s * _NS)
+        return line
 
-    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any] | None:
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> OllamaLine | None:
         if self.tools is not None:
             return None  # held back until the whole text says whether it is a call
         return self._line(text, False)
 
-    def final_events(self, done: Completion) -> list[dict[str, Any]]:
-        last = {**self._line("", True), **self._figures(done)}
+    def final_events(self, done: Completion) -> list[OllamaLine]:
+        last = self._last(self._line("", True), done)
         if self.tools is None:
             return [last]
         calls = self.tools.parse(done.text)
@@ -344,11 +355,11 @@ class OllamaReply(Reply):
             return [last]
         return [self._line("" if calls else done.text, False, calls), last]
 
-    def body(self, done: Completion) -> dict[str, Any]:
+    def body(self, done: Completion) -> OllamaLine:
         calls = self.tools.parse(done.text) if self.tools is not None else []
-        return {**self._line("" if calls else done.text, True, calls), **self._figures(done)}
+        return self._last(self._line("" if calls else done.text, True, calls), done)
 
-    def error_event(self, exc: OrtServeError) -> dict[str, Any]:
+    def error_event(self, exc: OrtServeError) -> dict[str, str]:
         return {"error": exc.message}
 
 
@@ -359,12 +370,12 @@ class OllamaShowBody(Body):
     name: str | None = None
 
 
-def tags(served: Served) -> dict[str, Any]:
+def tags(served: Served) -> OllamaTags:
     """GET /api/tags: the served model, as Ollama lists local models."""
-    return {"models": [{"name": name, **_model_entry(served, name)} for name in served.names]}
+    return {"models": [_model_entry(served, name) for name in served.names]}
 
 
-def show(body: OllamaShowBody, served: Served) -> dict[str, Any]:
+def show(body: OllamaShowBody, served: Served) -> OllamaShow:
     """POST /api/show: the served model's details and template.
 
     Raises:
@@ -401,7 +412,7 @@ def show(body: OllamaShowBody, served: Served) -> dict[str, Any]:
     }
 
 
-def ps(served: Served | None, provider: str, context_length: int) -> dict[str, Any]:
+def ps(served: Served | None, provider: str, context_length: int) -> OllamaPs:
     """GET /api/ps: the loaded model (none while it loads), as Ollama lists one kept
     loaded for good (`keep_alive: -1`): it stays until the process ends.
 
@@ -412,7 +423,7 @@ def ps(served: Served | None, provider: str, context_length: int) -> dict[str, A
     """
     if served is None:
         return {"models": []}
-    entry: dict[str, Any] = {
+    entry: OllamaRunning = {
         "name": served.model,
         "model": served.model,
         "size": served.size,
@@ -426,8 +437,9 @@ def ps(served: Served | None, provider: str, context_length: int) -> dict[str, A
     return {"models": [entry]}
 
 
-def _model_entry(served: Served, name: str) -> dict[str, Any]:
+def _model_entry(served: Served, name: str) -> OllamaModel:
     return {
+        "name": name,
         "model": name,
         "modified_at": served.created_at,
         "size": served.size,
@@ -436,7 +448,7 @@ def _model_entry(served: Served, name: str) -> dict[str, Any]:
     }
 
 
-def _details(served: Served) -> dict[str, Any]:
+def _details(served: Served) -> OllamaDetails:
     return {
         "parent_model": "",
         "format": "onnx",

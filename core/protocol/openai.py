@@ -4,8 +4,8 @@ bodies and their answers (objects and stream chunks as OpenAI's API returns them
 from __future__ import annotations
 
 import time
-from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field
@@ -25,6 +25,7 @@ from ortserve.core.protocol import (
     TEMPERATURE_DOC,
     TOP_K_DOC,
     Body,
+    Event,
     GenerationBody,
     Int,
     MultiChoiceReply,
@@ -38,6 +39,23 @@ from ortserve.core.protocol import (
     json_guidance,
     minimum_tokens,
     public_finish,
+)
+from ortserve.core.protocol.replies import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    ChunkToolCall,
+    CompletionChoice,
+    CompletionLogprobs,
+    OpenAIFinish,
+    TextCompletion,
+    TopLogprob,
+    Usage,
 )
 from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolPlan, plan_tools
 
@@ -102,12 +120,12 @@ class _OpenAIBody(GenerationBody):
     def choices(self) -> int:
         return self.n
 
-    def _usage_base(self, base: dict[str, Any]) -> dict[str, Any] | None:
-        include = self.stream_options is not None and self.stream_options.include_usage
-        return base if include else None
+    @property
+    def _include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
-def _usage(dones: Sequence[Completion]) -> dict[str, Any]:
+def _usage(dones: Sequence[Completion]) -> Usage:
     """Usage of one request: its prompt once, every choice's new tokens."""
     prompt = dones[0].prompt_tokens
     completion = sum(d.completion_tokens for d in dones)
@@ -120,23 +138,29 @@ def _usage(dones: Sequence[Completion]) -> dict[str, Any]:
     }
 
 
-class _OpenAIReply(MultiChoiceReply):
-    """Shared by both routes: `base` is in every object; with `usage_base`
-    (`stream_options.include_usage`), a usage chunk on it ends a stream; `token_bytes`
-    turns token ids into their bytes when log probabilities were asked for. A route
-    gives the fields of a choice's delta, finish and whole answer."""
+@dataclass(frozen=True)
+class _Header:
+    """What every object of one answer carries: its id, time, model (and, chat only, the
+    system fingerprint)."""
 
-    #: The whole answer's `object` (chunks carry the base's).
-    whole_object: str | None = None
+    id: str
+    created: int
+    model: str
+
+
+class _OpenAIReply(MultiChoiceReply):
+    """Shared by both routes: every object carries `header`; with `include_usage`
+    (`stream_options.include_usage`), a usage chunk ends a stream; `token_bytes` turns
+    token ids into their bytes when log probabilities were asked for."""
 
     def __init__(
         self,
-        base: dict[str, Any],
-        usage_base: dict[str, Any] | None,
+        header: _Header,
+        include_usage: bool,
         token_bytes: Callable[[int], bytes] | None = None,
     ) -> None:
-        self.base = base
-        self.usage_base = usage_base
+        self.header = header
+        self.include_usage = include_usage
         self.token_bytes = token_bytes
 
     def _token(self, token_id: int) -> tuple[str, list[int]]:
@@ -145,45 +169,11 @@ class _OpenAIReply(MultiChoiceReply):
         raw = self.token_bytes(token_id)
         return raw.decode("utf-8", errors="replace"), list(raw)
 
-    def _choice(self, index: int, **fields: Any) -> dict[str, Any]:
-        return {**self.base, "choices": [{"index": index, **fields}]}
-
-    @abstractmethod
-    def _delta_fields(
-        self, text: str, logprobs: Sequence[TokenLogprob] | None, index: int
-    ) -> dict[str, Any]: ...
-
-    @abstractmethod
-    def _finish_fields(self, done: Completion) -> dict[str, Any]: ...
-
-    @abstractmethod
-    def _whole_fields(self, done: Completion, index: int) -> dict[str, Any]: ...
-
-    def delta(
-        self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0
-    ) -> dict[str, Any] | None:
-        return self._choice(index, **self._delta_fields(text, logprobs, index))
-
-    def finish_events(self, done: Completion, index: int = 0) -> list[dict[str, Any]]:
-        return [self._choice(index, **self._finish_fields(done))]
-
-    def usage_events(self, dones: Sequence[Completion]) -> list[dict[str, Any]]:
-        if self.usage_base is None:
-            return []
-        return [{**self.usage_base, "choices": [], "usage": _usage(dones)}]
-
-    def final_events(self, done: Completion) -> list[dict[str, Any]]:
-        return [*self.finish_events(done), *self.usage_events([done])]
-
-    def bodies(self, dones: Sequence[Completion]) -> dict[str, Any]:
-        choices = [{"index": i, **self._whole_fields(d, i)} for i, d in enumerate(dones)]
-        whole = {**self.base, "choices": choices, "usage": _usage(dones)}
-        if self.whole_object is not None:
-            whole["object"] = self.whole_object
-        return whole
-
-    def body(self, done: Completion) -> dict[str, Any]:
+    def body(self, done: Completion) -> Event:
         return self.bodies([done])
+
+    def final_events(self, done: Completion) -> list[Event]:
+        return [*self.finish_events(done), *self.usage_events([done])]
 
 
 # -- /v1/completions ---------------------------------------------------------------------
@@ -230,14 +220,9 @@ class CompletionBody(_OpenAIBody):
         )
 
     def reply(self, request_id: str, served: Served) -> Reply:
-        base = {
-            "id": f"cmpl-{request_id}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": served.model,
-        }
+        header = _Header(f"cmpl-{request_id}", int(time.time()), served.model)
         wants = self.logprobs is not None
-        return CompletionReply(base, self._usage_base(base), served.token_bytes if wants else None)
+        return CompletionReply(header, self._include_usage, served.token_bytes if wants else None)
 
 
 class CompletionReply(_OpenAIReply):
@@ -246,16 +231,26 @@ class CompletionReply(_OpenAIReply):
 
     def __init__(
         self,
-        base: dict[str, Any],
-        usage_base: dict[str, Any] | None,
+        header: _Header,
+        include_usage: bool,
         token_bytes: Callable[[int], bytes] | None = None,
     ) -> None:
-        super().__init__(base, usage_base, token_bytes)
+        super().__init__(header, include_usage, token_bytes)
         self._offsets: dict[int, int] = {}  # per choice: characters its tokens so far span
+
+    def _object(self, choices: list[CompletionChoice]) -> TextCompletion:
+        header = self.header
+        return {
+            "id": header.id,
+            "object": "text_completion",
+            "created": header.created,
+            "model": header.model,
+            "choices": choices,
+        }
 
     def _logprobs(
         self, entries: Sequence[TokenLogprob] | None, index: int
-    ) -> dict[str, Any] | None:
+    ) -> CompletionLogprobs | None:
         if entries is None or self.token_bytes is None:
             return None
         tokens, offsets, tops = [], [], []
@@ -272,18 +267,47 @@ class CompletionReply(_OpenAIReply):
             "text_offset": offsets,
         }
 
-    def _delta_fields(
-        self, text: str, logprobs: Sequence[TokenLogprob] | None, index: int
-    ) -> dict[str, Any]:
-        return {"text": text, "logprobs": self._logprobs(logprobs, index), "finish_reason": None}
+    def delta(
+        self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0
+    ) -> TextCompletion:
+        logprobs_out = self._logprobs(logprobs, index)
+        choice: CompletionChoice = {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs_out,
+            "finish_reason": None,
+        }
+        return self._object([choice])
 
-    def _finish_fields(self, done: Completion) -> dict[str, Any]:
-        return {"text": "", "logprobs": None, "finish_reason": public_finish(done)}
+    def finish_events(self, done: Completion, index: int = 0) -> list[TextCompletion]:
+        finish = public_finish(done)
+        choice: CompletionChoice = {
+            "index": index,
+            "text": "",
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+        return [self._object([choice])]
 
-    def _whole_fields(self, done: Completion, index: int) -> dict[str, Any]:
-        self._offsets.pop(index, None)
-        logprobs = self._logprobs(done.logprobs, index)
-        return {"text": done.text, "logprobs": logprobs, "finish_reason": public_finish(done)}
+    def usage_events(self, dones: Sequence[Completion]) -> list[TextCompletion]:
+        if not self.include_usage:
+            return []
+        chunk = self._object([])
+        chunk["usage"] = _usage(dones)
+        return [chunk]
+
+    def bodies(self, dones: Sequence[Completion]) -> TextCompletion:
+        choices: list[CompletionChoice] = []
+        for index, done in enumerate(dones):
+            self._offsets.pop(index, None)
+            logprobs = self._logprobs(done.logprobs, index)
+            finish = public_finish(done)
+            choices.append(
+                {"index": index, "text": done.text, "logprobs": logprobs, "finish_reason": finish}
+            )
+        whole = self._object(choices)
+        whole["usage"] = _usage(dones)
+        return whole
 
 
 # -- /v1/chat/completions ----------------------------------------------------------------
@@ -528,16 +552,10 @@ class ChatBody(_OpenAIBody):
         )
 
     def reply(self, request_id: str, served: Served) -> Reply:
-        base = {
-            "id": f"chatcmpl-{request_id}",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": served.model,
-            "system_fingerprint": f"fp_{served.digest[:12]}",
-        }
         return ChatReply(
-            base,
-            self._usage_base(base),
+            _Header(f"chatcmpl-{request_id}", int(time.time()), served.model),
+            f"fp_{served.digest[:12]}",
+            self._include_usage,
             served.token_bytes if self.logprobs else None,
             self.tool_plan(served),
         )
@@ -548,88 +566,114 @@ class ChatReply(_OpenAIReply):
     is read for calls once it is whole: a stream holds its text back and ends with the
     calls as `delta.tool_calls` chunks (as OpenAI streams them) or with the text."""
 
-    whole_object = "chat.completion"
-
     def __init__(
         self,
-        base: dict[str, Any],
-        usage_base: dict[str, Any] | None,
+        header: _Header,
+        fingerprint: str,
+        include_usage: bool,
         token_bytes: Callable[[int], bytes] | None = None,
         tools: ToolPlan | None = None,
     ) -> None:
-        super().__init__(base, usage_base, token_bytes)
+        super().__init__(header, include_usage, token_bytes)
+        self.fingerprint = fingerprint
         self.tools = tools
+
+    def _chunk(self, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
+        header = self.header
+        return {
+            "id": header.id,
+            "object": "chat.completion.chunk",
+            "created": header.created,
+            "model": header.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+        }
+
+    def _choice(
+        self,
+        index: int,
+        delta: ChatDelta,
+        logprobs: ChatLogprobs | None = None,
+        finish: OpenAIFinish | None = None,
+    ) -> ChatCompletionChunk:
+        return self._chunk(
+            [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+        )
 
     def delta(
         self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0
-    ) -> dict[str, Any] | None:
+    ) -> ChatCompletionChunk | None:
         if self.tools is not None:
             return None  # held back until the whole text says whether it is a call
-        return super().delta(text, logprobs, index)
+        return self._choice(index, {"content": text}, self._logprobs(logprobs))
 
-    def finish_events(self, done: Completion, index: int = 0) -> list[dict[str, Any]]:
+    def finish_events(self, done: Completion, index: int = 0) -> list[ChatCompletionChunk]:
+        finish = self._choice(index, {}, None, public_finish(done))
         if self.tools is None:
-            return super().finish_events(done, index)
+            return [finish]
         calls = self.tools.parse(done.text)
         if not calls:
-            held = {"delta": {"content": done.text}, "logprobs": None, "finish_reason": None}
-            return [self._choice(index, **held), *super().finish_events(done, index)]
+            return [self._choice(index, {"content": done.text}), finish]
         events = []
         for k, call in enumerate(calls):
-            opening = {
+            opening: ChunkToolCall = {
                 "index": k,
                 "id": call.id,
                 "type": "function",
                 "function": {"name": call.name, "arguments": ""},
             }
-            arguments = {"index": k, "function": {"arguments": call.arguments}}
+            arguments: ChunkToolCall = {"index": k, "function": {"arguments": call.arguments}}
             for part in (opening, arguments):
-                events.append(
-                    self._choice(
-                        index, delta={"tool_calls": [part]}, logprobs=None, finish_reason=None
-                    )
-                )
-        finish: dict[str, Any] = {"delta": {}, "logprobs": None, "finish_reason": "tool_calls"}
-        return [*events, self._choice(index, **finish)]
+                events.append(self._choice(index, {"tool_calls": [part]}))
+        return [*events, self._choice(index, {}, None, "tool_calls")]
 
-    def first_events(self, index: int = 0) -> list[dict[str, Any]]:
-        delta = {"role": "assistant", "content": ""}
-        return [self._choice(index, delta=delta, logprobs=None, finish_reason=None)]
+    def first_events(self, index: int = 0) -> list[ChatCompletionChunk]:
+        return [self._choice(index, {"role": "assistant", "content": ""})]
 
-    def _logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    def usage_events(self, dones: Sequence[Completion]) -> list[ChatCompletionChunk]:
+        if not self.include_usage:
+            return []
+        chunk = self._chunk([])
+        chunk["usage"] = _usage(dones)
+        return [chunk]
+
+    def _logprobs(self, entries: Sequence[TokenLogprob] | None) -> ChatLogprobs | None:
         if entries is None or self.token_bytes is None:
             return None
 
-        def token(token_id: int, logprob: float) -> dict[str, Any]:
+        def top(token_id: int, logprob: float) -> TopLogprob:
             text, raw = self._token(token_id)
             return {"token": text, "logprob": logprob, "bytes": raw}
 
-        content = [
-            {**token(e.token_id, e.logprob), "top_logprobs": [token(i, lp) for i, lp in e.top]}
-            for e in entries
-        ]
-        return {"content": content, "refusal": None}
+        def entry(e: TokenLogprob) -> ChatTokenLogprob:
+            text, raw = self._token(e.token_id)
+            tops = [top(i, lp) for i, lp in e.top]
+            return {"token": text, "logprob": e.logprob, "bytes": raw, "top_logprobs": tops}
 
-    def _delta_fields(
-        self, text: str, logprobs: Sequence[TokenLogprob] | None, index: int
-    ) -> dict[str, Any]:
+        return {"content": [entry(e) for e in entries], "refusal": None}
+
+    def bodies(self, dones: Sequence[Completion]) -> ChatCompletion:
+        header = self.header
         return {
-            "delta": {"content": text},
-            "logprobs": self._logprobs(logprobs),
-            "finish_reason": None,
+            "id": header.id,
+            "object": "chat.completion",
+            "created": header.created,
+            "model": header.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": [self._whole(done, i) for i, done in enumerate(dones)],
+            "usage": _usage(dones),
         }
 
-    def _finish_fields(self, done: Completion) -> dict[str, Any]:
-        return {"delta": {}, "logprobs": None, "finish_reason": public_finish(done)}
-
-    def _whole_fields(self, done: Completion, index: int) -> dict[str, Any]:
+    def _whole(self, done: Completion, index: int) -> ChatChoice:
         calls = self.tools.parse(done.text) if self.tools is not None else []
-        message: dict[str, Any] = {"role": "assistant", "content": done.text, "refusal": None}
-        finish: str = public_finish(done)
+        message: AssistantMessage = {"role": "assistant", "content": done.text, "refusal": None}
+        finish: OpenAIFinish = public_finish(done)
         if calls:
-            message.update(content=None, tool_calls=[c.as_openai() for c in calls])
+            message["content"] = None
+            message["tool_calls"] = [c.as_openai() for c in calls]
             finish = "tool_calls"
         return {
+            "index": index,
             "message": message,
             "logprobs": self._logprobs(done.logprobs),
             "finish_reason": finish,

@@ -30,6 +30,8 @@ from ortserve.core.errors import InvalidRequestError
 from ortserve.core.generation import Completion, Guidance
 from ortserve.core.protocol import Body, Served, json_guidance
 from ortserve.core.protocol.patterns import closed_objects
+from ortserve.core.protocol.replies import OllamaReplyToolCall
+from ortserve.core.protocol.replies import ToolCall as OpenAIToolCall
 
 ToolFamily = Literal["hermes", "generic"]
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -76,7 +78,7 @@ class ToolCall:
     name: str
     arguments: str
 
-    def as_openai(self) -> dict[str, Any]:
+    def as_openai(self) -> OpenAIToolCall:
         """OpenAI's `tool_calls` entry."""
         return {
             "id": self.id,
@@ -84,7 +86,7 @@ class ToolCall:
             "function": {"name": self.name, "arguments": self.arguments},
         }
 
-    def as_ollama(self) -> dict[str, Any]:
+    def as_ollama(self) -> OllamaReplyToolCall:
         """Ollama's `tool_calls` entry: the arguments as an object."""
         return {"function": {"name": self.name, "arguments": json.loads(self.arguments)}}
 

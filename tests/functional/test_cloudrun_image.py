@@ -372,7 +372,7 @@ def test_the_gcf_pins_install_in_hash_checking_mode_with_nothing_left_to_resolve
 @pytest.fixture(scope="module")
 def service(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     task = tmp_path_factory.mktemp("app")
-    for name in ("model", "core", "edge", "serve.py"):  # what the image copies
+    for name in ("model", "ortserve", "serve.py"):  # what the image copies
         src = bundle / name
         if src.is_dir():
             shutil.copytree(src, task / name)

@@ -25,7 +25,11 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-from schemathesis.checks import negative_data_rejection, positive_data_acceptance
+from schemathesis.checks import (
+    negative_data_rejection,
+    positive_data_acceptance,
+    response_schema_conformance,
+)
 
 from tests.functional.harness import AUTH, edge_server
 
@@ -53,6 +57,9 @@ def _check(case: Any) -> None:
     response = case.call(headers=AUTH)
     body = case.body if isinstance(case.body, dict) else {}
     guided = any(body.get(name) is not None for name in _GUIDES)
+    # Every answer, error or not, has the shape the document gives it (replies included:
+    # core.protocol.replies).
+    case.validate_response(response, checks=[response_schema_conformance], headers=AUTH)
     if not guided and not _semantic_refusal(response):
         checks = [positive_data_acceptance, negative_data_rejection]
         case.validate_response(response, checks=checks, headers=AUTH)

@@ -49,8 +49,13 @@ def test_the_bundle_holds_what_the_images_need(bundle: Path) -> None:
     for name in ("Dockerfile", "Dockerfile.stream"):
         assert (bundle / name).read_bytes() == (AWS / name).read_bytes()
     assert (bundle / "model" / "manifest.json").is_file()
-    assert (bundle / "functions" / "aws" / "handler.py").is_file()
-    assert (bundle / "edge" / "daemon.py").is_file()
+    package = bundle / "ortserve"  # the one import name, laid out as the wheel does
+    assert (package / "functions" / "aws" / "handler.py").is_file()
+    assert (package / "edge" / "daemon.py").is_file()
+    assert (package / "core" / "routes.py").is_file()
+    # The front (the command, the store, the Python API) and the bake stay out.
+    assert not (package / "cli.py").exists() and not (package / "store.py").exists()
+    assert not (package / "bake").exists() and not (package / "functions" / "gcp").exists()
     pins = locked_pins(bundle / "requirements.txt")
     assert pins["onnxruntime-genai"].startswith("0.18")
     # Every transitive dependency is pinned, these among them (they floated before).
