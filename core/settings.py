@@ -42,7 +42,7 @@ class EngineSettings(BaseSettings):
     Attributes:
         model_dir: The baked model folder (with manifest.json).
         providers: `auto` or a comma-separated preference list such as `cuda,cpu`.
-        threads: intra-op threads; None means the baked value, capped by usable cores.
+        threads: Intra-op threads (unset: the baked value, capped by usable cores).
         max_concurrency: Generations that run at once (a batch is one generation).
         max_queue: Requests that may wait for a slot; one more gets `Busy` at once.
         queue_timeout_s: How long a request may wait for a slot before `Busy`.

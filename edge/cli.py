@@ -15,10 +15,10 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from ortserve.edge.settings import EdgeSettings
+from ortserve.core.settings_args import add_setting_argument
+from ortserve.edge.settings import EdgeSettings
 
 
 class Located(Protocol):
@@ -29,7 +29,7 @@ class Located(Protocol):
 
 
 # The front's ortserve.store.with_model: the settings with a stored model's folder.
-Locate = Callable[["EdgeSettings"], "tuple[EdgeSettings, Located | None]"]
+Locate = Callable[[EdgeSettings], "tuple[EdgeSettings, Located | None]"]
 
 
 def register(
@@ -57,18 +57,14 @@ def register(
         help="a name from `ortserve list` (served under that name), or a baked model folder; "
         "as --model-dir",
     ).complete = model_completion  # type: ignore[attr-defined]
-    parser.add_argument(
-        "--model-dir",
-        type=Path,
+    add_setting_argument(
+        parser,
+        EdgeSettings,
+        "model_dir",
         help="baked model folder, or a name from `ortserve list` (ORTSERVE_MODEL_DIR)",
+        type=Path,  # a stored model's name too: the front locates it
     ).complete = model_completion  # type: ignore[attr-defined]
-    parser.add_argument(
-        "--wait-for-model",
-        action="store_true",
-        default=None,
-        help="when the model cannot load, keep listening (503 and why) until a reload "
-        "loads one, instead of exiting 1 (ORTSERVE_WAIT_FOR_MODEL; the systemd unit sets it)",
-    )
+    add_setting_argument(parser, EdgeSettings, "wait_for_model")
     add_listen_args(parser)
     parser.set_defaults(func=functools.partial(run, locate=locate))
     _register_switch(subparsers, formatter)
@@ -212,21 +208,13 @@ def _bind(host: str, port: int) -> None:
 
 
 def add_listen_args(parser: argparse.ArgumentParser) -> None:
-    """--host, --port, --alias and --log-format (shared with `ortserve run`)."""
-    parser.add_argument("--host", help="address to listen on (ORTSERVE_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="TCP port (ORTSERVE_PORT, default 8000)")
-    parser.add_argument(
-        "--log-format",
-        choices=("auto", "json", "text"),
-        help="each request as a line in words on stderr (text) or a JSON record on stdout "
-        "(json); auto: text at a terminal (ORTSERVE_LOG_FORMAT, default auto)",
-    )
-    parser.add_argument(
-        "--alias",
-        action="append",
-        metavar="NAME",
-        help="serve the model under this name (repeatable; the first is its id in /v1/models "
-        "and answers; ORTSERVE_ALIASES, comma-separated), as vLLM's --served-model-name",
+    """--host, --port, --alias and --log-format (shared with `ortserve run`): the settings'
+    own flags (core.settings_args)."""
+    add_setting_argument(parser, EdgeSettings, "host")
+    add_setting_argument(parser, EdgeSettings, "port")
+    add_setting_argument(parser, EdgeSettings, "log_format")
+    add_setting_argument(
+        parser, EdgeSettings, "aliases", "--alias", action="append", metavar="NAME"
     )
 
 
@@ -242,8 +230,6 @@ def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
         return 1
     from pydantic import ValidationError
 
-    from ortserve.edge.settings import EdgeSettings
-
     name = getattr(args, "command", "serve")  # serve.py of the Cloud Run image passes none
     command = f"ortserve {name}"
     model = getattr(args, "model", None)
@@ -257,8 +243,8 @@ def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
         for name in ("model_dir", "host", "port", "wait_for_model", "served_name", "log_format")
         if (value := getattr(args, name, None)) is not None
     }
-    if getattr(args, "alias", None):
-        overrides["aliases"] = args.alias
+    if getattr(args, "aliases", None):
+        overrides["aliases"] = args.aliases
     try:
         settings = EdgeSettings(**overrides)
     except ValidationError as exc:

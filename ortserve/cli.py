@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ortserve.cli_kit import MODEL_OR_FOLDER, STORED_MODEL, DefaultsFormatter, at_least, human_size
 from ortserve.core.errors import OrtServeError
 from ortserve.core.settings import EngineSettings, disable_telemetry
+from ortserve.core.settings_args import add_setting_argument
 
 if TYPE_CHECKING:
     from ortserve.core.manifest import Manifest
@@ -54,16 +55,14 @@ def _located_settings(args: argparse.Namespace) -> tuple[EngineSettings, str | N
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model-dir",
-        type=Path,
-        help="baked model folder, or a name from `ortserve list` (default: ORTSERVE_MODEL_DIR)",
+    add_setting_argument(
+        parser,
+        EngineSettings,
+        "model_dir",
+        help="baked model folder, or a name from `ortserve list` (ORTSERVE_MODEL_DIR)",
+        type=Path,  # a stored model's name too: the store locates it
     ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]
-    parser.add_argument(
-        "--providers",
-        help="execution providers to try: auto, or a comma list such as cuda,cpu "
-        "(default: ORTSERVE_PROVIDERS, else auto)",
-    )
+    add_setting_argument(parser, EngineSettings, "providers")
 
 
 def _version() -> str:
@@ -284,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, help="same seed, same output")
     gen.add_argument("--stop", action="append", default=[], help="stop string (up to 4)")
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    gen.add_argument("--threads", type=at_least(1), help="intra-op threads (default: baked)")
+    add_setting_argument(gen, EngineSettings, "threads")
     gen.set_defaults(func=_generate)
 
     probe = subparsers.add_parser(
