@@ -14,7 +14,7 @@
   rounds of N/2, each config's daemon started first once, and the geometric mean of the
   two ratios: two identical daemons here differ by up to 10% (an A/A run shows it).
 
-Everything stays on 127.0.0.1 and stops by itself. Not a test: figures for the README.
+Everything stays on 127.0.0.1 and stops by itself. Not a test: figures for docs/measurements.md.
 """
 
 from __future__ import annotations

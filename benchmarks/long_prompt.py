@@ -3,7 +3,7 @@
 Run: `python -m benchmarks.long_prompt [--reps 2] [--reps-8k N] [--lengths 1000,4000,8000]
 [--chunks 64,128,256,512,16384] [--json PATH]`. It writes
 benchmarks/results/long_prompt-YYYY-MM-DD.json (today's UTC date, unless `--json`) and
-prints a Markdown table. Not a test: figures for the README and for choosing
+prints a Markdown table. Not a test: figures for docs/measurements.md and for choosing
 `ORTSERVE_PREFILL_CHUNK_TOKENS`, from one run on a shared machine.
 
 Model: `--model` (default `builtin:smollm2-135m-shape`: random weights in SmolLM2-135M's

@@ -5,7 +5,7 @@ plays one 6-turn greedy chat with a ~1,000-token system prompt against each (the
 alternates), streaming every turn and timing its TTFT (request sent → first SSE event);
 the answers are fed back as the conversation goes. Prints the median TTFT per turn, the
 ratio, and whether both daemons gave the same answers (they must). Not a test: figures
-for the README, from one run on a shared machine.
+for docs/measurements.md, from one run on a shared machine.
 """
 
 from __future__ import annotations

@@ -786,7 +786,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def print_table(rows: list[dict[str, Any]], reference: dict[str, Any], reps: int) -> None:
-    """The table the README quotes."""
+    """The table docs/measurements.md quotes."""
     print(
         f"\nfp32 reference (transformers): perplexity {reference['perplexity']:.2f} over "
         f"{reference['positions']} positions; speed: medians of {reps} repetitions"
@@ -936,7 +936,10 @@ def _prepare_all(
         elif variant.engine == "og":
             prepared.append(prepare_og(variant, hf_dir, args.work, args.rebake, args.model))
         elif version is None or src is None:
-            why = "llama_cpp cannot be imported (pip install llama-cpp-python; see README)"
+            why = (
+                "llama_cpp cannot be imported "
+                "(pip install llama-cpp-python; see docs/troubleshooting.md)"
+            )
             prepared.append(Prepared(variant, None, error=why))
         elif gguf is not None and variant.from_gguf:
             prepared.append(Prepared(variant, gguf, gguf.stat().st_size / 1e6))

@@ -1,6 +1,6 @@
 """The operator's content filter: rules on what goes into the model and what comes out.
 
-Off unless `ORTSERVE_CONTENT_FILTER` names a TOML file (an example is in the README):
+Off unless `ORTSERVE_CONTENT_FILTER` names a TOML file (docs/api.md, "Content filter"):
 
     redaction = "[{kind}]"            # what a redacted span becomes
 

@@ -624,5 +624,6 @@ class Engine:
             generator.generate_next_token()
             yield [int(t) for t in generator.get_next_tokens()]
             # og keeps the GIL through a step: without this the requests would take their
-            # token only after the next step (a lone request's TTFT +1 step, see README).
+            # token only after the next step (a lone request's TTFT +1 step, see
+            # docs/troubleshooting.md).
             time.sleep(0)

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 _HERE = Path(__file__).parent
-#: Route → file in core/vendor/ (the npm packages' own builds; see core/vendor/README.md).
+#: Route → file in core/vendor/ (the npm packages' own builds; see docs/api.md, "The
+#: vendored libraries").
 ASSETS = {
     "/vendor/marked.umd.js": "marked.umd.js",
     "/vendor/purify.min.js": "purify.min.js",

@@ -3,7 +3,7 @@
 Prompts are tokenized, and tokens decoded, with Hugging Face's `tokenizers` library (the
 Rust library under transformers' fast tokenizers) from the baked `tokenizer.json`, not
 with onnxruntime-genai's tokenizer, which in 0.18 never adds BOS to raw text, ignores
-the normalizer (NFC) and decodes special tokens as spaces (README, Troubleshooting).
+the normalizer (NFC) and decodes special tokens as spaces (docs/troubleshooting.md).
 
 What transformers adds on top of `tokenizer.json` (BOS/EOS that `add_bos_token` or the
 post-processor put around raw text, the special-tokens map a chat template sees, the

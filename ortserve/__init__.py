@@ -1,6 +1,6 @@
 """ortserve: serve small language models with ONNX Runtime GenAI.
 
-The one import name of the project. Its parts keep the folders DESIGN.md gives them and
+The one import name of the project. Its parts keep their folders (docs/architecture.md) and
 are mapped in here: `ortserve.core` (engine, service, protocol, API: core/),
 `ortserve.functions` (Lambda and Cloud Functions adapters: functions/), `ortserve.edge`
 (the daemon: edge/) and `ortserve.bake` (build/bake/). The front, this folder, holds

@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         dest="onnx_file",
         metavar="PATH",
         help="the graph of an ONNX source to bake, relative to it (e.g. onnx/model_q4.onnx); "
-        "default: the best onnx/ variant for the target (see README)",
+        "default: the best onnx/ variant for the target (see docs/bake.md)",
     )
     parser.add_argument("--out", type=Path, help="output folder (default: models/NAME-TARGET)")
     parser.add_argument("--revision", help="hub revision to pin: a branch, tag or commit sha")
@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="NAME|FILE",
         help="int4 quantization recipe: which weights, in which layers, are int8: "
         f"{', '.join(RECIPES)} (default: the target's, {DEFAULT_RECIPE}), or a .json/.toml "
-        "recipe file (README, 'Bake recipes')",
+        "recipe file (docs/bake.md, 'Bake recipes')",
     )
     parser.add_argument(
         "--context-length",

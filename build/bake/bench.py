@@ -1,4 +1,4 @@
-"""Measure bake options on a real-shape random model: `python -m bake.bench`.
+"""Measure bake options on a real-shape random model: `python -m ortserve.bake.bench`.
 
 Bakes builtin:smollm2-135m-shape with each int4 block size, then alternates runs
 (A/B/A/B...) of prefill (prompt 128 and 512 tokens, one new token) and decode (128

@@ -3,7 +3,8 @@
 `ortserve bake --target edge-aarch64` (or `edge-x86_64`) writes, around `model/`:
 
     install.sh               the installer (POSIX sh; `sh install.sh --help`)
-    README.md                the board step-by-step (edge/README-board.md)
+    README.md                what the bundle is, how to install it, where the guide is
+                             (edge/README-board.md; the guide: docs/edge.md)
     ortserve.service         the systemd unit, its MemoryMax= from the model (bake.sizing)
     sizing.json              the memory formula's terms for this model, and MemoryMax
     ortserve.env             the unit's settings file (installed once, never overwritten)

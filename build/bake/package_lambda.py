@@ -39,7 +39,7 @@ LAMBDA_DISTRIBUTIONS = (*RUNTIME_DISTRIBUTIONS, "onnxruntime")
 # The edge daemon's dependencies (the `edge` extra), for the streaming image.
 STREAM_DISTRIBUTIONS = ("uvicorn", "h11", "click", "prometheus-client")
 STACK_NAME = "ortserve"
-# Where the repository's template builds from (the README's `--out dist/lambda`).
+# Where the repository's template builds from (docs/lambda.md's `--out dist/lambda`).
 REPO_DOCKER_CONTEXT = "dist/lambda"
 # What the Docker context must not send: SAM's own files (its build folder lands in DIR).
 DOCKERIGNORE = (".aws-sam/", "template.yaml", "samconfig.toml", "sizing.json", ".dockerignore")

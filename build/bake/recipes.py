@@ -135,7 +135,7 @@ RECIPES: dict[str, Recipe] = {
     ),
 }
 # The CPU targets' default: on SmolLM2-135M it meets llama.cpp Q4_K_M's perplexity with a
-# better top-1 agreement at 1.29x its size (README, "Quality", run 4).
+# better top-1 agreement at 1.29x its size (docs/measurements.md, "Quality", run 4).
 DEFAULT_RECIPE = "q4km-like"
 # What a family whose graph may not have the llama-like names gets by default.
 BASIC_RECIPE = "k-quant-mixed"

@@ -1,6 +1,6 @@
 """Per-target bake defaults: the builder's execution provider and options, and session options.
 
-Defaults were chosen on real weights (SmolLM2-135M-Instruct; README, "Quality"): int4
+Defaults were chosen on real weights (SmolLM2-135M-Instruct; docs/measurements.md, "Quality"): int4
 k_quant at block 32 with the lm_head and llama.cpp's "mixed" sensitive layers at int8
 (the builder's `k_quant_mixed`). Block-128 RTN, the first default, was fast but broke
 answers; plain block-32 RTN (the builder's default) loses a third more perplexity.
@@ -16,7 +16,7 @@ from ortserve.bake.recipes import DEFAULT_RECIPE, RECIPES, Recipe
 
 PRECISIONS = ("int4", "int8", "fp16", "fp32")
 # The quality gate's default limit (bake.quality).
-# On SmolLM2-135M-Instruct and the gate's text (README, "Quality"): the default bake
+# On SmolLM2-135M-Instruct and the gate's text (docs/measurements.md, "Quality"): the default bake
 # scores 1.16, plain RTN block 32 1.34 and RTN block 128 (which answers "Le Grand Jestam"
 # for the capital of France) 1.61.
 DEFAULT_MAX_PPL_RATIO = 1.25
@@ -49,7 +49,7 @@ class Target:
 # `algo_config` needs a block size that divides every weight row (k_quant at 128 fails
 # on SmolLM2's 576-wide rows); 32 divides the hidden sizes of the models we serve.
 # Not prune_lm_head, though it gives +9-18% prefill: with it, og 0.18 batches of prompts
-# of different lengths decode wrong tokens (README, Troubleshooting).
+# of different lengths decode wrong tokens (docs/troubleshooting.md).
 _CPU_INT4 = RECIPES[DEFAULT_RECIPE].builder_options()
 
 TARGETS: dict[str, Target] = {
@@ -58,7 +58,7 @@ TARGETS: dict[str, Target] = {
         # Lambda gives 2 vCPUs at the template's default memory; more above ~3.5 GB.
         Target("lambda-x86_64", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 2, DEFAULT_RECIPE),
         Target("lambda-arm64", "cpu", "cpu", "aarch64", dict(_CPU_INT4), 2, DEFAULT_RECIPE),
-        # The README deploys Cloud Functions with --cpu 2.
+        # docs/cloud-functions.md deploys Cloud Functions with --cpu 2.
         Target("gcf", "cpu", "cpu", "x86_64", dict(_CPU_INT4), 2, DEFAULT_RECIPE),
         # A Cloud Run service instance has 2 vCPUs unless its memory needs more; the
         # image sets ORTSERVE_THREADS to its CPUs (bake.package_cloudrun).
@@ -90,8 +90,8 @@ def builder_options(
     for an int4 bake with one), then the user's.
 
     int4 takes the target's (or the recipe's) options whole; int8 (already close to fp32:
-    README, "Quality") keeps its accuracy level at block 128, the faster layout, and no
-    int4 algorithm.
+    docs/measurements.md, "Quality") keeps its accuracy level at block 128, the faster
+    layout, and no int4 algorithm.
     """
     if precision not in PRECISIONS:
         raise BakeError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")

@@ -91,7 +91,10 @@ def builder_input(src: Path, work: Path, options: dict[str, str]) -> tuple[Path,
         if path.name != "config.json":
             (work / path.name).symlink_to(path.resolve())
     (work / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    say("Gemma 3: flat RoPE keys added for the builder, windowed_kv_cache=false (README)")
+    say(
+        "Gemma 3: flat RoPE keys added for the builder, windowed_kv_cache=false "
+        "(docs/troubleshooting.md)"
+    )
     return work, {"windowed_kv_cache": "false", **options}
 
 

@@ -9,7 +9,7 @@ says "loading" meanwhile); without a fork (flask's debug server) the first reque
 starts it.
 
 The flask request becomes a `core.http.Request` in `functions.gcp.translate`; slow
-clients are gunicorn's and the platform's front end's business (see the README on
+clients are gunicorn's and the platform's front end's business (see docs/cloud-functions.md on
 thread exhaustion).
 """
 

@@ -1,4 +1,4 @@
-// The README's playground screenshots: node screenshots.mjs URL OUT_DIR [QUESTION...]
+// The playground screenshots of docs/api.md: node screenshots.mjs URL OUT_DIR [QUESTION...]
 //
 // Against a served real model (e.g. `ortserve serve --model-dir` a SmolLM2-135M-Instruct
 // bake), asks each QUESTION in one chat on a desktop-sized page and writes

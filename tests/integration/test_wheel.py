@@ -1,6 +1,6 @@
 """The wheel installs one import name, `ortserve` (#28 item 1).
 
-The source folders stay where DESIGN.md puts them (core/, functions/, edge/, build/bake/)
+The source folders stay where docs/architecture.md puts them (core/, functions/, edge/, build/bake/)
 and `ortserve/` maps them in: a wheel built from this tree, installed into an empty
 venv, must leave `ortserve` and its dist-info in site-packages and nothing else (no
 top-level `core` or `functions` to collide with other packages).

@@ -1,7 +1,8 @@
-"""The README's Cloud Functions deploy commands follow the concurrency rule the README states
-(#26 item 5): `--concurrency` is what an instance takes (MAX_CONCURRENCY x MAX_BATCH +
-MAX_QUEUE, the settings' defaults unless the command sets them) and gunicorn's `THREADS` stay
-above it, so a health check always finds a free thread."""
+"""The Cloud Functions page's deploy commands (docs/cloud-functions.md) follow the
+concurrency rule the page states (#26 item 5): `--concurrency` is what an instance takes
+(MAX_CONCURRENCY x MAX_BATCH + MAX_QUEUE, the settings' defaults unless the command sets
+them) and gunicorn's `THREADS` stay above it, so a health check always finds a free
+thread."""
 
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ import pytest
 
 from ortserve.core.settings import ServerSettings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "cloud-functions.md"
 
 
 def _deploy_commands() -> list[list[str]]:
-    """The words of each command in the README that deploys the Cloud Functions bundle."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## Google Cloud Functions", 1)[1].split("\n## ", 1)[0]
+    """The words of each command on the page that deploys the Cloud Functions bundle."""
+    text = PAGE.read_text(encoding="utf-8")
     commands = []
-    for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL):
+    for block in re.findall(r"```sh\n(.*?)```", text, re.DOTALL):
         for command in block.replace("\\\n", " ").splitlines():
             words = shlex.split(command, comments=True)
             if "--source" in words and words[words.index("--source") + 1] == "dist/gcf":
@@ -33,7 +33,7 @@ def _option(words: list[str], name: str) -> str:
     return words[words.index(name) + 1]
 
 
-def test_the_readme_deploys_the_gcf_bundle_both_ways() -> None:
+def test_the_docs_deploy_the_gcf_bundle_both_ways() -> None:
     assert [words[:3] for words in _deploy_commands()] == [
         ["gcloud", "functions", "deploy"],
         ["gcloud", "run", "deploy"],

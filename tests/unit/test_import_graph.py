@@ -1,4 +1,4 @@
-"""Import-graph rules beside DESIGN.md's layering (tests/unit/test_layering.py): the
+"""Import-graph rules beside docs/architecture.md's layering (tests/unit/test_layering.py): the
 modules of `ortserve` (every part and the front) import each other without a cycle, and
 the benchmarks never import the test suite."""
 

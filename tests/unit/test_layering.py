@@ -1,4 +1,4 @@
-"""The layering rules of DESIGN.md, checked by parsing imports."""
+"""The layering rules of docs/architecture.md, checked by parsing imports."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORM = {"flask", "functions_framework", "awslambdaric", "boto3", "uvicorn", "starlette"}
-# The parts of the one package `ortserve`, by folder: DESIGN.md's layout mapped into it
+# The parts of the one package `ortserve`, by folder: the layout of docs/architecture.md
 # (pyproject.toml; ortserve/core etc. are links to the folders).
 PARTS = {"core": "core", "functions": "functions", "edge": "edge", "bake": "build/bake"}
 FRONT = ROOT / "ortserve"
