@@ -299,9 +299,10 @@ class Service:
         with finish_reason `length` there.
 
         Raises:
-            InvalidRequestError: The limit is above MAX_NEW_TOKENS (or, with neither it
-                nor a known context, above `UNKNOWN_CONTEXT_TOKENS`), or the prompt is
-                empty, longer than MAX_PROMPT_TOKENS, or leaves no room in the context.
+            InvalidRequestError: The limit (or `min_tokens`) is above MAX_NEW_TOKENS (or,
+                with neither it nor a known context, above `UNKNOWN_CONTEXT_TOKENS`), or
+                the prompt is empty, longer than MAX_PROMPT_TOKENS, or leaves no room in
+                the context.
         """
         wanted = request.options.max_new_tokens
         limit = self.max_new_tokens
@@ -311,6 +312,13 @@ class Service:
             field = request.limit_field
             raise InvalidRequestError(
                 f"{field} {wanted} is above this server's limit of {limit}", field
+            )
+        minimum = request.options.min_new_tokens
+        # A minimum above the server's limit is refused; a request's own limit as its
+        # minimum (ignore_eos) is checked, and cut, as that limit.
+        if minimum > limit and minimum != wanted:
+            raise InvalidRequestError(
+                f"min_tokens {minimum} is above this server's limit of {limit}", "min_tokens"
             )
         if prompt_len == 0:
             raise InvalidRequestError("the prompt is empty")

@@ -263,21 +263,6 @@ MIN_TOKENS_DOC = (
 IGNORE_EOS_DOC = "extension (llama-server's, vLLM's): generate the whole token limit"
 
 
-def minimum_tokens(min_tokens: int, ignore_eos: bool, limit: int, served: Served) -> int:
-    """The new tokens a request must get before EOS may end it (the benchmark extensions
-    `min_tokens` and `ignore_eos`): never more than its token limit `limit`.
-
-    Raises:
-        InvalidRequestError: `min_tokens` is above the server's limit (MAX_NEW_TOKENS).
-    """
-    if min_tokens > served.max_new_tokens:
-        raise InvalidRequestError(
-            f"min_tokens {min_tokens} is above this server's limit of {served.max_new_tokens}",
-            "min_tokens",
-        )
-    return limit if ignore_eos else min(min_tokens, limit)
-
-
 def json_guidance(schema: dict[str, Any], closed: bool = True) -> Guidance:
     """Constrained decoding to JSON valid against `schema`, compact unless the schema's
     `x-guidance` says otherwise: flexible whitespace lets small models wander into

@@ -28,7 +28,6 @@ from ortserve.core.protocol import (
     TokenCount,
     TokenLimit,
     json_guidance,
-    minimum_tokens,
 )
 from ortserve.core.protocol.patterns import ecma_classes
 from ortserve.core.protocol.replies import Generated, GeneratedEnd, GeneratedText
@@ -115,7 +114,8 @@ class GenerateBody(GenerationBody):
         if limit is None:
             default = max(DEFAULT_MAX_NEW_TOKENS, self.min_tokens)
             limit = min(default, served.max_new_tokens)
-        minimum = minimum_tokens(self.min_tokens, self.ignore_eos, limit, served)
+        # The server checks it against its limit (Service.budget); ignore_eos: all of it.
+        minimum = limit if self.ignore_eos else self.min_tokens
         options = SamplingOptions(
             max_new_tokens=limit,
             temperature=self.temperature,

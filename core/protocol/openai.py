@@ -37,7 +37,6 @@ from ortserve.core.protocol import (
     TokenLimit,
     integral,
     json_guidance,
-    minimum_tokens,
     public_finish,
 )
 from ortserve.core.protocol.replies import (
@@ -105,7 +104,8 @@ class _OpenAIBody(GenerationBody):
             limit = max(default_limit, min(self.min_tokens, served.max_new_tokens))
         else:
             limit = max_tokens
-        minimum = minimum_tokens(self.min_tokens, self.ignore_eos, limit, served)
+        # The server checks it against its limit (Service.budget); ignore_eos: all of it.
+        minimum = limit if self.ignore_eos else self.min_tokens
         options = SamplingOptions(
             max_new_tokens=limit,
             temperature=self.temperature,

@@ -53,6 +53,15 @@ def test_max_new_tokens_and_max_prompt_tokens_refuse_with_the_callers_field() ->
         service.budget(21, _request(5))
 
 
+def test_min_tokens_above_the_limit_is_refused_by_its_name() -> None:
+    service = _service(max_new_tokens=50)
+    with pytest.raises(InvalidRequestError, match="min_tokens 51 is above") as caught:
+        service.budget(5, _request(10, min_new_tokens=51))
+    assert caught.value.param == "min_tokens"
+    # ignore_eos: the minimum is the request's own limit, checked (and cut) as that.
+    assert _service(context=100).budget(90, _request(500, min_new_tokens=500)) == 10
+
+
 def test_without_a_known_context_the_limit_is_the_unknown_contexts() -> None:
     service = _service(context=0)
     assert service.max_new_tokens == UNKNOWN_CONTEXT_TOKENS
