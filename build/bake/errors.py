@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
+from types import FrameType
 from typing import IO, Protocol
 
 
@@ -78,6 +81,71 @@ class _Reader(threading.Thread):
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
+class _SignalsHeld:
+    """SIGINT and SIGTERM held while a step starts, until its process is owned.
+
+    Popen() returns only after the child's exec, and the reader threads start after it:
+    a signal in between raised where no `except` stopped the child (Popen() gives no
+    object to kill; Popen's exit waits 0.25 s after a Ctrl-C and leaves it), so the
+    builder, gigabytes of memory, went on alone. Held, the signal is delivered
+    (`release`) inside the `try` that stops the step on the way out. In the main thread
+    only (Python runs signal handlers there); elsewhere nothing is held.
+    """
+
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self._pending: list[int] = []
+        self._previous: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in self._SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._hold)
+
+    def _hold(self, signum: int, frame: FrameType | None) -> None:
+        self._pending.append(signum)
+
+    def restore(self) -> None:
+        """Put the handlers back (the held signals are dropped: the step is stopping)."""
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]  # what signal() gave
+
+    def release(self) -> None:
+        """Put the handlers back and deliver the held signals to them."""
+        self.restore()
+        pending, self._pending = self._pending, []
+        for signum in pending:
+            signal.raise_signal(signum)
+
+
+def _wait(
+    proc: subprocess.Popen[bytes],
+    what: str,
+    start: float,
+    timeout: float | None,
+    progress: StepProgress | None,
+) -> None:
+    """Wait for a step's end: its progress moved on each tick, or a heartbeat line every
+    HEARTBEAT_S seconds; `subprocess.TimeoutExpired` past `timeout`."""
+    last_beat = start
+    while True:
+        wait = min(_TICK_S, HEARTBEAT_S)
+        if timeout is not None:
+            wait = min(wait, max(0.0, start + timeout - time.monotonic()))
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if timeout is not None and now - start >= timeout:
+                raise subprocess.TimeoutExpired(proc.args, timeout) from None
+            if progress is not None:
+                progress.beat()
+            elif now - last_beat >= HEARTBEAT_S:
+                last_beat = now
+                say(f"{what}: still running ({now - start:.0f} s)")
+
+
 def run_step(
     cmd: list[str],
     what: str,
@@ -94,36 +162,35 @@ def run_step(
         subprocess.TimeoutExpired: It ran past `timeout` (it is killed first).
     """
     start = time.monotonic()
-    last_beat = start
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
-        assert proc.stdout is not None and proc.stderr is not None  # both piped
-        readers = [_Reader(proc.stdout, progress), _Reader(proc.stderr, progress)]
-        for reader in readers:
-            reader.start()
+    held = _SignalsHeld()
+    try:
+        # A process group of its own: stopping the step stops what it started too (the
+        # builder runs helpers: a compiler probe, ldconfig), and a terminal's Ctrl-C comes
+        # to the bake alone, which then stops the step.
+        started = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, process_group=0
+        )
+    except BaseException:
+        held.release()  # it did not start: a Ctrl-C that came meanwhile still counts
+        raise
+    readers: list[_Reader] = []
+    with started as proc:
         try:
-            while True:
-                wait = min(_TICK_S, HEARTBEAT_S)
-                if timeout is not None:
-                    wait = min(wait, max(0.0, start + timeout - time.monotonic()))
-                try:
-                    proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    now = time.monotonic()
-                    if timeout is not None and now - start >= timeout:
-                        raise subprocess.TimeoutExpired(cmd, timeout) from None
-                    if progress is not None:
-                        progress.beat()
-                    elif now - last_beat >= HEARTBEAT_S:
-                        last_beat = now
-                        say(f"{what}: still running ({now - start:.0f} s)")
+            assert proc.stdout is not None and proc.stderr is not None  # both piped
+            readers = [_Reader(proc.stdout, progress), _Reader(proc.stderr, progress)]
+            for reader in readers:
+                reader.start()
+            held.release()  # a Ctrl-C or SIGTERM that came while it started: stop it now
+            _wait(proc, what, start, timeout, progress)
             for reader in readers:
                 reader.join()
         except BaseException:
+            held.restore()
             # A timeout, Ctrl-C or SIGTERM (core.cli): the step dies with us, or Popen's
             # exit would wait minutes for it (SIGTERM) or leave it writing into the bake's
             # temporary folder while that is removed (Ctrl-C: it waits 0.25 s only).
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()  # gone before the caller's clean-up removes its folder
             for reader in readers:  # at the pipes' end now: done before they are closed
                 reader.join(timeout=1.0)

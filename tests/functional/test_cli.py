@@ -212,12 +212,14 @@ def _unread(fd: int) -> int:
     return count[0]
 
 
-def _builder_of(folder: Path) -> int | None:
-    """The pid of the model builder baking under `folder`, if one runs."""
+def _builder_of(folder: Path, bake: int) -> int | None:
+    """The pid of the model builder baking under `folder`, if one runs: the bake's child
+    (not one of the builder's own helpers, forked with its command line a moment)."""
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, IndexError):
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if "ortserve.bake.upstream" in text and str(folder) in text:
+            parent = int((cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if "ortserve.bake.upstream" in text and str(folder) in text and parent == bake:
                 return int(cmdline.parent.name)
     return None
 
@@ -229,6 +231,14 @@ def _state(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rpartition(")")[2].split()[0]
+
+
+def _in_group(stat: Path, group: int) -> bool:
+    """Whether the process of /proc/PID/`stat` is in process group `group`."""
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[2]) == group
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def _running(pid: int) -> bool:
@@ -274,7 +284,7 @@ def test_a_bake_stopped_by_a_signal_says_one_line_and_leaves_nothing(
         # between the builder's exec and the `with` that owns it: a window a loaded
         # machine widens).
         deadline = time.monotonic() + 30
-        while (builder := _builder_of(store)) is None or _state(proc.pid) != "S":
+        while (builder := _builder_of(store, proc.pid)) is None or _state(proc.pid) != "S":
             assert proc.poll() is None and time.monotonic() < deadline, said_before
             time.sleep(0.01)
         proc.send_signal(sig)
@@ -286,6 +296,12 @@ def test_a_bake_stopped_by_a_signal_says_one_line_and_leaves_nothing(
     assert "Traceback" not in err, err
     assert list(store.iterdir()) == [], "a partial folder was left in the store"
     assert not _running(builder), "the model builder outlived the bake"
+    helpers = [  # what the builder started: its process group (the bake's `run_step`)
+        stat.parent.name
+        for stat in Path("/proc").glob("[0-9]*/stat")
+        if _in_group(stat, builder) and _running(int(stat.parent.name))
+    ]
+    assert not helpers, f"the builder's helpers outlived the bake: {helpers}"
 
 
 @pytest.mark.parametrize("command", ["show", "completion"])

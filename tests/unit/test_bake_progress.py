@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 
@@ -142,3 +143,34 @@ def test_a_steps_output_is_read_as_it_comes(monkeypatch: pytest.MonkeyPatch) -> 
         "[bake] the model builder: building layers: 3 layers done in 1 s",
         "[bake] the model builder: quantizing: 50%, 0 s",
     ]
+
+
+def test_a_ctrl_c_while_the_step_starts_still_kills_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal in Popen()'s window (the child exec'd, Popen() not yet returned) used to
+    leave the step running alone: now it is held and delivered once the step is owned."""
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_ctrl_c(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        proc: subprocess.Popen[bytes] = real_popen(*args, **kwargs)  # type: ignore[call-overload]
+        started.append(proc)
+        os.kill(os.getpid(), signal.SIGINT)  # as if it came just before Popen() returned
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        errors.run_step([sys.executable, "-c", "import time; time.sleep(60)"], "a step")
+    (proc,) = started
+    assert proc.returncode is not None  # killed and reaped, not left sleeping
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_signals_held_are_delivered_even_when_the_step_cannot_start() -> None:
+    with pytest.raises(FileNotFoundError):
+        errors.run_step(["/no/such/program"], "a step")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    held = errors._SignalsHeld()
+    os.kill(os.getpid(), signal.SIGINT)  # held: no KeyboardInterrupt here
+    with pytest.raises(KeyboardInterrupt):
+        held.release()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
