@@ -36,17 +36,21 @@ BODIES: dict[str, list[dict[str, Any]]] = {
     "/v1/chat/completions": [
         {"model": "m", "messages": CHAT, "max_tokens": 4},
         {"model": "m", "messages": CHAT, "max_tokens": 4, "logprobs": True, "top_logprobs": 2},
-        {"model": "m", "messages": CHAT, "max_tokens": 24, "tools": [TIME],
-         "tool_choice": "required"},
+        {
+            "model": "m",
+            "messages": CHAT,
+            "max_tokens": 24,
+            "tools": [TIME],
+            "tool_choice": "required",
+        },
     ],
     "/api/generate": [{"model": "m", "prompt": "Hello", "options": {"num_predict": 4}}],
     "/api/chat": [
         {"model": "m", "messages": CHAT, "options": {"num_predict": 4}},
         {"model": "m", "messages": CHAT, "options": {"num_predict": 24}, "tools": [TIME]},
     ],
-}  # fmt: skip
-GETS = {"/v1/models", "/v1/models/m", "/healthz", "/readyz", "/api/tags", "/api/ps",
-        "/api/version"}  # fmt: skip
+}
+GETS = {"/v1/models", "/v1/models/m", "/healthz", "/readyz", "/api/tags", "/api/ps", "/api/version"}
 
 
 @pytest.fixture(scope="module")
