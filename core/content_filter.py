@@ -37,18 +37,27 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ortserve.core.errors import InvalidRequestError
+from ortserve.core.fold import fold
 from ortserve.core.generation import GenerationRequest
 
 Kind = Literal["email", "phone", "card"]
 
-# Personal data, as found in free text (none is perfect: they err towards redacting).
-_EMAIL = r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
-_CARD = r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"  # 13 to 19 digits, Luhn-checked
+# Personal data, as found in free text (none is perfect: they err towards redacting). They
+# run on the folded text (core.fold): fullwidth and small at-signs are `@`, an NBSP is a
+# space, every dash is `-`, zero-width characters are gone, JSON escapes are decoded.
+# Addresses take any letters (`josé@example.com`, `bob@examplé.com`).
+_EMAIL = r"[\w.%+-]+@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}"
+_CARD = r"(?<![\d/_-])\d(?:[ /_.-]?\d){12,18}(?![\d/_-])"  # 13 to 19 digits, Luhn-checked
 _PHONE = r"(?<![\w+])\+?(?:\(\d{1,4}\)[ .-]?)?\d(?:[ ().-]{0,2}\d){6,14}(?!\w)"
 _DATE = re.compile(r"\d{4}([-./])\d{1,2}\1\d{1,2}|\d{1,2}([-./])\d{1,2}\2\d{4}")  # not phones
 # Controls a text may not hold when `control_characters` is false: C0 but tab, LF, CR;
 # DEL; C1.
 _CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# The end of a text that may still become personal data as more text comes: its last
+# word (an address), or a run of digits and separators (a card, a phone number). A
+# stream holds it back (up to MAX_OPEN_CHARS) so that a span is redacted whole.
+_OPEN_TAIL = re.compile(r"(?:\S*|[\d ()/_.+-]*)\Z")
+MAX_OPEN_CHARS = 320
 
 
 def _luhn(digits: str) -> bool:
@@ -132,43 +141,68 @@ class Screened:
 
 
 class _Compiled:
-    """One stage's rules, compiled: deny regexes (in order), then the redactors."""
+    """One stage's rules, compiled: deny regexes (in order), then the redactors.
+
+    Deny regexes see the text as written and folded (core.fold), deny words and the
+    redactors the folded text only; matches are mapped back onto the text as written."""
 
     def __init__(self, rules: _Rules, redaction: str) -> None:
         deny = [(f"deny[{i}]", re.compile(p)) for i, p in enumerate(rules.deny)]
-        if rules.deny_words:
-            words = "|".join(re.escape(w) for w in rules.deny_words)
-            deny.append(("deny_words", re.compile(rf"(?<!\w)(?:{words})(?!\w)", re.IGNORECASE)))
-        self.deny = deny
+        self.deny = [(name, rx, True) for name, rx in deny]
+        words = [w for w in (fold(w).text.strip() for w in rules.deny_words) if w]
+        if words:
+            union = "|".join(re.escape(w) for w in words)
+            rx = re.compile(rf"(?<!\w)(?:{union})(?!\w)", re.IGNORECASE)
+            self.deny.append(("deny_words", rx, False))
         self.redactors = [(kind, *_KINDS[kind]) for kind in _KINDS if kind in rules.redact]
         self.redaction = redaction
 
-    def denied(self, text: str, after: int = 0) -> tuple[str, re.Match[str]] | None:
-        """The earliest deny match in `text` that ends past `after` (its rule's name and
-        the match): text before `after` is context, already let through."""
-        found = [
-            (m.start(), name, m)
-            for name, rx in self.deny
-            if (m := next((m for m in rx.finditer(text) if m.end() > after), None))
-        ]
+    def denied(self, text: str, after: int = 0) -> tuple[str, int] | None:
+        """The earliest deny match in `text` that ends past `after`: its rule's name and
+        where it starts in `text` (text before `after` is context, already let through)."""
+        folded = fold(text)
+        found: list[tuple[int, str]] = []
+        for name, rx, as_written in self.deny:
+            for m in rx.finditer(folded.text):
+                start, end = folded.span(m.start(), m.end())
+                if end > after:
+                    found.append((start, name))
+                    break
+            if as_written:
+                written = next((m for m in rx.finditer(text) if m.end() > after), None)
+                if written is not None:
+                    found.append((written.start(), name))
         if not found:
             return None
-        _, name, match = min(found, key=lambda f: f[0])
-        return name, match
+        start, name = min(found)
+        return name, start
 
     def spans(self, text: str) -> list[tuple[int, int, str]]:
         """Personal data in `text`: (start, end, kind), not overlapping, in order."""
+        folded = fold(text)
         spans: list[tuple[int, int, str]] = []
         for kind, rx, check in self.redactors:
-            for m in rx.finditer(text):
-                overlaps = any(s < m.end() and m.start() < e for s, e, _ in spans)
+            for m in rx.finditer(folded.text):
+                start, end = folded.span(m.start(), m.end())
+                overlaps = any(s < end and start < e for s, e, _ in spans)
                 if not overlaps and (check is None or check(m.group())):
-                    spans.append((m.start(), m.end(), kind))
+                    spans.append((start, end, kind))
         return sorted(spans)
 
-    def redact(self, text: str) -> tuple[str, int]:
-        """`text` with its personal data replaced, and how many spans were."""
-        spans = self.spans(text)
+    def open_tail(self, text: str) -> int:
+        """Where the end of `text` that may still become personal data starts (len(text):
+        nothing may; never more than MAX_OPEN_CHARS back)."""
+        if not self.redactors:
+            return len(text)
+        folded = fold(text)
+        tail = _OPEN_TAIL.search(folded.text)
+        start = folded.span(tail.start(), tail.start())[0] if tail is not None else len(text)
+        return max(start, len(text) - MAX_OPEN_CHARS)
+
+    def redact(self, text: str, spans: list[tuple[int, int, str]] | None = None) -> tuple[str, int]:
+        """`text` with its personal data (`spans`, else found now) replaced, and how many
+        spans were."""
+        spans = self.spans(text) if spans is None else spans
         out, at = [], 0
         for start, end, kind in spans:
             out += [text[at:start], self.redaction.format(kind=kind)]
@@ -256,11 +290,13 @@ def _screened_message(message: dict[str, Any], check: Callable[[str], str]) -> d
 class OutputGuard:
     """The output rules over a stream of text deltas (after the stop strings).
 
-    Holds back the last `hold` characters (and any personal data the end of the text may
-    still extend), so that a deny match or a redacted span is cut exactly however the
-    text is split; a deny match longer than that, or beginning in text already sent, is
-    still caught, but its first part has gone out. `rule` names the deny rule that
-    ended the output; `redactions` counts the spans replaced.
+    Holds back the last `hold` characters, and the end of the text that may still become
+    personal data (its last word, or a run of digits and separators), so that a deny
+    match or a redacted span is cut exactly however the text is split; a deny match
+    longer than that, or beginning in text already sent, is still caught, but its first
+    part has gone out. A stop string's cut is seen too (`flush(beyond=...)`): data that a
+    stop string cuts in two is redacted whole. `rule` names the deny rule that ended the
+    output; `redactions` counts the spans replaced.
     """
 
     def __init__(self, rules: _Compiled, hold: int) -> None:
@@ -283,30 +319,37 @@ class OutputGuard:
         self._held += delta
         return self._release(final=False)
 
-    def flush(self) -> str:
-        """The held text, once the generation has ended."""
-        return "" if self.stopped else self._release(final=True)
+    def flush(self, beyond: str = "") -> str:
+        """The held text, once the generation has ended. `beyond`: the text a stop string
+        cut off (the stop string on), which never goes out but which the rules see, so
+        that a span or a deny match it cuts in two is still found."""
+        return "" if self.stopped else self._release(final=True, beyond=beyond)
 
-    def _release(self, final: bool) -> str:
+    def _release(self, final: bool, beyond: str = "") -> str:
         text, context = self._held, self._sent_tail
         # Only a match reaching into the new text counts: the context's first character
         # is a cut, not a word's start (its "kill" may be the end of a sent "skill").
-        denied = self._rules.denied(context + text, after=len(context))
-        if denied is not None:
+        denied = self._rules.denied(context + text + beyond, after=len(context))
+        if denied is not None and denied[1] < len(context) + len(text):
             self.rule = f"output.{denied[0]}"
-            cut = max(0, denied[1].start() - len(context))
-            return self._out(text[:cut], "")
-        cut = len(text) if final else max(0, len(text) - self._hold)
+            cut = max(0, denied[1] - len(context))
+            return self._out(text[:cut], "", self._rules.spans(text[:cut]))
+        spans = self._rules.spans(text + beyond)
+        cut = len(text)
         if not final:
-            for start, end, _ in self._rules.spans(text):
-                if start < cut and (end > cut or end == len(text)):
-                    cut = start  # the span may go on: keep it whole for later
-        return self._out(text[:cut], text[cut:])
+            cut = min(max(0, len(text) - self._hold), self._rules.open_tail(text))
+            for start, end, _ in spans:
+                if start < cut < end:
+                    cut = start  # keep a span whole for later
+        return self._out(text[:cut], text[cut:], spans)
 
-    def _out(self, out: str, held: str) -> str:
+    def _out(self, out: str, held: str, spans: list[tuple[int, int, str]]) -> str:
+        """Send `out` (its personal data, `spans` found with what follows it, redacted),
+        hold `held`."""
         self._held = held
         self._sent_tail = (self._sent_tail + out)[-self._hold :] if self._hold else ""
         if self._rules.redactors:
-            out, found = self._rules.redact(out)
+            spans = [(s, min(e, len(out)), k) for s, e, k in spans if s < len(out)]
+            out, found = self._rules.redact(out, spans)
             self.redactions += found
         return out

@@ -181,7 +181,9 @@ class _Cuts:
     def flush(self) -> str:
         """The text held back, once the tokens have ended."""
         tail = self.stops.flush()
-        return tail if self.guard is None else self.guard.feed(tail) + self.guard.flush()
+        if self.guard is None:
+            return tail
+        return self.guard.feed(tail) + self.guard.flush(beyond=self.stops.dropped)
 
     def finish(self, eos: bool) -> FinishReason:
         """Why the text ended: the filter, a stop string or the model's end, or the limit."""

@@ -11,13 +11,15 @@ class StopMatcher:
     Feed it text deltas; it returns what may be emitted now. Generation stops at the
     first moment a stop string is complete (the occurrence that ends first; on a tie,
     the one that starts first), however the text is split into deltas: `stopped` turns
-    True and the text from that stop string on is dropped.
+    True and the text from that stop string on is dropped (`dropped` keeps it, for the
+    content filter, which must see what the cut ran through).
     """
 
     def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
         self.stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        self.dropped = ""
 
     def feed(self, delta: str) -> str:
         """Add a delta; return the text that is safe to emit."""
@@ -31,6 +33,7 @@ class StopMatcher:
             _, cut = min(found)
             self.stopped = True
             self._held = ""
+            self.dropped = text[cut:]
             return text[:cut]
         keep = self._partial_suffix(text)
         self._held = text[len(text) - keep :]

@@ -33,6 +33,7 @@ from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.generation import Completion, GenerationRequest, Guidance, TokenLogprob
 from ortserve.core.http import error_payload
 from ortserve.core.names import same_name
+from ortserve.core.protocol.bounds import check_grammar, check_regex, check_schema
 from ortserve.core.protocol.patterns import closed_objects, ecma_schema
 from ortserve.core.settings import MAX_TOKENS_BOUND
 from ortserve.core.stops import MAX_STOP_STRINGS
@@ -263,13 +264,38 @@ MIN_TOKENS_DOC = (
 IGNORE_EOS_DOC = "extension (llama-server's, vLLM's): generate the whole token limit"
 
 
-def json_guidance(schema: dict[str, Any], closed: bool = True) -> Guidance:
+def _bounded(check: Callable[[Any], None]) -> Callable[[Any], Any]:
+    def validate(value: Any) -> Any:
+        check(value)  # a ValueError: the field's 400
+        return value
+
+    return validate
+
+
+#: A JSON schema from a client, its cost bounded (core.protocol.bounds) as it is parsed.
+JsonSchema = Annotated[dict[str, Any], AfterValidator(_bounded(check_schema))]
+#: A regex from a client, its cost bounded.
+Regex = Annotated[str, AfterValidator(_bounded(check_regex))]
+#: A lark grammar from a client, its cost bounded.
+Grammar = Annotated[str, AfterValidator(_bounded(check_grammar))]
+
+
+def json_guidance(schema: dict[str, Any], field: str, closed: bool = True) -> Guidance:
     """Constrained decoding to JSON valid against `schema`, compact unless the schema's
     `x-guidance` says otherwise: flexible whitespace lets small models wander into
     endless newlines. Its `pattern`s mean what JSON Schema says (ECMA-262: `\\d` is
     [0-9]; core.protocol.patterns). `closed`: objects take only their declared
     properties where the schema does not say otherwise (`closed_objects`; OpenAI's
-    `strict: true`); False (`strict: false`) keeps JSON Schema's open objects."""
+    `strict: true`); False (`strict: false`) keeps JSON Schema's open objects.
+
+    Raises:
+        InvalidRequestError: The schema (as a whole: tools are joined into one) breaks a
+            bound of core.protocol.bounds; `field` is where the client gave it.
+    """
+    try:
+        check_schema(schema)  # before any walk: a deep schema would overflow the stack
+    except ValueError as exc:
+        raise InvalidRequestError(f"{field}: {exc}", field) from None
     schema = ecma_schema(closed_objects(schema) if closed else schema)
     return Guidance(
         "json_schema", json.dumps({"x-guidance": {"whitespace_flexible": False}, **schema})
@@ -298,7 +324,9 @@ def parse(model: type[_B], body: bytes) -> _B:
         return model.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
-        first = errors[0]
+        # A validator's own words (a bound, a rule) say more than a union's other members'
+        # "Input should be ...".
+        first = next((e for e in errors if e["type"] == "value_error"), errors[0])
         # A union reports one error per member, each under the member's tag
         # (`messages.0.content.str`): name the field they share instead.
         loc = list(first["loc"])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import ConfigDict, Field, model_validator
 
 from ortserve.core.generation import (
@@ -20,7 +18,10 @@ from ortserve.core.protocol import (
     TEMPERATURE_DOC,
     TOP_K_DOC,
     GenerationBody,
+    Grammar,
     Int,
+    JsonSchema,
+    Regex,
     Reply,
     Seed,
     Served,
@@ -81,13 +82,13 @@ class GenerateBody(GenerationBody):
     early_stopping: bool = Field(
         default=True, description="beam search: end once num_beams beams have ended"
     )
-    guided_json: dict[str, Any] | None = Field(
+    guided_json: JsonSchema | None = Field(
         default=None, description="the output is JSON valid against this schema"
     )
-    guided_regex: str | None = Field(
+    guided_regex: Regex | None = Field(
         default=None, min_length=1, description="the output matches this regular expression"
     )
-    guided_grammar: str | None = Field(
+    guided_grammar: Grammar | None = Field(
         default=None, min_length=1, description="the output follows this Lark grammar"
     )
 
@@ -102,7 +103,7 @@ class GenerateBody(GenerationBody):
 
     def _guidance(self) -> Guidance | None:
         if self.guided_json is not None:
-            return json_guidance(self.guided_json)
+            return json_guidance(self.guided_json, "guided_json")
         if self.guided_regex is not None:
             return Guidance("regex", ecma_classes(self.guided_regex))
         if self.guided_grammar is not None:

@@ -39,6 +39,7 @@ from ortserve.core.protocol import (
     Body,
     GenerationBody,
     Int,
+    JsonSchema,
     Reply,
     Seed,
     Served,
@@ -138,7 +139,7 @@ def model_not_found(name: str, served: Served) -> ModelNotFoundError:
 class _OllamaBody(GenerationBody):
     # Any of the served model's names, or "" (the one model; Ollama asks for one).
     model: str
-    format: Literal["json"] | dict[str, Any] | None = Field(
+    format: Literal["json"] | JsonSchema | None = Field(
         default=None, description='"json", or a JSON schema the output must match'
     )
     options: OllamaOptions = Field(default_factory=OllamaOptions)
@@ -179,7 +180,8 @@ class _OllamaBody(GenerationBody):
     def _guidance(self) -> Guidance | None:
         if self.format is None:
             return None
-        return json_guidance({"type": "object"} if self.format == "json" else self.format)
+        schema = {"type": "object"} if self.format == "json" else self.format
+        return json_guidance(schema, "format")
 
     def _template_kwargs(self) -> dict[str, Any] | None:
         return None if self.think is None else {"enable_thinking": self.think}

@@ -28,6 +28,7 @@ from ortserve.core.protocol import (
     Event,
     GenerationBody,
     Int,
+    JsonSchema,
     MultiChoiceReply,
     Reply,
     Seed,
@@ -385,7 +386,7 @@ class JsonSchemaFormat(Body):
     """response_format.json_schema."""
 
     name: str = Field(min_length=1, max_length=64)
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    schema_: JsonSchema = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
@@ -406,7 +407,7 @@ class JsonObjectFormat(Body):
 
     def guidance(self) -> Guidance | None:
         """A JSON object (compact, `json_guidance`)."""
-        return json_guidance({"type": "object"})
+        return json_guidance({"type": "object"}, "response_format")
 
 
 class JsonSchemaResponseFormat(Body):
@@ -418,7 +419,11 @@ class JsonSchemaResponseFormat(Body):
     def guidance(self) -> Guidance | None:
         """JSON valid against the schema (compact, `json_guidance`), its objects closed at
         their declared properties unless `strict` is false."""
-        return json_guidance(dict(self.json_schema.schema_), self.json_schema.strict is not False)
+        return json_guidance(
+            dict(self.json_schema.schema_),
+            "response_format.json_schema.schema",
+            self.json_schema.strict is not False,
+        )
 
 
 #: response_format: text, json_object or json_schema (which needs its `json_schema`).

@@ -28,7 +28,7 @@ from pydantic import Field
 
 from ortserve.core.errors import InvalidRequestError
 from ortserve.core.generation import Completion, Guidance
-from ortserve.core.protocol import Body, Served, json_guidance
+from ortserve.core.protocol import Body, JsonSchema, Served, json_guidance
 from ortserve.core.protocol.patterns import closed_objects
 from ortserve.core.protocol.replies import OllamaReplyToolCall
 from ortserve.core.protocol.replies import ToolCall as OpenAIToolCall
@@ -48,7 +48,7 @@ class FunctionDef(Body):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonSchema | None = None
     strict: bool | None = None
 
 
@@ -144,7 +144,8 @@ class ToolPlan:
             }
             for f in chosen
         ]
-        return json_guidance(calls[0] if len(calls) == 1 else {"anyOf": calls}, closed=False)
+        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return json_guidance(schema, "tools", closed=False)
 
     def parse(self, text: str) -> list[ToolCall]:
         """The calls in the model's text (none: it answered in words)."""

@@ -871,6 +871,117 @@ def test_hostile_bodies_get_a_clear_4xx(target: Target) -> None:
         _error(target.call("POST", path, raw=body), 400, "invalid_request")
 
 
+def _nested(depth: int) -> dict[str, object]:
+    """An array schema nested `depth` levels deep (built without recursion)."""
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+_HUGE = {"type": "array", "minItems": 1_000_000_000}  # 8 GB in llguidance (#35 item 1)
+_DEEP = _nested(500)  # a RecursionError in any recursive walk (#35 item 2)
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": _HUGE}}
+
+
+def _chat(**extra: object) -> dict[str, object]:
+    return {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **extra}
+
+
+def _format(schema: object) -> dict[str, object]:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "says"),
+    [
+        (
+            "/v1/chat/completions",
+            _chat(response_format=_format(_HUGE)),
+            "response_format",
+            "minItems",
+        ),
+        (
+            "/v1/chat/completions",
+            _chat(response_format=_format(_DEEP)),
+            "response_format",
+            "nested",
+        ),
+        (
+            "/v1/chat/completions",
+            _chat(tools=[_TOOL], tool_choice="required"),
+            "tools.0.function.parameters",
+            "minItems",
+        ),
+        (
+            "/v1/chat/completions",
+            _chat(tools=[{**_TOOL, "function": {"name": "f", "parameters": _DEEP}}]),
+            "tools.0.function.parameters",
+            "nested",
+        ),
+        (
+            "/api/chat",
+            {"model": "", "messages": [{"role": "user", "content": "x"}], "format": _HUGE},
+            "format",
+            "minItems",
+        ),
+        ("/api/generate", {"model": "", "prompt": "x", "format": _DEEP}, "format", "nested"),
+        ("/generate", {"prompt": "x", "guided_json": _DEEP}, "guided_json", "nested"),
+        (
+            "/generate",
+            {"prompt": "x", "guided_json": {"type": "array", "maxItems": 10**9}},
+            "guided_json",
+            "maxItems",
+        ),
+        (
+            "/generate",
+            {"prompt": "x", "guided_regex": "a{1000000000}"},
+            "guided_regex",
+            "repetition",
+        ),
+        (
+            "/generate",
+            {"prompt": "x", "guided_grammar": "start: %json " + json.dumps(_HUGE)},
+            "guided_grammar",
+            "minItems",
+        ),
+        (
+            "/generate",
+            {"prompt": "x", "guided_json": {"type": "string", "pattern": "(ab){9999999}"}},
+            "guided_json",
+            "repetition",
+        ),
+    ],
+)
+def test_constraints_that_would_cost_the_server_are_refused_first(
+    target: Target, path: str, body: dict[str, object], param: str, says: str
+) -> None:
+    """A schema, regex or grammar past this server's bounds is a 400 naming the field,
+    before anything compiles or walks it; the server answers on (#35 items 1 and 2)."""
+    reply = target.call("POST", path, body)
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    message = error["message"] if isinstance(error, dict) else error  # Ollama's is a string
+    assert says in message and param in message, message
+    if isinstance(error, dict):
+        assert str(error["param"]).startswith(param)
+    assert target.call("GET", "/healthz").status == 200
+
+
+def test_nested_tools_joined_past_the_bound_are_refused(target: Target) -> None:
+    """Each tool within the bounds, the joined constraint beyond them: still a 400."""
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": f"f{i}", "parameters": {"type": "array", "maxItems": 10_000}},
+        }
+        for i in range(6)
+    ]
+    reply = target.call("POST", "/v1/chat/completions", _chat(tools=tools, tool_choice="required"))
+    error = _error(reply, 400, "invalid_request")
+    assert error["param"] == "tools" and "add up" in str(error["message"])
+
+
 def test_json_array_body(target: Target) -> None:
     _error(target.call("POST", "/generate", [1, 2]), 400, "invalid_request")
 
