@@ -27,7 +27,8 @@ deny_words = ["forbidden"]
 redact = ["email", "phone", "card"]
 [output]
 deny = ['SECRET']
-redact = ["email"]
+deny_words = ["password dump"]
+redact = ["email", "card"]
 """
 CHAT = "/v1/chat/completions"
 MODEL = "ortserve/tiny-llama-random-weights"
@@ -136,6 +137,97 @@ def test_output_ends_at_a_deny_rule_and_is_redacted(target: Target, stream: bool
     lines = [json.loads(line) for line in ollama.body.splitlines() if line.strip()]
     assert "".join(line["message"]["content"] for line in lines) == '{"k":"no '
     assert lines[-1]["done_reason"] == "content_filter"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_does_not_cut_personal_data_out_of_redaction(
+    target: Target, stream: bool
+) -> None:
+    """A stop string that ends inside a card number or an address: the part before the
+    cut is still redacted (#35 item 4)."""
+
+    def forced(text: str, stop: str) -> tuple[str, str]:
+        body = _chat("Hi", max_tokens=60, stream=stream, response_format=_forced(text), stop=stop)
+        return _content(target.call("POST", CHAT, body))
+
+    assert forced("card 4111 1111 1111 1111 ok", "1 ok") == ('{"k":"card [card]', "stop")
+    assert forced("mail john.smith@corp.com now", ".com") == ('{"k":"mail [email]', "stop")
+    long = "john.jacob.jingleheimer.schmidt.the.third@example.com"  # longer than hold_chars
+    assert forced(f"to {long}", "zz") == ('{"k":"to [email]"}', "stop")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_rules_match_evasive_spellings_in_and_out(target: Target, stream: bool) -> None:
+    """Deny words written with odd spaces, fullwidth or Cyrillic letters, zero-width
+    characters or combining marks are caught on input and output; redaction finds
+    addresses and cards in their other spellings (#35 items 5 and 6)."""
+    for text in (
+        "a for\u200bbidden word",
+        "\uff46\uff4f\uff52\uff42\uff49\uff44\uff44\uff45\uff4e",
+        "f\u043erbidden",
+        "forbi\u0301dden",
+    ):
+        reply = target.call("POST", CHAT, _chat(text, stream=stream))
+        assert reply.status == 400 and "input.deny_words" in reply.body.decode(), text
+    # The tiny model's 512 tokens spell only ASCII: the output's other spellings are in
+    # tests/unit/test_content_filter.py. A tab or newline is `\\t`, `\\n` in its JSON.
+    for text in ("the password  DUMP is", "the Password\tdump is", "the password\ndump is"):
+        body = _chat("Hi", max_tokens=60, stream=stream, response_format=_forced(text))
+        assert _content(target.call("POST", CHAT, body)) == ('{"k":"the ', "content_filter")
+    text = "4111_1111_1111_1111 or 4111/1111/1111/1111 or 4111\t1111\t1111\t1111"
+    body = _chat("Hi", max_tokens=90, stream=stream, response_format=_forced(text))
+    assert _content(target.call("POST", CHAT, body)) == (
+        '{"k":"[card] or [card] or [card]"}',
+        "stop",
+    )
+
+
+def _tool_call(argument: str, route: str, stream: bool) -> dict[str, Any]:
+    """A chat whose one tool call must give `x` exactly `argument`."""
+    parameters = {"type": "object", "properties": {"x": {"const": argument}}, "required": ["x"]}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    messages = [{"role": "user", "content": "Call f"}]
+    if route == "/api/chat":
+        return {"model": MODEL, "messages": messages, "tools": tools, "stream": stream}
+    return {
+        **_chat("Call f", max_tokens=60, stream=stream),
+        "tools": tools,
+        "tool_choice": "required",
+    }
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_arguments_are_filtered_as_the_client_gets_them(
+    target: Target, stream: bool
+) -> None:
+    """The model writes a tab in a JSON string as `\\t`: the client decodes it, so the
+    rules see it decoded too (#35 item 3)."""
+    card = "4111\t1111\t1111\t1111"
+    reply = target.call("POST", CHAT, _tool_call(card, CHAT, stream))
+    assert reply.status == 200, reply.body
+    if stream:
+        events = [e for e in reply.events() if isinstance(e, dict) and e.get("choices")]
+        deltas = [c for e in events for c in e["choices"][0]["delta"].get("tool_calls", [])]
+        arguments = "".join(c["function"].get("arguments", "") for c in deltas)
+    else:
+        arguments = reply.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(arguments) == {"x": "[card]"}
+    denied = target.call("POST", CHAT, _tool_call("password\tdump", CHAT, stream))
+    text, finish = _content(denied)
+    assert finish == "content_filter" and "password" not in text
+    assert "tool_calls" not in denied.body.decode()
+    # Ollama's tool calls (arguments as an object), the call forced by `format`.
+    body = _tool_call(card, "/api/chat", stream)
+    arguments = body["tools"][0]["function"]["parameters"]
+    call = {
+        "type": "object",
+        "properties": {"name": {"const": "f"}, "arguments": arguments},
+        "required": ["name", "arguments"],
+    }
+    ollama = target.call("POST", "/api/chat", {**body, "format": call})
+    lines = [json.loads(line) for line in ollama.body.splitlines() if line.strip()]
+    calls = [c for line in lines for c in line["message"].get("tool_calls", [])]
+    assert [c["function"]["arguments"] for c in calls] == [{"x": "[card]"}], ollama.body
 
 
 def test_log_probabilities_are_refused_while_output_is_filtered(target: Target) -> None:

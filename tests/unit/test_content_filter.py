@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from ortserve.core.content_filter import ContentFilter, ContentFilterError, FilterFile
 from ortserve.core.errors import InvalidRequestError
 from ortserve.core.generation import GenerationRequest
+from ortserve.core.service import _Cuts
+from ortserve.core.stops import StopMatcher
 
 RULES = """
 redaction = "<{kind}>"
@@ -153,3 +155,119 @@ def test_output_is_the_same_however_the_text_is_split(
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
     parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
     assert _streamed(rules, parts) == _streamed(rules, [text])
+
+
+# -- #35 items 3 to 6: what the rules see is the text folded (core.fold) -------------------
+
+FOLDING = ContentFilter(
+    FilterFile.model_validate(
+        {
+            "redaction": "[{kind}]",
+            "input": {"deny_words": ["password dump"], "redact": ["email", "phone", "card"]},
+            "output": {"deny_words": ["password dump"], "redact": ["email", "phone", "card"]},
+        }
+    )
+)
+
+# Ways to write one letter that a reader (or a client's json.loads) takes for it.
+_LETTER_EVASIONS = [
+    lambda c: c,
+    str.upper,
+    lambda c: chr(ord(c) - 0x21 + 0xFF01),  # fullwidth
+    lambda c: {"a": "\u0430", "o": "\u043e", "p": "\u0440", "s": "\u0455"}.get(c, c),  # Cyrillic
+    lambda c: c + "\u200b",  # zero-width space
+    lambda c: c + "\u200c",
+    lambda c: c + "\u200d",
+    lambda c: c + "\u2060",  # word joiner
+    lambda c: c + "\u00ad",  # soft hyphen
+    lambda c: c + "\u0301",  # a combining acute
+    lambda c: f"\\u{ord(c):04x}",  # a JSON escape, decoded by the client
+]
+_SPACES = [" ", "  ", "\t", "\n", "\u00a0", " \u200b ", "\u3000", "\\t", "\\u0020"]
+
+
+def _evasive(phrase: str, data: st.DataObject) -> str:
+    out = []
+    for char in phrase:
+        if char == " ":
+            out.append(data.draw(st.sampled_from(_SPACES)))
+        else:
+            out.append(data.draw(st.sampled_from(_LETTER_EVASIONS))(char))
+    return "".join(out)
+
+
+def _split(text: str, data: st.DataObject) -> list[str]:
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_any_mix_of_evasions_is_caught_on_input_and_output(data: st.DataObject) -> None:
+    said = data.draw(st.sampled_from(["", "ok, ", "the "])) + _evasive("password dump", data)
+    with pytest.raises(ContentFilterError) as caught:
+        FOLDING.screen(GenerationRequest(prompt=said + " now"))
+    assert caught.value.rule == "input.deny_words"
+    out, rule, _ = _streamed(FOLDING, _split(said + " now", data))
+    assert rule == "output.deny_words"
+    assert "dump" not in out.lower() and len(out) <= len(said)
+
+
+_WORDS = ["hello", "pass", "word", "dumps", "the", "passwords", "café", "naïve", "x", "Ünïcode"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_text_no_rule_matches_passes_unchanged(data: st.DataObject) -> None:
+    words = data.draw(st.lists(st.sampled_from(_WORDS), max_size=10))
+    text = "".join(
+        _evasive(w, data) + data.draw(st.sampled_from([" ", "\u00a0", "\n", ", "])) for w in words
+    )
+    assert FOLDING.screen(GenerationRequest(prompt=text)).request.prompt == text
+    assert _streamed(FOLDING, _split(text, data)) == (text, "", 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("to jos\u00e9@example.com.", "to [email]."),  # IDN addresses
+        ("to bob@exampl\u00e9.com", "to [email]"),
+        ("to bob\uff20example.com", "to [email]"),  # fullwidth and small at-signs
+        ("to bob\ufe6bexample.com", "to [email]"),
+        ("to bob\u200b@exam\u200bple.com", "to [email]"),  # zero-width inside
+        ("to bob\\u0040example.com", "to [email]"),  # as a JSON string writes it
+        ("4111\u00a01111\u00a01111\u00a01111", "[card]"),  # NBSP, en dash, /, _, zero-width
+        ("4111\u20131111\u20131111\u20131111", "[card]"),
+        ("4111/1111/1111/1111", "[card]"),
+        ("4111_1111_1111_1111", "[card]"),
+        ("4111\u200b1111\u200b1111\u200b1111", "[card]"),
+        ("call 555.123.1111 now", "call [phone] now"),
+        ("call 555  123  1111 now", "call [phone] now"),
+        ("call +1 555 123 1111.", "call [phone]."),
+        ("john.jacob.jingleheimer.schmidt@example.com", "[email]"),  # longer than the hold
+    ],
+)
+def test_redaction_finds_the_other_spellings(text: str, redacted: str) -> None:
+    assert FOLDING.screen(GenerationRequest(prompt=text)).request.prompt == redacted
+    assert _streamed(FOLDING, list(text))[0] == redacted  # streamed a character at a time
+    assert _streamed(FOLDING, [text])[0] == redacted
+
+
+@pytest.mark.parametrize(
+    ("text", "stop", "out"),
+    [
+        ("card 4111 1111 1111 1111 ok", "1 ok", "card [card]"),
+        ("mail john.smith@corp.com now", ".com", "mail [email]"),
+        ("say password dump", "ump", "say "),  # a deny match the cut runs through
+        ("mail a@b.io, then stop", "stop", "mail [email], then "),
+    ],
+)
+def test_a_stop_string_cut_is_seen_by_the_output_rules(text: str, stop: str, out: str) -> None:
+    for parts in ([text], list(text)):
+        cuts = _Cuts(StopMatcher([stop]), FOLDING)
+        sent = ""
+        for part in parts:
+            sent += cuts.feed(part)
+            if cuts.ended:
+                break
+        assert sent + cuts.flush() == out
