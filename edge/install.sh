@@ -385,7 +385,9 @@ install_venv() {
         die "pip could not install from the bundle's wheels (see above)"
     fi
     # Import what the daemon loads: a wheel that cannot load on this board fails here.
-    if ! run "$VENV/bin/python" -c "import onnxruntime_genai, edge.daemon"; then
+    # -I: from the venv alone (not the current folder, which may hold a copy of ortserve's
+    # sources, and no PYTHONPATH), as the installed daemon runs.
+    if ! run "$VENV/bin/python" -I -c "import onnxruntime_genai, ortserve.edge.daemon"; then
         die "ortserve's runtime does not load on this machine (see above); the venv is in $VENV"
     fi
     # The stamp goes last: an interrupted install is redone by the next run.

@@ -128,16 +128,26 @@ def host_report() -> str:
 
 
 def install(
-    bundle: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 900
+    bundle: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 900,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the bundle's install.sh with `args` (the tests always pass --prefix)."""
+    """Run the bundle's install.sh with `args` (the tests always pass --prefix) as the docs
+    say to: from the bundle's folder (or `cwd`), never the checkout, whose own sources
+    would be importable from there; in `env` (None: this process's), less the variables
+    that point Python at other code."""
+    base = os.environ if env is None else env
+    clean = {k: v for k, v in base.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     return subprocess.run(
-        ["sh", str(bundle / "install.sh"), *args],
+        ["sh", "./install.sh" if cwd is None else str(bundle / "install.sh"), *args],
         capture_output=True,
         text=True,
-        env=env,
+        env=clean,
         timeout=timeout,
         check=False,
+        cwd=bundle if cwd is None else cwd,
     )
 
 

@@ -123,8 +123,10 @@ def _ask(url: str) -> dict[str, float]:
 def _install_serve_uninstall(
     bundle: Path, python: Path, prefix: Path, env: dict[str, str] | None = None
 ) -> dict[str, float]:
-    """`env`: install.sh's environment (None: this process's)."""
+    """`env`: install.sh's environment (None: this process's). Installs a copy of
+    `bundle` (outside the checkout) from its own folder, then again from an unrelated one."""
     timings: dict[str, float] = {}
+    bundle = copy_bundle(bundle, prefix.parent / "bundle-copy")
     clock = Stopwatch()
     first = install(
         bundle, "--prefix", str(prefix), "--python", str(python), "--no-systemd", env=env
@@ -150,8 +152,13 @@ def _install_serve_uninstall(
     # Idempotent: a second run verifies and changes nothing at all.
     before = listing(prefix)
     clock = Stopwatch()
+    elsewhere = prefix.parent / "elsewhere"
+    elsewhere.mkdir()
     second = install(
-        bundle, "--prefix", str(prefix), "--python", str(python), "--no-systemd", env=env
+        bundle,
+        *("--prefix", str(prefix), "--python", str(python), "--no-systemd"),
+        env=env,
+        cwd=elsewhere,
     )
     timings["second_install_s"] = clock()
     assert second.returncode == 0, second.stdout + second.stderr
