@@ -101,18 +101,27 @@ class EdgeApp:
             if not request.cancelled.is_set():  # else no one is left to read it
                 await _send_bytes(send, response)
         else:  # pumped even for a client gone: that stops the stream and ends its record
-            await self._send_stream(response, receive, send)
+            await self._send_stream(response, receive, send, request.cancelled)
 
     async def _handle(self, request: Request, gate: asyncio.Semaphore) -> Response:
         async with gate:
             return await run_in_thread(lambda: self.api.handle(request))
 
-    async def _send_stream(self, response: Response, receive: Receive, send: Send) -> None:
+    async def _send_stream(
+        self, response: Response, receive: Receive, send: Send, cancelled: Event
+    ) -> None:
         assert not isinstance(response.body, bytes)
         pump = ChunkPump(response.body, response.close_body)
         self._pumps.add(pump)
         pump.start()  # generation goes on while the headers are sent
-        watcher = asyncio.create_task(_on_disconnect(receive, pump.cancel))
+
+        def gone() -> None:
+            # The pump sees its cancel between chunks only; the generation sees `cancelled`
+            # between a prefill's parts too (its first chunk waits for the whole prefill).
+            cancelled.set()
+            pump.cancel()
+
+        watcher = asyncio.create_task(_on_disconnect(receive, gone))
         try:
             await send(_start(response))
             async for chunk in pump:
