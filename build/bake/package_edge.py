@@ -46,7 +46,7 @@ from ortserve.bake.packaging_common import (
     pinned,
     write_lines,
 )
-from ortserve.bake.sizing import Memory, model_memory, write_record
+from ortserve.bake.sizing import Memory, model_memory, shipped_caps, write_record
 from ortserve.bake.targets import Target
 from ortserve.core.manifest import sha256_file
 
@@ -354,6 +354,22 @@ def with_memory_max(unit: str, limit: str) -> str:
     return "".join(lines)
 
 
+def with_caps(settings: str, terms: Memory) -> str:
+    """The settings file `settings` with the limits that keep each sequence in the room
+    the unit's MemoryMax counts (`bake.sizing.shipped_caps`), set, not commented."""
+    caps = shipped_caps(terms)
+    if not caps:
+        return settings
+    lines = "".join(f"{name}={value}\n" for name, value in caps.items())
+    return (
+        f"{settings.rstrip()}\n\n# Written by the bake (sizing.json): the unit's MemoryMax "
+        f"counts {terms.sequences} sequences\n# of {terms.tokens_per_sequence} tokens; these "
+        "keep each one in that room. The model's context is\n# longer: raise them only with "
+        "MemoryMax.\n"
+        f"{lines}"
+    )
+
+
 def package_edge(target: Target, bundle: Path, cache: Path | None = None) -> None:
     """Add the offline install bundle for an edge target around `bundle/model`.
 
@@ -387,6 +403,8 @@ def package_edge(target: Target, bundle: Path, cache: Path | None = None) -> Non
     terms = model_memory(bundle / MODEL_SUBDIR, reloads=True)
     limit = unit_memory_max(terms)
     unit.write_text(with_memory_max(unit.read_text(encoding="utf-8"), limit), encoding="utf-8")
+    settings = bundle / "ortserve.env"
+    settings.write_text(with_caps(settings.read_text(encoding="utf-8"), terms), encoding="utf-8")
     write_record(bundle / "sizing.json", terms, memory_max=limit)
     # Executable for `./install.sh`; it is a public script (and `sh install.sh` works too).
     os.chmod(bundle / "install.sh", 0o755)  # noqa: S103

@@ -19,7 +19,6 @@ So `cd DIR && sam build && sam deploy` deploys it, whatever DIR is.
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 from ortserve.bake.errors import BakeError
@@ -30,7 +29,7 @@ from ortserve.bake.packaging_common import (
     copy_runtime_code,
     package_dir,
 )
-from ortserve.bake.sizing import Memory, model_memory, write_record
+from ortserve.bake.sizing import Memory, model_memory, shipped_caps, write_record
 from ortserve.bake.targets import Target
 
 DOCKERFILES = ("Dockerfile", "Dockerfile.stream")
@@ -100,6 +99,25 @@ def memory_size(model_dir: Path) -> tuple[int, Memory]:
     return max(DEFAULT_MEMORY_MB, terms.total_mib), terms
 
 
+def dockerfile_with_caps(text: str, terms: Memory) -> str:
+    """A Dockerfile whose image keeps a request in the room MemorySize counts
+    (`bake.sizing.shipped_caps`): an ENV line before its CMD or ENTRYPOINT."""
+    caps = shipped_caps(terms)
+    if not caps:
+        return text
+    start = re.search(r"^(CMD|ENTRYPOINT) ", text, re.MULTILINE)
+    if start is None:
+        raise BakeError("a Lambda Dockerfile has no CMD or ENTRYPOINT: update the bake")
+    values = " \\\n    ".join(f"{name}={value}" for name, value in caps.items())
+    block = (
+        "# Written by the bake (sizing.json): MemorySize counts one sequence of "
+        f"{terms.tokens_per_sequence} tokens;\n# these keep a request in that room. DL3064 "
+        "takes ORTSERVE_MAX_*_TOKENS for secrets:\n# they are counts of tokens.\n"
+        f"# hadolint ignore=DL3064\nENV {values}\n\n"
+    )
+    return text[: start.start()] + block + text[start.start() :]
+
+
 def samconfig(architecture: str, memory_mb: int = DEFAULT_MEMORY_MB) -> str:
     """samconfig.toml for the bake output (SAM CLI's configuration file, version 0.1)."""
     overrides = f'"Architecture={architecture} MemorySize={memory_mb}"'
@@ -149,15 +167,16 @@ def package_lambda(target: Target, bundle: Path, cache: Path | None = None) -> N
     architecture = lambda_architecture(target)
     # The code the Dockerfiles copy, and nothing else.
     copy_runtime_code(bundle, ("aws",), edge=True)
+    memory_mb, terms = memory_size(bundle / MODEL_SUBDIR)
     for name in DOCKERFILES:
-        shutil.copy2(package_dir("ortserve.functions") / "aws" / name, bundle / name)
+        text = (package_dir("ortserve.functions") / "aws" / name).read_text(encoding="utf-8")
+        (bundle / name).write_text(dockerfile_with_caps(text, terms), encoding="utf-8")
     runtime = lock(LAMBDA_DISTRIBUTIONS, target.arch, cache)
     stream = lock((*LAMBDA_DISTRIBUTIONS, *STREAM_DISTRIBUTIONS), target.arch, cache)
     (bundle / "requirements.txt").write_text("\n".join(runtime) + "\n", encoding="utf-8")
     (bundle / "requirements-stream.txt").write_text("\n".join(stream) + "\n", encoding="utf-8")
     text = repo_template().read_text(encoding="utf-8")
     (bundle / "template.yaml").write_text(bake_template(text, architecture), encoding="utf-8")
-    memory_mb, terms = memory_size(bundle / MODEL_SUBDIR)
     (bundle / "samconfig.toml").write_text(samconfig(architecture, memory_mb), encoding="utf-8")
     write_record(bundle / "sizing.json", terms, memory_size_mb=memory_mb)
     (bundle / ".dockerignore").write_text("\n".join(DOCKERIGNORE) + "\n", encoding="utf-8")

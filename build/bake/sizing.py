@@ -178,6 +178,20 @@ def model_memory(model_dir: Path, sequences: int = SEQUENCES, reloads: bool = Fa
     return memory_for(model_bytes, config["model"], sequences, reloads=reloads)
 
 
+def shipped_caps(terms: Memory) -> dict[str, str]:
+    """The settings an artefact ships so that a request stays in the room `terms` counts
+    for it (`ORTSERVE_MAX_PROMPT_TOKENS` and `ORTSERVE_MAX_NEW_TOKENS`), as environment
+    variables; none where the model's context is that room already. Without them a
+    request may take the whole context: 4 prompts of 8,100 tokens on the 135M shape (an
+    8,192 context) peaked at 1,978 MiB against 1,404 MiB declared."""
+    if not terms.max_prompt_tokens:
+        return {}
+    return {
+        "ORTSERVE_MAX_PROMPT_TOKENS": str(terms.max_prompt_tokens),
+        "ORTSERVE_MAX_NEW_TOKENS": str(terms.max_new_tokens),
+    }
+
+
 def write_record(path: Path, terms: Memory, **derived: Any) -> None:
     """`sizing.json`: what a target `derived` from the formula, and its terms."""
     record = {**derived, "terms": terms.record()}

@@ -364,3 +364,54 @@ def test_a_client_that_leaves_during_a_prefill_frees_its_slot(start: Any) -> Non
     assert freed_buffered < prefill_s / 3, (freed_buffered, prefill_s)
     log = "".join(daemon.stdout)  # the access lines
     assert log.count("client_closed_request") >= 2, log
+
+
+@pytest.mark.slow
+def test_the_edge_bundles_shipped_settings_hold_its_memory_max(start: Any) -> None:  # noqa: F811
+    """#35 item 8: the edge bundle's settings as shipped (its ortserve.env with the bake's
+    caps, everything else default) on the 135M shape (an 8,192 context): prompts past the
+    room the unit's MemoryMax counts are refused, and its sequences of the longest
+    allowed prompts, all at once, peak (VmHWM) under MemoryMax."""
+    from ortserve.bake.package_edge import unit_memory_max, with_caps
+    from ortserve.bake.packaging_common import package_dir
+    from ortserve.bake.sizing import model_memory
+
+    shape = _shape()
+    terms = model_memory(shape, reloads=True)
+    limit_mib = int(unit_memory_max(terms).removesuffix("M"))
+    settings = (package_dir("ortserve.edge") / "ortserve.env").read_text(encoding="utf-8")
+    shipped = dict(
+        line.removeprefix("ORTSERVE_").split("=", 1)
+        for line in with_caps(settings, terms).splitlines()
+        if line.startswith("ORTSERVE_")
+    )
+    assert set(shipped) == {"MAX_PROMPT_TOKENS", "MAX_NEW_TOKENS"}
+    daemon = start(shape, **shipped)
+    daemon.wait_for("READY=1")
+    too_long = daemon.http.post("/v1/completions", json={"prompt": _prompt(8100)}, timeout=60)
+    assert too_long.status_code == 400, too_long.text
+    first_tokens = threading.Barrier(terms.sequences + 1, timeout=900)
+    room = int(shipped["MAX_PROMPT_TOKENS"])
+
+    def ask(index: int) -> None:
+        body = {"prompt": f"{index} " + _prompt(room - 8), "max_tokens": 512, "stream": True}
+        try:
+            with (
+                httpx.Client(base_url=daemon.url, timeout=900) as client,
+                client.stream("POST", "/v1/completions", json=body) as reply,
+            ):
+                assert reply.status_code == 200, reply.read()
+                next(reply.iter_lines())
+                first_tokens.wait()
+        except BaseException:
+            first_tokens.abort()
+            raise
+
+    askers = [threading.Thread(target=ask, args=(i,)) for i in range(terms.sequences)]
+    for asker in askers:
+        asker.start()
+    first_tokens.wait()
+    peak = _status_mib(daemon.proc.pid, "VmHWM")
+    for asker in askers:
+        asker.join(60)
+    assert peak <= limit_mib, (peak, limit_mib, terms)

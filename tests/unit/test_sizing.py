@@ -78,3 +78,35 @@ def test_the_edge_unit_gets_the_formulas_memory_max() -> None:
 def test_samconfig_deploys_the_memory_size() -> None:
     text = samconfig("arm64", 4096)
     assert text.count('parameter_overrides = "Architecture=arm64 MemorySize=4096"') == 2
+
+
+def test_the_shipped_settings_keep_requests_in_the_declared_room() -> None:
+    """#35 item 8: where the context is longer than a sequence's room, the edge bundle's
+    settings file and the Lambda images set the caps (active, not commented), so that the
+    declared memory holds with the settings as shipped; a short context ships none."""
+    from ortserve.bake.package_edge import with_caps
+    from ortserve.bake.package_lambda import DOCKERFILES, dockerfile_with_caps
+    from ortserve.bake.packaging_common import package_dir
+    from ortserve.bake.sizing import shipped_caps
+
+    edge = memory_for(150 << 20, SMOLLM2_135M, sequences=4, reloads=True)
+    caps = {"ORTSERVE_MAX_PROMPT_TOKENS": "3584", "ORTSERVE_MAX_NEW_TOKENS": "512"}
+    assert shipped_caps(edge) == caps
+    settings = (package_dir("ortserve.edge") / "ortserve.env").read_text(encoding="utf-8")
+    active = dict(
+        line.split("=", 1)
+        for line in with_caps(settings, edge).splitlines()
+        if line.startswith("ORTSERVE_")
+    )
+    assert active == caps
+    lambda_terms = memory_for(150 << 20, SMOLLM2_135M, sequences=1)
+    for name in DOCKERFILES:
+        text = (package_dir("ortserve.functions") / "aws" / name).read_text(encoding="utf-8")
+        baked = dockerfile_with_caps(text, lambda_terms)
+        assert "ENV ORTSERVE_MAX_PROMPT_TOKENS=3584 \\\n    ORTSERVE_MAX_NEW_TOKENS=512\n" in baked
+        assert baked.index("ORTSERVE_MAX_PROMPT_TOKENS") < baked.index(
+            "\nCMD" if "CMD" in text else "\nENTRYPOINT"
+        )
+    short = dict(SMOLLM2_135M, context_length=2048)
+    assert shipped_caps(memory_for(150 << 20, short, sequences=4)) == {}
+    assert with_caps(settings, memory_for(150 << 20, short, sequences=4)) == settings
