@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ortserve.core.admission import CANCEL_POLL_S
 from ortserve.core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
-from ortserve.core.manifest import arch_mismatch, manifest_digest
+from ortserve.core.manifest import arch_mismatch, manifest_digest, verify_folder
 from ortserve.core.protocol.replies import ModelDescription
 from ortserve.core.settings import EngineSettings, ServerSettings
 
@@ -161,6 +161,14 @@ class ModelState:
                 digest = None  # the load names what is missing
             old = self.service
             if old is not None and digest is not None and old.engine.digest == digest:
+                # The same manifest is not the same files: another folder (or this one,
+                # changed since) may hold it truncated or altered. Sizes always; every
+                # byte's hash where the folder is not the one that serves.
+                elsewhere = folder != old.engine.settings.model_dir
+                try:
+                    verify_folder(folder, full_hash=elsewhere or settings.verify_sha256)
+                except OrtServeError as exc:
+                    return self._reload_failed(folder, digest, exc.message)
                 log.info("reload: %s holds the model already serving (%s)", folder, digest[:12])
                 return self._report("unchanged", folder, digest, done=True)
             log.info("reload: loading %s beside the serving model", folder)

@@ -41,6 +41,7 @@ from ortserve.edge.metrics import CONTENT_TYPE, Metrics
 from ortserve.edge.notify import Notifier
 from ortserve.edge.offload import run_in_thread
 from ortserve.edge.settings import EdgeSettings
+from ortserve.edge.switch import restore_link
 
 log = logging.getLogger("ortserve.edge")
 
@@ -158,9 +159,11 @@ class Daemon:
                 )
                 continue
             if report.status == "failed":
+                restored = restore_link(self.settings.model_dir, engine.settings.model_dir)
                 text = (
                     f"reload failed ({report.reason}); still serving {self.state.model_id} "
                     f"({engine.digest[:12]}) at {address}"
+                    + (f"; {self.settings.model_dir} points at it again" if restored else "")
                 )
             else:
                 text = (

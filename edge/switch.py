@@ -70,6 +70,27 @@ def set_link(path: Path, target: str) -> None:
     os.replace(tmp, path)
 
 
+def restore_link(link: Path, serving: Path) -> bool:
+    """After a failed reload, point the symlink `link` (the daemon's ORTSERVE_MODEL_DIR,
+    e.g. `current`) back at the folder that still serves, so that a restart serves it
+    too rather than the folder that failed. Relative where `serving` is beside the
+    link's folder, as `ortserve reload` writes it. False: `link` is no symlink, names
+    `serving` already, or cannot be changed (the error is logged by the caller's text).
+    """
+    if not link.is_symlink():
+        return False
+    try:
+        if link.resolve() == serving.resolve():
+            return False
+        base = link.parent.resolve()
+        target = serving.resolve()
+        written = target.relative_to(base).as_posix() if target.is_relative_to(base) else target
+        set_link(link, str(written))
+    except OSError:
+        return False
+    return True
+
+
 def folder_digest(folder: Path) -> str:
     """The manifest digest of a model folder (core.manifest.manifest_digest, without
     importing it: sha256 of manifest.json)."""
@@ -229,6 +250,7 @@ def switch(
     before = readyz(url) if reload else {}
     count_before = reload_count(before)
     start = time.monotonic()
+    links = {name: link_target(state_dir, name) for name in (PREVIOUS, CURRENT)}
     if rollback:
         swap(state_dir)
     if not reload:
@@ -238,13 +260,18 @@ def switch(
         payload = wait_served(url, digest, count_before, timeout)
     except SwitchError as exc:
         if rollback:
-            swap(state_dir)  # the links name what serves again
+            # The links name what serves again: set, not swapped back (the daemon itself
+            # points `current` at what serves after a failed reload, maybe first).
+            for name, was in links.items():
+                if was is not None:
+                    set_link(state_dir / name, was)
             raise
         served = before.get("manifest_digest")
         back = serving_folder(state_dir, served) if isinstance(served, str) else None
-        if back is None or back == link_target(state_dir, CURRENT):
+        if back is None:
             raise
-        set_link(state_dir / CURRENT, back)
+        if back != link_target(state_dir, CURRENT):  # else the daemon did it already
+            set_link(state_dir / CURRENT, back)
         raise SwitchError(
             f"{exc}; {state_dir / CURRENT} names the serving model again ({back})"
         ) from None

@@ -227,6 +227,19 @@ def _stops(value: str | list[str] | None) -> list[str]:
     return [value] if isinstance(value, str) else value
 
 
+def _stop_rules(value: Any) -> Any:
+    """Say what is wrong with stop strings in words (a union's own errors would say
+    "Input should be a valid string" for a list too long or holding an empty string)."""
+    if isinstance(value, list):
+        if len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"give at most {MAX_STOP_STRINGS} stop strings, not {len(value)}")
+        if any(item == "" for item in value):
+            raise ValueError("a stop string cannot be empty")
+    elif value == "":
+        raise ValueError("a stop string cannot be empty")
+    return value
+
+
 def integral(value: Any) -> Any:
     """A JSON number with no fractional part (`5.0`) is the integer JSON Schema says it
     is; anything else goes to strict validation as it came (`"5"`, `true`, `5.5` fail)."""
@@ -245,6 +258,7 @@ _StopString = Annotated[str, Field(min_length=1)]
 Stop = Annotated[
     _StopString | Annotated[list[_StopString], Field(max_length=MAX_STOP_STRINGS)] | None,
     AfterValidator(_stops),
+    BeforeValidator(_stop_rules),
 ]
 # The bounds come before the validator, so that the JSON schema says them.
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), BeforeValidator(integral)]

@@ -982,6 +982,24 @@ def test_nested_tools_joined_past_the_bound_are_refused(target: Target) -> None:
     assert error["param"] == "tools" and "add up" in str(error["message"])
 
 
+@pytest.mark.parametrize(
+    ("stop", "says"),
+    [
+        (["a", "b", "c", "d", "e"], "give at most 4 stop strings, not 5"),
+        ([""], "a stop string cannot be empty"),
+        ("", "a stop string cannot be empty"),
+    ],
+)
+def test_bad_stop_strings_say_what_is_wrong(target: Target, stop: object, says: str) -> None:
+    """#35 item 10: not "Input should be a valid string"."""
+    for path, body in [
+        ("/v1/completions", {"prompt": "x", "stop": stop}),
+        ("/generate", {"prompt": "x", "stop": stop}),
+    ]:
+        error = _error(target.call("POST", path, body), 400, "invalid_request")
+        assert error["param"] == "stop" and says in str(error["message"]), error
+
+
 def test_json_array_body(target: Target) -> None:
     _error(target.call("POST", "/generate", [1, 2]), 400, "invalid_request")
 

@@ -217,9 +217,32 @@ def test_a_failed_reload_keeps_the_old_model_serving_and_says_why(
     assert "still serving ortserve/tiny-llama-random-weights" in status
     assert "reload of" in daemon.stderr() and "model.onnx.data" in daemon.stderr()
 
+    # The daemon points `current` back at the model that serves (a restart would
+    # otherwise load the broken one) and says so (#35 item 10).
+    assert "points at it again" in status
+    assert os.readlink(state / "current") == "models/blue"
+
+    # A folder with the serving model's very manifest, its weights truncated: a failed
+    # reload, not "unchanged" (#35 item 10).
+    same = _model_copy(state / "models" / "blue", state / "models" / "same")
+    (same / "model.onnx.data").unlink()
+    (same / "model.onnx.data").write_bytes(raw[:1000])
+    assert manifest_digest(same) == blue
+    set_link(state / "current", "models/same")
+    reloads = int(_served(daemon)["reload"]["count"])
+    daemon.proc.send_signal(signal.SIGHUP)
+    while int((_served(daemon).get("reload") or {}).get("count", 0)) == reloads:
+        assert time.monotonic() < deadline + 30, _served(daemon)
+        time.sleep(0.02)
+    report = _served(daemon)["reload"]
+    assert report["status"] == "failed" and "model.onnx.data" in report["reason"], report
+    while os.readlink(state / "current") != "models/blue":  # just after the report
+        assert time.monotonic() < deadline + 30
+        time.sleep(0.02)
+
     # `ortserve reload` of a model that cannot load points `current` back at the model
-    # that serves (a restart would otherwise load the broken one) and says why.
-    assert os.readlink(state / "current") == "models/broken"
+    # that serves and says why.
+    set_link(state / "current", "models/broken")
     proc = _switch_cli("reload", state, daemon)
     assert proc.returncode == 1
     assert "could not load it" in proc.stderr and "names the serving model again" in proc.stderr
