@@ -145,9 +145,11 @@ def wheel_requirements() -> tuple[list[str], list[str]]:
 
 
 def _pip(args: list[str], what: str, hint: str) -> None:
+    """Run pip; `what` says what fails if it fails ("cannot ..."): the heartbeat while it
+    runs names the pip command instead (a failure's words read like an error)."""
     cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
     try:
-        proc = run_step(cmd, what, timeout=_PIP_TIMEOUT_S)
+        proc = run_step(cmd, f"pip {args[0]}", timeout=_PIP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise BakeError(f"{what}: pip took longer than {_PIP_TIMEOUT_S} s; {hint}") from None
     if proc.returncode == 0:

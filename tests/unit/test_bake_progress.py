@@ -174,3 +174,25 @@ def test_signals_held_are_delivered_even_when_the_step_cannot_start() -> None:
     with pytest.raises(KeyboardInterrupt):
         held.release()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_pip_steps_heartbeat_names_the_step_not_its_failure(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#35 item 10: "cannot download the x86_64 wheels ...: still running" read like an
+    error; the heartbeat names pip's command, the failure keeps its words."""
+    from ortserve.bake import package_edge
+    from ortserve.bake.errors import BakeError
+
+    monkeypatch.setattr(errors, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(errors, "_TICK_S", 0.05)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(0.3)"]
+    real = errors.run_step
+    monkeypatch.setattr(package_edge, "run_step", lambda cmd, what, **kw: real(sleeper, what, **kw))
+    package_edge._pip(["download", "x"], "cannot download the x86_64 wheels", "hint")
+    beats = [line for line in capsys.readouterr().err.splitlines() if "still running" in line]
+    assert beats and all(b.startswith("[bake] pip download: still running (") for b in beats)
+    failing = [sys.executable, "-c", "import sys; sys.exit('ERROR: no such wheel')"]
+    monkeypatch.setattr(package_edge, "run_step", lambda cmd, what, **kw: real(failing, what, **kw))
+    with pytest.raises(BakeError, match=r"^cannot download the x86_64 wheels: no such wheel; hint"):
+        package_edge._pip(["download", "x"], "cannot download the x86_64 wheels", "hint")
