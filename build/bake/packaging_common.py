@@ -35,7 +35,7 @@ RUNTIME_DISTRIBUTIONS = runtime_distributions()
 # Versions this project was tested with, for tools the bake machine may not have.
 _TESTED = {
     "functions-framework": "3.10.2",
-    "uvicorn": "0.54.0",
+    "uvicorn": "0.55.0",
     "h11": "0.16.0",
     "click": "8.5.1",
     "prometheus-client": "0.26.0",
