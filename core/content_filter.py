@@ -46,7 +46,7 @@ Kind = Literal["email", "phone", "card"]
 # run on the folded text (core.fold): fullwidth and small at-signs are `@`, an NBSP is a
 # space, every dash is `-`, zero-width characters are gone, JSON escapes are decoded.
 # Addresses take any letters (`josé@example.com`, `bob@examplé.com`).
-_EMAIL = r"[\w.%+-]+@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}"
+_EMAIL = r"(?<![\w.%+-])[\w.%+-]+@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}"
 _CARD = r"(?<![\d/_-])\d(?:[ /_.-]?\d){12,18}(?![\d/_-])"  # 13 to 19 digits, Luhn-checked
 _PHONE = r"(?<![\w+])\+?(?:\(\d{1,4}\)[ .-]?)?\d(?:[ ().-]{0,2}\d){6,14}(?!\w)"
 _DATE = re.compile(r"\d{4}([-./])\d{1,2}\1\d{1,2}|\d{1,2}([-./])\d{1,2}\2\d{4}")  # not phones

@@ -16,7 +16,13 @@ from ortserve.bake.lock import lock
 from ortserve.bake.package_cloudrun import package_cloudrun
 from ortserve.bake.package_edge import package_edge
 from ortserve.bake.package_lambda import package_lambda
-from ortserve.bake.packaging_common import RUNTIME_DISTRIBUTIONS, copy_runtime_code, write_lines
+from ortserve.bake.packaging_common import (
+    MODEL_SUBDIR,
+    RUNTIME_DISTRIBUTIONS,
+    copy_runtime_code,
+    write_lines,
+)
+from ortserve.bake.sizing import model_memory, write_record
 from ortserve.bake.targets import Target
 
 # The Python of the Cloud Functions bundle (`--runtime python312`, `--base-image python312`).
@@ -79,3 +85,7 @@ def package_gcf(bundle: Path, cache: Path | None = None) -> None:
     # Cloud Run's and Cloud Functions' Python buildpack read the version from here
     # where the deploy names no runtime or base image; onnxruntime-genai needs 3.12.
     (bundle / ".python-version").write_text(f"{GCF_PYTHON}\n", encoding="utf-8")
+    # The memory an instance needs (its `--memory`) and the caps that hold it, which the
+    # function reads from here (functions.gcp.settings) unless its environment says.
+    terms = model_memory(bundle / MODEL_SUBDIR)
+    write_record(bundle / "sizing.json", terms, memory_mib=terms.total_mib)

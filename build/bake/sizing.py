@@ -193,6 +193,8 @@ def shipped_caps(terms: Memory) -> dict[str, str]:
 
 
 def write_record(path: Path, terms: Memory, **derived: Any) -> None:
-    """`sizing.json`: what a target `derived` from the formula, and its terms."""
-    record = {**derived, "terms": terms.record()}
+    """`sizing.json`: what a target `derived` from the formula, the settings that keep
+    requests in its room (`shipped_caps`; the Cloud Functions target reads them from
+    here), and its terms."""
+    record = {**derived, "settings": shipped_caps(terms), "terms": terms.record()}
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -3,6 +3,8 @@ targets put it: the Lambda MemorySize (samconfig.toml) and the edge unit's Memor
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ortserve.bake.errors import BakeError
@@ -110,3 +112,32 @@ def test_the_shipped_settings_keep_requests_in_the_declared_room() -> None:
     short = dict(SMOLLM2_135M, context_length=2048)
     assert shipped_caps(memory_for(150 << 20, short, sequences=4)) == {}
     assert with_caps(settings, memory_for(150 << 20, short, sequences=4)) == settings
+
+
+def test_the_cloud_functions_bundle_reads_its_caps_from_sizing_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#35 item 8 on Cloud Functions: `sizing.json` (written by the bake, with the caps
+    `shipped_caps` gives) is where the function's limits default from; its environment
+    still overrides them; no file or no caps: no limit."""
+    import json
+
+    from ortserve.bake.sizing import write_record
+    from ortserve.functions.gcp import settings as gcf
+
+    terms = memory_for(150 << 20, SMOLLM2_135M, sequences=4)
+    write_record(tmp_path / "sizing.json", terms, memory_mib=terms.total_mib)
+    record = json.loads((tmp_path / "sizing.json").read_text(encoding="utf-8"))
+    assert record["settings"] == {
+        "ORTSERVE_MAX_PROMPT_TOKENS": "3584",
+        "ORTSERVE_MAX_NEW_TOKENS": "512",
+    }
+    assert gcf.shipped("ORTSERVE_MAX_PROMPT_TOKENS", tmp_path) == 3584
+    assert gcf.shipped("ORTSERVE_MAX_NEW_TOKENS", tmp_path) == 512
+    assert gcf.shipped("ORTSERVE_MAX_NEW_TOKENS", tmp_path / "nowhere") == 0
+    monkeypatch.setattr(gcf, "BUNDLE_ROOT", tmp_path)
+    monkeypatch.setattr(gcf.shipped, "__defaults__", (tmp_path,))
+    loaded = gcf.GcfSettings(model_dir=tmp_path)
+    assert (loaded.max_prompt_tokens, loaded.max_new_tokens) == (3584, 512)
+    monkeypatch.setenv("ORTSERVE_MAX_PROMPT_TOKENS", "7000")
+    assert gcf.GcfSettings(model_dir=tmp_path).max_prompt_tokens == 7000
