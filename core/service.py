@@ -316,6 +316,14 @@ class Service:
                 f"{field} {wanted} is above this server's limit of {limit}", field
             )
         minimum = request.options.min_new_tokens
+        if minimum and request.guidance is not None:
+            # og holds EOS back while llguidance allows only EOS once the constraint is
+            # met: "compute_mask() called after stop" (og 0.18).
+            raise InvalidRequestError(
+                "min_tokens and ignore_eos cannot be combined with constrained output "
+                "(a schema, regex or grammar decides where it ends)",
+                "min_tokens",
+            )
         # A minimum above the server's limit is refused; a request's own limit as its
         # minimum (ignore_eos) is checked, and cut, as that limit.
         if minimum > limit and minimum != wanted:

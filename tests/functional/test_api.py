@@ -1000,6 +1000,17 @@ def test_bad_stop_strings_say_what_is_wrong(target: Target, stop: object, says: 
         assert error["param"] == "stop" and says in str(error["message"]), error
 
 
+def test_a_minimum_length_beside_a_constraint_is_a_clear_400(target: Target) -> None:
+    """og would fail inside ("compute_mask() called after stop") once the constraint is
+    met and EOS is held back: refused first, naming the field (#35 item 10)."""
+    chat = _chat(min_tokens=10, response_format={"type": "json_object"})
+    generate = {"prompt": "x", "guided_regex": "[a-z]{3}", "ignore_eos": True}
+    for path, body in [("/v1/chat/completions", chat), ("/generate", generate)]:
+        error = _error(target.call("POST", path, body), 400, "invalid_request")
+        assert error["param"] == "min_tokens" and "constrained" in str(error["message"])
+        assert "compute_mask" not in str(error["message"])
+
+
 def test_json_array_body(target: Target) -> None:
     _error(target.call("POST", "/generate", [1, 2]), 400, "invalid_request")
 
