@@ -28,6 +28,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.generation import Completion, GenerationRequest, Guidance, TokenLogprob
@@ -271,6 +272,13 @@ TokenLimit = Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND), BeforeValidator(in
 TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS_BOUND), BeforeValidator(integral)]
 
 
+#: What the OpenAPI document says beside a constraint: no minimum length (Service.budget
+#: refuses min_tokens and ignore_eos with guidance).
+NO_MINIMUM_PROPERTIES: JsonDict = {
+    "min_tokens": {"anyOf": [{"const": 0}, {"type": "null"}]},
+    "ignore_eos": {"anyOf": [{"const": False}, {"type": "null"}]},
+}
+NO_MINIMUM: JsonDict = {"properties": NO_MINIMUM_PROPERTIES}
 MIN_TOKENS_DOC = (
     "extension (vLLM's): generate at least this many tokens, EOS held back until then "
     "(never more than the token limit; without one, the default limit rises to it)"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from ortserve.core.generation import (
     Completion,
@@ -14,6 +14,7 @@ from ortserve.core.generation import (
 from ortserve.core.protocol import (
     IGNORE_EOS_DOC,
     MIN_TOKENS_DOC,
+    NO_MINIMUM,
     SEED,
     TEMPERATURE_DOC,
     TOP_K_DOC,
@@ -34,6 +35,22 @@ from ortserve.core.protocol.patterns import ecma_classes
 from ortserve.core.protocol.replies import Generated, GeneratedEnd, GeneratedText
 
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar")
+_RULES: list[JsonValue] = [
+    {
+        "if": {
+            "properties": {"num_beams": {"type": "integer", "minimum": 2}},
+            "required": ["num_beams"],
+        },
+        "then": {"properties": {name: {"type": "null"} for name in _GUIDED}},
+    },
+]
+_RULES += [
+    {
+        "if": {"properties": {name: {"not": {"type": "null"}}}, "required": [name]},
+        "then": NO_MINIMUM,
+    }
+    for name in _GUIDED
+]
 MAX_BEAMS = 8
 DEFAULT_MAX_NEW_TOKENS = 128
 
@@ -46,16 +63,9 @@ class GenerateBody(GenerationBody):
     llguidance reads it); at most one.
     """
 
-    # The schema says the rule between fields: a beam search takes no guidance.
-    model_config = ConfigDict(
-        json_schema_extra={
-            "if": {
-                "properties": {"num_beams": {"type": "integer", "minimum": 2}},
-                "required": ["num_beams"],
-            },
-            "then": {"properties": {name: {"type": "null"} for name in _GUIDED}},
-        }
-    )
+    # The schema says the rules between fields: a beam search takes no guidance, and
+    # guidance no minimum length.
+    model_config = ConfigDict(json_schema_extra={"allOf": _RULES})
 
     prompt: str = Field(min_length=1)
     max_new_tokens: TokenLimit | None = Field(

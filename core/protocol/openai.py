@@ -21,6 +21,8 @@ from ortserve.core.generation import (
 from ortserve.core.protocol import (
     IGNORE_EOS_DOC,
     MIN_TOKENS_DOC,
+    NO_MINIMUM,
+    NO_MINIMUM_PROPERTIES,
     SEED,
     TEMPERATURE_DOC,
     TOP_K_DOC,
@@ -465,7 +467,26 @@ class ChatBody(_OpenAIBody):
                         },
                         "required": ["tool_choice"],
                     },
-                    "then": {"properties": {"response_format": {"type": "null"}}},
+                    "then": {
+                        "properties": {
+                            "response_format": {"type": "null"},
+                            **NO_MINIMUM_PROPERTIES,
+                        }
+                    },
+                },
+                # Constrained output takes no minimum length.
+                {
+                    "if": {
+                        "properties": {
+                            "response_format": {
+                                "type": "object",
+                                "properties": {"type": {"enum": ["json_object", "json_schema"]}},
+                                "required": ["type"],
+                            }
+                        },
+                        "required": ["response_format"],
+                    },
+                    "then": NO_MINIMUM,
                 },
             ]
         }

@@ -228,14 +228,23 @@ def test_the_declared_concurrency_of_longest_prompts_fits_the_declared_memory(
         MAX_NEW_TOKENS=str(size.max_new_tokens),
     )
     daemon.wait_for("READY=1")
-    first_tokens = threading.Barrier(size.concurrency + 1, timeout=900)
+    peak = _peak_of_longest_prompts(daemon, size.concurrency, size.max_prompt_tokens)
+    assert peak <= size.memory_mib, (peak, size)
+
+
+def _peak_of_longest_prompts(daemon: Any, count: int, prompt_tokens: int) -> float:
+    """The daemon's peak RSS (VmHWM, MiB) once `count` streamed requests, each with the
+    longest prompt allowed (`prompt_tokens`; different for each: no shared cache) and
+    room for the most new tokens, all have their first token (their KV room and prefill
+    are done). Batchable (no seed, no min_tokens), as most requests are."""
+    from ortserve.bake.sizing import MAX_NEW_TOKENS
+
+    first_tokens = threading.Barrier(count + 1, timeout=900)
     counts: list[int] = []
 
     def ask(index: int) -> None:
-        # The longest prompt allowed, different for each (no shared cache), with room for
-        # the most new tokens; batchable (no seed, no min_tokens), as most requests are.
         body = {
-            "prompt": f"{index} " + _prompt(size.max_prompt_tokens - 8),
+            "prompt": f"{index} " + _prompt(prompt_tokens - 8),
             "max_tokens": MAX_NEW_TOKENS,
             "stream": True,
         }
@@ -245,22 +254,22 @@ def test_the_declared_concurrency_of_longest_prompts_fits_the_declared_memory(
                 client.stream("POST", "/v1/completions", json=body) as reply,
             ):
                 assert reply.status_code == 200, reply.read()
-                next(reply.iter_lines())  # the first token: its KV room and prefill are done
+                next(reply.iter_lines())  # the first token
                 counts.append(index)
                 first_tokens.wait()
         except BaseException:
             first_tokens.abort()
             raise
 
-    askers = [threading.Thread(target=ask, args=(i,)) for i in range(size.concurrency)]
+    askers = [threading.Thread(target=ask, args=(i,)) for i in range(count)]
     for asker in askers:
         asker.start()
     first_tokens.wait()
     peak = _status_mib(daemon.proc.pid, "VmHWM")
     for asker in askers:
         asker.join(60)
-    assert len(counts) == size.concurrency
-    assert peak <= size.memory_mib, (peak, size)
+    assert len(counts) == count
+    return peak
 
 
 def test_prompts_that_do_not_fit_one_part_together_run_alone(tiny_model_dir: Path) -> None:
@@ -390,28 +399,5 @@ def test_the_edge_bundles_shipped_settings_hold_its_memory_max(start: Any) -> No
     daemon.wait_for("READY=1")
     too_long = daemon.http.post("/v1/completions", json={"prompt": _prompt(8100)}, timeout=60)
     assert too_long.status_code == 400, too_long.text
-    first_tokens = threading.Barrier(terms.sequences + 1, timeout=900)
-    room = int(shipped["MAX_PROMPT_TOKENS"])
-
-    def ask(index: int) -> None:
-        body = {"prompt": f"{index} " + _prompt(room - 8), "max_tokens": 512, "stream": True}
-        try:
-            with (
-                httpx.Client(base_url=daemon.url, timeout=900) as client,
-                client.stream("POST", "/v1/completions", json=body) as reply,
-            ):
-                assert reply.status_code == 200, reply.read()
-                next(reply.iter_lines())
-                first_tokens.wait()
-        except BaseException:
-            first_tokens.abort()
-            raise
-
-    askers = [threading.Thread(target=ask, args=(i,)) for i in range(terms.sequences)]
-    for asker in askers:
-        asker.start()
-    first_tokens.wait()
-    peak = _status_mib(daemon.proc.pid, "VmHWM")
-    for asker in askers:
-        asker.join(60)
+    peak = _peak_of_longest_prompts(daemon, terms.sequences, int(shipped["MAX_PROMPT_TOKENS"]))
     assert peak <= limit_mib, (peak, limit_mib, terms)
