@@ -355,11 +355,28 @@ def parse(model: type[_B], body: bytes) -> _B:
         shared = [e["loc"] for e in errors if e["loc"][: len(loc) - 1] == tuple(loc[:-1])]
         if len(shared) > 1:
             loc = loc[:-1]
-        where = ".".join(str(p) for p in loc)
+        where = ".".join(str(p) for p in _in_body(data, loc))
         message = first["msg"].removeprefix("Value error, ")
         raise InvalidRequestError(
             f"{where}: {message}" if where else message, where or None
         ) from None
+
+
+def _in_body(data: Any, loc: list[int | str]) -> list[int | str]:
+    """An error's location as the body's own keys and indexes: a tagged union's member
+    tag inside it (`response_format.json_schema.json_schema.schema`) is not one of them
+    and is left out; the last part stays (a missing field's name)."""
+    path: list[int | str] = []
+    node = data
+    for i, part in enumerate(loc):
+        keyed = isinstance(node, dict) and part in node
+        indexed = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if keyed or indexed:
+            node = node[part]
+        elif i < len(loc) - 1:
+            continue  # a union member's tag
+        path.append(part)
+    return path
 
 
 def public_finish(done: Completion) -> Literal["stop", "length", "content_filter"]:

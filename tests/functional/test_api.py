@@ -898,13 +898,13 @@ def _format(schema: object) -> dict[str, object]:
         (
             "/v1/chat/completions",
             _chat(response_format=_format(_HUGE)),
-            "response_format",
+            "response_format.json_schema.schema",
             "minItems",
         ),
         (
             "/v1/chat/completions",
             _chat(response_format=_format(_DEEP)),
-            "response_format",
+            "response_format.json_schema.schema",
             "nested",
         ),
         (
@@ -964,7 +964,7 @@ def test_constraints_that_would_cost_the_server_are_refused_first(
     message = error["message"] if isinstance(error, dict) else error  # Ollama's is a string
     assert says in message and param in message, message
     if isinstance(error, dict):
-        assert str(error["param"]).startswith(param)
+        assert error["param"] == param
     assert target.call("GET", "/healthz").status == 200
 
 
