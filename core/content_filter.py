@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ortserve.core.errors import InvalidRequestError
-from ortserve.core.fold import fold
+from ortserve.core.fold import fold, load_tables
 from ortserve.core.generation import GenerationRequest
 
 Kind = Literal["email", "phone", "card"]
@@ -216,6 +216,7 @@ class ContentFilter:
 
     def __init__(self, rules: FilterFile) -> None:
         self.rules = rules
+        load_tables()
         self._input = _Compiled(rules.input, rules.redaction)
         self._output = _Compiled(rules.output, rules.redaction)
 

@@ -144,6 +144,15 @@ def _unit(text: str, i: int) -> tuple[str, int]:
     return chr(code), 6
 
 
+def load_tables() -> None:
+    """Read the confusables table now (900 KB of JSON, about 30 ms), not on the first
+    request that needs it."""
+    _prototypes()
+
+
+# The output guard asks for the same held text's deny matches, personal data and open end
+# in turn: one fold serves them (a Folded is immutable).
+@functools.lru_cache(maxsize=16)
 def fold(text: str) -> Folded:
     """`text` folded for matching (the module's steps), with its map back."""
     out: list[str] = []

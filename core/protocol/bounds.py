@@ -58,13 +58,11 @@ def check_schema(schema: Any) -> None:
         nodes += 1
         if nodes > MAX_SCHEMA_NODES:
             raise ValueError(f"the schema is too large (more than {MAX_SCHEMA_NODES} values)")
+        if isinstance(node, list | dict) and depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"the schema is nested more than {MAX_SCHEMA_DEPTH} levels deep")
         if isinstance(node, list):
-            if depth > MAX_SCHEMA_DEPTH:
-                raise ValueError(f"the schema is nested more than {MAX_SCHEMA_DEPTH} levels deep")
             stack.extend((item, depth + 1) for item in node)
         elif isinstance(node, dict):
-            if depth > MAX_SCHEMA_DEPTH:
-                raise ValueError(f"the schema is nested more than {MAX_SCHEMA_DEPTH} levels deep")
             items += _counts(node)
             if items > MAX_ITEMS_TOTAL:
                 raise ValueError(
