@@ -1,4 +1,5 @@
-"""The wheel installs one import name, `ortserve` (#28 item 1).
+"""The wheel installs one import name, `ortserve` (#28 item 1), and a wheel built from the
+sdist is the same wheel (hatch_build.py).
 
 The source folders stay where docs/architecture.md puts them (core/, functions/, edge/, build/bake/)
 and `ortserve/` maps them in: a wheel built from this tree, installed into an empty
@@ -11,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import venv
 import zipfile
 from pathlib import Path
@@ -98,3 +100,32 @@ def test_an_installed_wheel_leaves_ortserve_alone_in_site_packages(
     assert probe.returncode == 0, probe.stderr
     assert "TextGenerator" in probe.stdout
     assert sysconfig.get_paths()["purelib"] != purelib  # a venv of its own, not ours
+
+
+def test_a_wheel_built_from_the_sdist_is_the_wheel_built_from_the_tree(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """As `python -m build` and `uv build` make it: sdist first, then the wheel from the
+    unpacked sdist, which holds no symlinks (it had the front only: 16 files, no engine)."""
+    subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(tmp_path)],
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    (sdist,) = tmp_path.glob("ortserve-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path / "src", filter="data")
+    (src,) = (tmp_path / "src").iterdir()
+    assert not any(p.is_symlink() for p in src.rglob("*"))
+    out = tmp_path / "wheel"
+    subprocess.run(
+        [*_PIP, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
+        check=True,
+        timeout=300,
+    )
+    (from_sdist,) = out.glob("ortserve-*.whl")
+    tree, built = zipfile.ZipFile(wheel), zipfile.ZipFile(from_sdist)
+    assert sorted(built.namelist()) == sorted(tree.namelist())
+    assert [n for n in tree.namelist() if tree.read(n) != built.read(n)] == []
