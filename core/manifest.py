@@ -18,7 +18,7 @@ from ortserve.core.errors import ModelIntegrityError
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 1 << 20
 
-SourceKind = Literal["builtin", "hub", "local-hf", "onnx", "s3", "gguf", "pypi"]
+SourceKind = Literal["builtin", "hub", "local-hf", "onnx", "s3", "gguf", "pypi", "catalog"]
 
 
 class ManifestFile(BaseModel):

