@@ -13,7 +13,8 @@ Variants, all on the same random weights (builtin models are deterministic, seed
 - `og threads=N`: the same loop with the baked options and `intra_op_num_threads = N`
   (the value the engine overlays);
 - `engine`: `core.engine.Engine.load(...)` then `Engine.stream_tokens(...)`;
-- `llama.cpp`: llama-cpp-python on the same weights as a Q4_0 GGUF, `n_threads =
+- `llama.cpp`: llama-cpp-python on the same weights as a Q4_0 GGUF (or on `--gguf`, the
+  very file a GGUF bake imported), `n_threads =
   n_threads_batch = N`, the library's other defaults (flash attention off unless
   `--llama-flash-attn`), token ids fed with `Llama.eval`, greedy argmax of the last
   logits, EOS ignored. Skipped, with a message, when `llama_cpp` cannot be imported.
@@ -644,6 +645,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target", default="edge-x86_64", help="bake target of the og model")
     parser.add_argument("--og-dir", type=Path, help="use this baked folder instead of baking")
     parser.add_argument("--llama-cpp-src", type=Path, help="a llama.cpp checkout's root")
+    parser.add_argument(
+        "--gguf",
+        type=Path,
+        help="llama.cpp runs this GGUF (e.g. the file --og-dir was baked from) instead of a "
+        "Q4_0 made from --model",
+    )
     parser.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with FA")
     parser.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}"
@@ -704,7 +711,7 @@ def main(argv: list[str] | None = None) -> None:
         }
     llama_version = llama_cpp_version() if LLAMA in wanted else None
     if llama_version is not None:
-        paths[LLAMA] = ensure_gguf(args.model, work, args.threads, args.llama_cpp_src)
+        paths[LLAMA] = args.gguf or ensure_gguf(args.model, work, args.threads, args.llama_cpp_src)
     variants = [v for v in wanted if v in paths]
     results: dict[str, list[WorkerResult]] = {v: [] for v in variants}
     for rep in range(args.reps):

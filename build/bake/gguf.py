@@ -1,18 +1,24 @@
 """GGUF files as a bake source: convert to a Hugging Face checkpoint with transformers.
 
-Users of Ollama, LM Studio and llama.cpp have GGUF files. transformers' GGUF loader
-dequantizes the weights to fp32 and reads the tokenizer and chat template from the
-file's metadata; the result is saved as a plain checkpoint, which the builder then
-converts like any other. Conversions are cached by the GGUF file's sha256.
+Users of Ollama, LM Studio and llama.cpp have GGUF files. transformers reads the config,
+the tokenizer and the chat template from the file's metadata and maps the tensor names;
+the weights are dequantized to fp32 (bake.gguf_blocks, vectorised, for every format it
+knows) and saved as a plain checkpoint, which the builder then converts like any other.
+Conversions are cached by the GGUF file's sha256.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ortserve.bake.errors import BakeError, say
+from ortserve.bake.gguf_blocks import MAPPED_TYPES, Array, decode
 from ortserve.core.manifest import sha256_file
 
 # What the conversion's output must hold for the builder and the runtime.
@@ -60,8 +66,7 @@ def checkpoint_from_gguf(gguf: Path, cache: Path) -> Path:
 
 
 def _convert(gguf: Path, out: Path, digest: str) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     try:
         import gguf as _gguf  # noqa: F401  # transformers needs it; say so clearly
@@ -69,21 +74,96 @@ def _convert(gguf: Path, out: Path, digest: str) -> None:
         raise BakeError("reading GGUF files needs the `gguf` package (pip install gguf)") from None
     folder, name = str(gguf.parent), gguf.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except (ValueError, KeyError, RuntimeError, OSError) as exc:
+        with _fast_gguf():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            config = AutoConfig.from_pretrained(folder, gguf_file=name)
+            tensors = _state_dict(gguf, config)
+    except (ValueError, KeyError, RuntimeError, OSError, NotImplementedError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BakeError(f"transformers cannot convert {gguf.name}: {first}") from exc
-    # The weights are fp32 now: the GGUF's quantization no longer applies, and
-    # transformers refuses to save a model that still carries its quantizer.
-    model.hf_quantizer = None  # type: ignore[assignment]  # torch types Module attributes loosely
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
     out.mkdir(parents=True)
-    model.save_pretrained(str(out), safe_serialization=True)
+    _save(tensors, config, out)
     tokenizer.save_pretrained(str(out))
-    if not (out / "model.safetensors").is_file():
-        raise BakeError(f"transformers wrote no model.safetensors for {gguf.name}")
     (out / "ortserve-gguf.json").write_text(
         json.dumps({"gguf": gguf.name, "sha256": digest}), encoding="utf-8"
+    )
+
+
+def _state_dict(gguf: Path, config: Any) -> dict[str, Any]:
+    """The checkpoint's tensors (fp32), by transformers' GGUF name mapping, dequantized by
+    bake.gguf_blocks where it knows the format (vectorised; gguf-py's own dequantization
+    of a 151,936-row Q5_0 embedding alone takes seconds) and by gguf-py elsewhere.
+
+    No model is built: the names come from a model on the meta device (no memory), and
+    the tensors go to the file as they are (transformers' from_pretrained +
+    save_pretrained held them twice)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    config.architectures = [type(skeleton).__name__]  # what the builder reads
+    config.dtype = torch.float32
+    parsed = load_gguf_checkpoint(  # type: ignore[no-untyped-call]  # untyped upstream
+        str(gguf), return_tensors=True, model_to_load=skeleton
+    )
+    tensors: dict[str, Any] = parsed["tensors"]
+    wanted = set(skeleton.state_dict())
+    if getattr(config, "tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)  # tied: the embedding is the head
+        wanted.discard("lm_head.weight")
+    missing = sorted(wanted - set(tensors))
+    if missing:
+        raise ValueError(f"the GGUF holds no tensor for {', '.join(missing[:3])}")
+    return {k: v for k, v in tensors.items() if k in wanted}
+
+
+@contextlib.contextmanager
+def _fast_gguf() -> Iterator[None]:
+    """transformers' GGUF loading, with the file's metadata parsed once (the tokenizer,
+    the config and the tensors each parse it again: 151,936 token strings read one numpy
+    call at a time) and the formats bake.gguf_blocks knows dequantized by it. Both are
+    what load_gguf_checkpoint imports from `gguf` at its call (transformers 5.25)."""
+    import gguf as gguf_py
+
+    original = gguf_py.GGUFReader, gguf_py.dequantize
+    parsed = functools.lru_cache(maxsize=1)(original[0])
+
+    def reader(path: str | Path, mode: str = "r") -> Any:
+        return parsed(str(Path(path).resolve()), mode)
+
+    gguf_py.GGUFReader = reader  # type: ignore[assignment,misc]  # a factory in its place
+    gguf_py.dequantize = _dequantize
+    try:
+        yield
+    finally:
+        gguf_py.GGUFReader = original[0]  # type: ignore[misc]  # put back
+        gguf_py.dequantize = original[1]
+
+
+def _dequantize(data: Array, qtype: Any) -> Array:
+    """gguf-py's `dequantize`, through bake.gguf_blocks for the formats it maps."""
+    from gguf import GGML_QUANT_SIZES, quants
+
+    if qtype.name not in MAPPED_TYPES:
+        return quants.dequantize(data, qtype)
+    rows = data.reshape(-1, data.shape[-1])
+    per, size = GGML_QUANT_SIZES[qtype]
+    columns = rows.shape[1] // size * per
+    dense = decode(qtype.name, rows, columns).dequantize()
+    return dense.reshape(*data.shape[:-1], columns)
+
+
+def _save(tensors: dict[str, Any], config: Any, out: Path) -> None:
+    """config.json, generation_config.json and model.safetensors into `out`."""
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    config.save_pretrained(str(out))
+    GenerationConfig.from_model_config(config).save_pretrained(str(out))
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()},
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
     )

@@ -78,6 +78,21 @@ class Blocks:
         scale, zero = np.repeat(self.scale, times, axis=1), np.repeat(self.zero, times, axis=1)
         return Blocks(self.q, scale, zero, bits, block, self.offset)
 
+    def centred(self) -> Blocks:
+        """The same 8-bit weight with every zero point 128, the kernels' default (so none
+        is stored): each block's integers shifted by 128 - zero, which keeps them in
+        0..255 for every GGUF format (Q5_x: 112..143, Q6_K: 96..159). Exact; 4-bit
+        blocks are returned as they are (their GGUF zero is 8, the default already)."""
+        if self.bits != 8 or bool(np.all(self.zero == 128)):
+            return self
+        shift = 128 - self.zero.astype(np.int16)
+        q = self.q.astype(np.int16) + np.repeat(shift, self.block, axis=1)
+        if q.min() < 0 or q.max() > 255:
+            return self
+        return Blocks(
+            q.astype(np.uint8), self.scale, np.full_like(self.zero, 128), 8, self.block, self.offset
+        )
+
     def take_rows(self, order: Array) -> Blocks:
         """The rows in `order` (rows are whole: a row permutation is exact)."""
         offset = None if self.offset is None else self.offset[order]

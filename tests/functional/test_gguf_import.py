@@ -46,6 +46,7 @@ TYPES = {
     "blk.1.ffn_up": "Q4_K",
     "blk.1.ffn_down": "Q5_K",
     "output": "Q4_1",
+    "token_embd": "Q4_K",  # its own lookup: GatherBlockQuantized + an offset table
 }
 _HF = {
     "attn_q": "self_attn.q_proj",
@@ -61,6 +62,8 @@ _HF = {
 def _hf_name(gguf: str) -> str:
     if gguf == "output":
         return "lm_head.weight"
+    if gguf == "token_embd":
+        return "model.embed_tokens.weight"
     _, layer, part = gguf.split(".")
     return f"model.layers.{layer}.{_HF[part]}.weight"
 
@@ -206,12 +209,24 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]
 
 
 def test_every_mapped_tensor_is_exact_and_the_f16_one_says_why(imported: Any) -> None:
-    _, made, report = imported
+    model, made, report = imported
     assert report.exact == {f"{n}.weight": k for n, k in TYPES.items() if k != "F16"}
     assert report.requantized == {
         "blk.1.attn_output.weight": "blk.1.attn_output.weight: F16 has no exact MatMulNBits form"
     }
     assert next(iter(GGUFReader(made / "model.gguf").tensors)).name == "blk.0.attn_q.weight"
+    # No fp32 embedding is left (#36): the lookup reads the GGUF's blocks; the side terms'
+    # 0/1 matrices are one per K, not one per input; 8-bit formats need no zero points.
+    graph = load(str(model / "model.onnx"), load_external_data=False).graph
+    assert "model.embed_tokens.weight" not in {i.name for i in graph.initializer}
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("GatherBlockQuantized") == 1
+    ones = {i.name for i in graph.initializer if "ones" in i.name}
+    assert ones == {"ortserve_block_ones/256", "ortserve_block_ones/512", "ortserve_block_ones/256/T"}
+    for node in graph.node:  # blk.1.attn_output (F16) keeps the builder's own
+        if node.op_type == "MatMulNBits" and "layers.1/attn/o_proj" not in node.name:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            assert attrs["bits"] == 4 or len(node.input) < 4, node.name
 
 
 def _graph_weights(model_dir: Path) -> dict[str, np.ndarray]:
@@ -317,6 +332,7 @@ PHI3_TYPES = {
     "blk.1.ffn_up": "Q5_K",
     "blk.1.ffn_down": "Q4_0",
     "output": "Q8_0",
+    "token_embd": "Q5_0",  # an 8-bit lookup, its zero 16 shifted to the default 128
 }
 _PHI3_HF = {
     "attn_qkv": "self_attn.qkv_proj",
@@ -352,8 +368,8 @@ def _make_phi3(out: Path) -> None:
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     writer = GGUFWriter(str(out / "model.gguf"), "phi3")
     for seed, (name, kind) in enumerate(PHI3_TYPES.items()):
-        if name == "output":
-            hf_name = "lm_head.weight"
+        if name in ("output", "token_embd"):
+            hf_name = _hf_name(name)
         else:
             _, layer, part = name.split(".")
             hf_name = f"model.layers.{layer}.{_PHI3_HF[part]}.weight"
@@ -402,3 +418,87 @@ def test_phi3s_fused_tensors_are_imported_into_ogs_separate_matmuls(
     # And it runs.
     engine = Engine.load(EngineSettings(model_dir=model, providers="cpu"))
     assert engine.logits([5, 6, 7]).shape[0] == 3
+
+
+def _make_tied(out: Path) -> None:
+    """A Llama whose lm_head is its embedding (no `output` tensor in the GGUF, as
+    llama.cpp writes a tied model): token_embd Q4_K, every projection Q5_0 or Q6_K."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf, base = _tokenizer_only(out / "hf")
+    config = LlamaConfig(
+        vocab_size=base["vocab_size"],
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        architectures=["LlamaForCausalLM"],
+        bos_token_id=base.get("bos_token_id"),
+        eos_token_id=base.get("eos_token_id"),
+    )
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(config)
+    weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    weights.pop("lm_head.weight", None)
+    writer = GGUFWriter(str(out / "model.gguf"), "llama")
+    names = [f"blk.{i}.{p}" for i in (0, 1) for p in _HF] + ["token_embd"]
+    for seed, name in enumerate(names):
+        kind = "Q4_K" if name == "token_embd" else ("Q6_K" if "down" in name else "Q5_0")
+        w = weights[_hf_name(name)]
+        heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(name.split(".")[-1])
+        back = _gguf_tensor(
+            writer, f"{name}.weight", kind, _permute(w, heads) if heads else w, seed
+        )
+        weights[_hf_name(name)] = _unpermute(back, heads) if heads else back
+    _close(writer)
+    model.tie_weights()
+    config.save_pretrained(hf)
+    from safetensors.torch import save_file
+
+    save_file(
+        {k: torch.from_numpy(v).contiguous() for k, v in weights.items()},
+        str(hf / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    _bake(hf, out / "baked")
+    _bake(hf, out / "fp32", "--precision", "fp32")
+
+
+def test_a_tied_embedding_shares_the_lm_heads_blocks_offsets_and_all(tmp_path: Path) -> None:
+    """#36: a tied model's lookup reads the lm_head's own 4-bit blocks (one copy, no fp32
+    embedding), a K-quant's offsets added from a [vocab, K/32] table; 8-bit formats
+    (Q5_0, Q6_K) are stored without zero points. The logits follow og's fp32 bake of
+    the dequantized checkpoint."""
+    made = _cached(f"gguf-tied-{_key(Path(__file__).read_text(encoding='utf-8'))}", _make_tied)
+    model = tmp_path / "model"
+    report = _import(made, model)
+    assert report.requantized == {}
+    assert report.exact["token_embd.weight"] == "Q4_K"
+    graph = load(str(model / "model.onnx"), load_external_data=False).graph
+    head = next(n for n in graph.node if n.op_type == "MatMulNBits" and "lm_head" in n.name)
+    lookup = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    reshape = next(n for n in graph.node if lookup.input[0] in n.output)
+    assert reshape.input[0] == head.input[1]  # the same blocks
+    assert lookup.input[2] == head.input[2]  # and scales
+    shapes = {i.name: list(i.dims) for i in graph.initializer}
+    vocab = base_vocab(made)
+    assert [vocab, 256] not in shapes.values()  # no fp32 embedding
+    tables = [name for name in shapes if name.endswith("ortserve_offset/table")]
+    assert [shapes[t] for t in tables] == [[vocab, 256 // 32]]
+    assert all(
+        len(n.input) < 4 for n in graph.node if n.op_type == "MatMulNBits" and n is not head
+    )
+    ids = [int(i) for i in (np.arange(48) * 37 + 5) % 500]
+    fp32 = Engine.load(EngineSettings(model_dir=made / "fp32" / "model", providers="cpu"))
+    exact = Engine.load(EngineSettings(model_dir=model, providers="cpu"))
+    want, got = fp32.logits(ids), exact.logits(ids)
+    assert float(np.mean(want.argmax(-1) == got.argmax(-1))) >= 0.9
+    assert _kl(want, got) < 0.01
+
+
+def base_vocab(made: Path) -> int:
+    return int(json.loads((made / "hf" / "config.json").read_text())["vocab_size"])
