@@ -577,12 +577,12 @@ def ratios(
     return out
 
 
-def _label(variant: str, threads: int) -> str:
+def _label(variant: str, threads: int, gguf: bool = False) -> str:
     return {
         OG_DEFAULT: "og bare, og defaults",
         OG_THREADS: f"og bare, threads={threads}",
         ENGINE: f"engine, threads={threads}",
-        LLAMA: f"llama.cpp Q4_0, thr={threads}",
+        LLAMA: f"llama.cpp {'--gguf' if gguf else 'Q4_0'}, thr={threads}",
     }[variant]
 
 
@@ -593,7 +593,7 @@ def print_table(
 ) -> None:
     """Print the medians and the ratios."""
     print(
-        f"\n{args.model}: medians of {args.reps} alternating repetitions, "
+        f"\n{args.og_dir or args.model}: medians of {args.reps} alternating repetitions, "
         f"{args.new_tokens} forced new tokens, {args.threads} threads"
     )
     header = (
@@ -605,7 +605,7 @@ def print_table(
     for variant, row in medians.items():
         for length in args.prompt_lens:
             print(
-                f"{_label(variant, args.threads):<27} {length:>6} "
+                f"{_label(variant, args.threads, args.gguf is not None):<27} {length:>6} "
                 f"{row[f'prefill_tps_{length}']:>13.1f} {row[f'decode_tps_{length}']:>12.1f} "
                 f"{row[f'ttft_ms_{length}']:>8.1f} {row['load_s']:>7.3f} "
                 f"{row['peak_rss_mib']:>12.1f}"

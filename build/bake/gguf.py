@@ -22,7 +22,12 @@ from ortserve.bake.gguf_blocks import MAPPED_TYPES, Array, decode
 from ortserve.core.manifest import sha256_file
 
 # What the conversion's output must hold for the builder and the runtime.
-_NEEDED = ("config.json", "model.safetensors", "tokenizer.json")
+_NEEDED = ("config.json", "tokenizer.json")
+# The checkpoint's weights are written in shards of about this size: safetensors makes a
+# bytes copy of what it writes, and each shard's tensors are freed once written (a 1.5B
+# model is 6.2 GB in fp32: it was held twice).
+_SHARD_BYTES = 1 << 30
+CHECKPOINT_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
 def find_gguf(path: Path) -> Path | None:
@@ -49,7 +54,9 @@ def checkpoint_from_gguf(gguf: Path, cache: Path) -> Path:
     """
     digest = sha256_file(gguf)
     out = cache / f"gguf-{digest[:16]}"
-    if all((out / name).is_file() for name in _NEEDED):
+    if all((out / name).is_file() for name in _NEEDED) and any(
+        (out / name).is_file() for name in CHECKPOINT_WEIGHTS
+    ):
         say(f"GGUF {gguf.name}: using the converted checkpoint in {out}")
         return out
     say(f"GGUF {gguf.name}: converting to an fp32 checkpoint with transformers")
@@ -156,14 +163,35 @@ def _dequantize(data: Array, qtype: Any) -> Array:
 
 
 def _save(tensors: dict[str, Any], config: Any, out: Path) -> None:
-    """config.json, generation_config.json and model.safetensors into `out`."""
+    """config.json, generation_config.json and the weights into `out`: model.safetensors,
+    or shards of about _SHARD_BYTES and their index (the Hugging Face layout), each
+    shard's tensors dropped from `tensors` once written."""
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
     config.save_pretrained(str(out))
     GenerationConfig.from_model_config(config).save_pretrained(str(out))
-    save_file(
-        {k: v.contiguous() for k, v in tensors.items()},
-        str(out / "model.safetensors"),
-        metadata={"format": "pt"},
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > _SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    files = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     )
+    weight_map: dict[str, str] = {}
+    for names, file in zip(shards, files, strict=True):
+        part = {k: tensors.pop(k).contiguous() for k in names}
+        save_file(part, str(out / file), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(names, file)
+        del part
+    if len(files) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / CHECKPOINT_WEIGHTS[1]).write_text(json.dumps(index, indent=2), encoding="utf-8")

@@ -8,11 +8,15 @@ quantization of them. A block format with an offset (Q4_1, Q4_K, Q5_1, Q5_K) kee
 an integer zero point and adds the rest as a side term: the input summed over each
 32-block, times a small fp32 matrix [K/32, N], added to the product.
 
+The token embedding is looked up in the GGUF's blocks too (GatherBlockQuantized: the
+lm_head's own when tied, else `token_embd`'s; a format with offsets adds them from a
+[vocab, K/32] table), never an fp32 copy. 8-bit blocks are stored with the kernels'
+default zero point (bake.gguf_blocks.Blocks.centred).
+
 Every replaced weight is first checked against the fp32 checkpoint (the GGUF
-dequantized by transformers): a tensor that does not match (a layout this code does
-not know), a type that does not map (F16, IQ*, ...) or a tied embedding whose format
-the embedding lookup cannot take keeps the builder's quantization, and the record
-says which and why.
+dequantized): a tensor that does not match (a layout this code does not know) or a
+type that does not map (F16, IQ*, ...) keeps the builder's quantization (an embedding:
+its fp32 Gather), and the record says which and why.
 """
 
 from __future__ import annotations
@@ -124,8 +128,18 @@ class _Source:
         self.config: dict[str, Any] = json.loads(
             (checkpoint / "config.json").read_text(encoding="utf-8")
         )
-        self._weights = safe_open(str(checkpoint / "model.safetensors"), framework="np")
-        self.names: set[str] = set(self._weights.keys())  # type: ignore[no-untyped-call]
+        index = checkpoint / "model.safetensors.index.json"
+        files = (
+            sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            if index.is_file()
+            else ["model.safetensors"]
+        )
+        self._weights: dict[str, Any] = {}  # tensor name → the shard that holds it
+        for file in files:
+            shard = safe_open(str(checkpoint / file), framework="np")
+            keys: list[str] = shard.keys()  # type: ignore[no-untyped-call]
+            self._weights |= dict.fromkeys(keys, shard)
+        self.names: set[str] = set(self._weights)
 
     def has(self, part: _Part) -> bool:
         """Whether the GGUF and the checkpoint both hold the part's tensors."""
@@ -134,7 +148,7 @@ class _Source:
     def reference(self, name: str) -> Array | None:
         if name not in self.names:
             return None
-        tensor: Array = self._weights.get_tensor(name)  # type: ignore[no-untyped-call]
+        tensor: Array = self._weights[name].get_tensor(name)
         return tensor
 
     def blocks(self, part: _Part) -> Blocks | str:
