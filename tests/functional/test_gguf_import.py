@@ -149,8 +149,13 @@ def _bake(hf: Path, out: Path, *extra: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def _make(out: Path) -> None:
-    """The checkpoint (out/hf) and the GGUF it is the dequantization of (out/model.gguf)."""
+def _llama_gguf(
+    out: Path, types: dict[str, str], tied: bool, seed: int
+) -> tuple[Path, Any, Any, dict[str, np.ndarray]]:
+    """A 2-layer Llama (hidden 256) and out/model.gguf holding `types` (GGUF tensor →
+    type, llama.cpp's q/k row permutation included): the checkpoint folder (tokenizer
+    only yet), the config, the model, and its weights as the GGUF dequantizes them (a
+    tied model's without lm_head.weight)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -163,24 +168,32 @@ def _make(out: Path) -> None:
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
         max_position_embeddings=512,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         architectures=["LlamaForCausalLM"],
         bos_token_id=base.get("bos_token_id"),
         eos_token_id=base.get("eos_token_id"),
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     model.eval()  # type: ignore[no-untyped-call]  # untyped upstream
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    if tied:
+        weights.pop("lm_head.weight", None)
     writer = GGUFWriter(str(out / "model.gguf"), "llama")
-    for seed, (name, kind) in enumerate(TYPES.items()):
+    for index, (name, kind) in enumerate(types.items()):
         w = weights[_hf_name(name)]
         heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(name.split(".")[-1])
         back = _gguf_tensor(
-            writer, f"{name}.weight", kind, _permute(w, heads) if heads else w, seed
+            writer, f"{name}.weight", kind, _permute(w, heads) if heads else w, seed + index
         )
         weights[_hf_name(name)] = _unpermute(back, heads) if heads else back
     _close(writer)
+    return hf, config, model, weights
+
+
+def _make(out: Path) -> None:
+    """The checkpoint (out/hf) and the GGUF it is the dequantization of (out/model.gguf)."""
+    hf, config, model, weights = _llama_gguf(out, TYPES, tied=False, seed=0)
     _save(hf, config, model, weights)
     _bake(hf, out / "baked")
     _bake(hf, out / "fp32", "--precision", "fp32")
@@ -222,7 +235,11 @@ def test_every_mapped_tensor_is_exact_and_the_f16_one_says_why(imported: Any) ->
     ops = [n.op_type for n in graph.node]
     assert ops.count("GatherBlockQuantized") == 1
     ones = {i.name for i in graph.initializer if "ones" in i.name}
-    assert ones == {"ortserve_block_ones/256", "ortserve_block_ones/512", "ortserve_block_ones/256/T"}
+    assert ones == {
+        "ortserve_block_ones/256",
+        "ortserve_block_ones/512",
+        "ortserve_block_ones/256/T",
+    }
     for node in graph.node:  # blk.1.attn_output (F16) keeps the builder's own
         if node.op_type == "MatMulNBits" and "layers.1/attn/o_proj" not in node.name:
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -424,37 +441,13 @@ def _make_tied(out: Path) -> None:
     """A Llama whose lm_head is its embedding (no `output` tensor in the GGUF, as
     llama.cpp writes a tied model): token_embd Q4_K, every projection Q5_0 or Q6_K."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    hf, base = _tokenizer_only(out / "hf")
-    config = LlamaConfig(
-        vocab_size=base["vocab_size"],
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        architectures=["LlamaForCausalLM"],
-        bos_token_id=base.get("bos_token_id"),
-        eos_token_id=base.get("eos_token_id"),
-    )
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(config)
-    weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    weights.pop("lm_head.weight", None)
-    writer = GGUFWriter(str(out / "model.gguf"), "llama")
     names = [f"blk.{i}.{p}" for i in (0, 1) for p in _HF] + ["token_embd"]
-    for seed, name in enumerate(names):
-        kind = "Q4_K" if name == "token_embd" else ("Q6_K" if "down" in name else "Q5_0")
-        w = weights[_hf_name(name)]
-        heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(name.split(".")[-1])
-        back = _gguf_tensor(
-            writer, f"{name}.weight", kind, _permute(w, heads) if heads else w, seed
-        )
-        weights[_hf_name(name)] = _unpermute(back, heads) if heads else back
-    _close(writer)
+    types = {
+        name: "Q4_K" if name == "token_embd" else ("Q6_K" if "down" in name else "Q5_0")
+        for name in names
+    }
+    hf, config, model, weights = _llama_gguf(out, types, tied=True, seed=1)
     model.tie_weights()
     config.save_pretrained(hf)
     from safetensors.torch import save_file
@@ -489,9 +482,7 @@ def test_a_tied_embedding_shares_the_lm_heads_blocks_offsets_and_all(tmp_path: P
     assert [vocab, 256] not in shapes.values()  # no fp32 embedding
     tables = [name for name in shapes if name.endswith("ortserve_offset/table")]
     assert [shapes[t] for t in tables] == [[vocab, 256 // 32]]
-    assert all(
-        len(n.input) < 4 for n in graph.node if n.op_type == "MatMulNBits" and n is not head
-    )
+    assert all(len(n.input) < 4 for n in graph.node if n.op_type == "MatMulNBits" and n is not head)
     ids = [int(i) for i in (np.arange(48) * 37 + 5) % 500]
     fp32 = Engine.load(EngineSettings(model_dir=made / "fp32" / "model", providers="cpu"))
     exact = Engine.load(EngineSettings(model_dir=model, providers="cpu"))
