@@ -92,7 +92,8 @@ OG_DEFAULT = "og_default"
 OG_THREADS = "og_threads"
 ENGINE = "engine"
 LLAMA = "llama_cpp"
-VARIANTS = (OG_DEFAULT, OG_THREADS, ENGINE, LLAMA)
+OG_B = "og_b"  # og bare with threads, on --og-dir-b: two bakes of one model, alternating
+VARIANTS = (OG_DEFAULT, OG_THREADS, OG_B, ENGINE, LLAMA)
 BARE = (OG_DEFAULT, OG_THREADS)
 
 # The converter's process: the sdist's gguf-py first (it must match the converter), then
@@ -265,14 +266,14 @@ def _load_variant(
         return imported - start, loaded - imported, stream, info
     imported = time.perf_counter()
     config = og.Config(str(model_path))
-    if variant == OG_THREADS:
+    if variant in (OG_THREADS, OG_B):
         options = {"intra_op_num_threads": threads}
         config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
     model = og.Model(config)
     loaded = time.perf_counter()
     info = {
         "onnxruntime_genai": str(og.__version__),
-        "threads": str(threads) if variant == OG_THREADS else "og default",
+        "threads": str(threads) if variant in (OG_THREADS, OG_B) else "og default",
     }
     return imported - start, loaded - imported, lambda ids, n: og_tokens(og, model, ids, n), info
 
@@ -581,6 +582,7 @@ def _label(variant: str, threads: int, gguf: bool = False) -> str:
     return {
         OG_DEFAULT: "og bare, og defaults",
         OG_THREADS: f"og bare, threads={threads}",
+        OG_B: f"og bare (--og-dir-b), thr={threads}",
         ENGINE: f"engine, threads={threads}",
         LLAMA: f"llama.cpp {'--gguf' if gguf else 'Q4_0'}, thr={threads}",
     }[variant]
@@ -644,6 +646,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench", help="model cache")
     parser.add_argument("--target", default="edge-x86_64", help="bake target of the og model")
     parser.add_argument("--og-dir", type=Path, help="use this baked folder instead of baking")
+    parser.add_argument(
+        "--og-dir-b", type=Path, help="variant og_b: og bare on this second baked folder"
+    )
     parser.add_argument("--llama-cpp-src", type=Path, help="a llama.cpp checkout's root")
     parser.add_argument(
         "--gguf",
@@ -707,6 +712,7 @@ def main(argv: list[str] | None = None) -> None:
         paths |= {
             OG_DEFAULT: _og_folder_without_threads(og_dir, no_threads),
             OG_THREADS: og_dir,
+            **({OG_B: args.og_dir_b} if args.og_dir_b else {}),
             ENGINE: og_dir,
         }
     llama_version = llama_cpp_version() if LLAMA in wanted else None

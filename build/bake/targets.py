@@ -48,9 +48,13 @@ class Target:
 
 # `algo_config` needs a block size that divides every weight row (k_quant at 128 fails
 # on SmolLM2's 576-wide rows); 32 divides the hidden sizes of the models we serve.
-# Not prune_lm_head, though it gives +9-18% prefill: with it, og 0.18 batches of prompts
-# of different lengths decode wrong tokens (docs/troubleshooting.md).
 _CPU_INT4 = RECIPES[DEFAULT_RECIPE].builder_options()
+# Logits of each pass's last position only (+9-18% prefill; a 2,048-token prompt's
+# logits for every position are 1.2 GB at Qwen2.5's vocabulary): og 0.18's builder takes
+# position -1 of every row, a pad for a batch's shorter prompts, so bake.upstream makes it
+# each row's own last position. Every precision of a CPU target; `--builder-option
+# prune_lm_head=false` keeps the logits of every position.
+_PRUNED = {"prune_lm_head": "true"}
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -100,6 +104,8 @@ def builder_options(
         options = recipe.builder_options() if recipe else dict(target.builder_options)
     elif precision == "int8" and target.builder_options:
         options = {"block_size": "128", "accuracy_level": target.builder_options["accuracy_level"]}
+    if target.runtime_ep == "cpu":
+        options |= _PRUNED
     for key, value in overrides.items():
         # og 0.18's builder documents `int4_algo_config` & co. as working aliases, but
         # ignores them without a word: pass the names it reads.

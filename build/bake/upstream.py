@@ -273,13 +273,66 @@ def to_nbits_streaming(self: Any, upstream: Any) -> ir.Model:
     return model
 
 
+def _last_row_gather(self: Any, name: str, hidden: str, dtype: Any, shape: list[Any]) -> None:
+    """`prune_lm_head`'s hidden-state pick, per row: the last position of this pass that
+    the row's attention mask counts, where og 0.18's builder takes position -1 of every
+    row. A batch's shorter prompts are right-padded (core.engine), so -1 was a pad for them
+    and their first token came from the pad's logits ("lik lik lik..."). Index of row b:
+    sum(mask[b]) - (mask length - S) - 1, clipped to 0..S-1 (a padded row's decode steps
+    give 0, its one token); GatherND with batch_dims=1 takes it; output [B, H] as before.
+    """
+    mask, ids = self.input_names["attention_mask"], self.input_names["input_ids"]
+    one, zero = "/model/constants/INT64/1", "/model/constants/INT64/0"
+    nodes = [
+        ("ReduceSum", [mask, "/model/constants/INT64/[1]"], "mask_sum", {"keepdims": 1}),
+        ("Shape", [mask], "mask_shape", {}),
+        ("Gather", ["mask_shape", one], "mask_len", {"axis": 0}),
+        ("Shape", [ids], "ids_shape", {}),
+        ("Gather", ["ids_shape", one], "seq_len", {"axis": 0}),
+        ("Sub", ["mask_len", "seq_len"], "past", {}),
+        ("Sub", ["mask_sum", "past"], "valid", {}),
+        ("Sub", ["valid", one], "last", {}),
+        ("Max", ["last", zero], "at_least_0", {}),
+        ("Sub", ["seq_len", one], "final", {}),
+        ("Min", ["at_least_0", "final"], "index", {}),
+    ]
+    import onnx_ir as ir
+
+    for op, inputs, out, attrs in nodes:
+        full = [i if i.startswith(("/model/", mask, ids)) else f"{name}/{i}" for i in inputs]
+        self.make_node(op, inputs=full, outputs=[f"{name}/{out}"], name=f"{name}/{out}", **attrs)
+        self.make_value(f"{name}/{out}", ir.DataType.INT64, shape=None)
+    output = f"{name}/output_0"
+    self.make_node(
+        "GatherND",
+        inputs=[hidden, f"{name}/index"],
+        outputs=[output],
+        name=name,
+        batch_dims=1,
+    )
+    self.make_value(output, dtype, shape=shape)
+
+
 def main() -> None:
-    """Run og's builder (its command line) with the streaming `to_nbits`."""
+    """Run og's builder (its command line) with the streaming `to_nbits` and a per-row
+    `prune_lm_head`."""
     import onnxruntime_genai.models  # noqa: F401  (puts og's `builders` on sys.path)
     from builders.base import Model  # type: ignore[import-not-found]
 
     upstream = Model.to_nbits
     Model.to_nbits = lambda self: to_nbits_streaming(self, upstream)
+    gather = Model.make_gather
+
+    def make_gather(
+        self: Any, name: str, inputs: list[str], dtype: Any, shape: Any, axis: int
+    ) -> None:
+        pruning = name.endswith("/prune/Gather") and not getattr(self, "use_paged_attention", False)
+        if pruning and {"attention_mask", "input_ids"} <= set(self.input_names):
+            _last_row_gather(self, name, inputs[0], dtype, shape)
+        else:
+            gather(self, name, inputs, dtype, shape, axis)
+
+    Model.make_gather = make_gather
     sys.argv[0] = _UPSTREAM
     runpy.run_module(_UPSTREAM, run_name="__main__", alter_sys=True)
 

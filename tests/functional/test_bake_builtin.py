@@ -30,6 +30,7 @@ def test_baked_folder_is_self_contained_with_a_complete_manifest(tiny_model_dir:
         "block_size": "32",
         "accuracy_level": "4",
         "algo_config": "k_quant_mixed",
+        "prune_lm_head": "true",
         "recipe": "q4km-like",
     }
     assert manifest.onnxruntime_genai_version == "0.18.0"

@@ -300,6 +300,33 @@ def test_concurrent_greedy_requests_batch_and_match_unbatched(
     assert _as_one_batch(_batching_service(tiny_model_dir), requests) == alone
 
 
+@pytest.mark.slow
+def test_a_pruned_lm_head_batches_prompts_of_different_lengths_right(
+    tiny_hf_dir: Path,
+) -> None:
+    """`prune_lm_head=true` computes the logits of one position a pass: each row's own last
+    prompt token (bake.upstream), not position -1, which is a pad for a batch's shorter,
+    right-padded prompts (og 0.18's builder: their answers turned to "lik lik lik...").
+    Batched answers equal the answers alone, on the pruned bake."""
+    from tests.models import baked
+
+    pruned = (
+        baked(str(tiny_hf_dir), package=False, extra=("--builder-option", "prune_lm_head=true"))
+        / "model"
+    )
+    requests = [
+        GenerationRequest(prompt=p, options=SamplingOptions(n))
+        for p, n in zip(
+            ["Hello there", "The quick brown fox jumps over the lazy dog", "Edge", "Cold"],
+            [24, 7, 40, 16],
+            strict=True,
+        )
+    ]
+    alone = Service.load(EngineSettings(model_dir=pruned, providers="cpu"))
+    expected = [alone.generate(r).text for r in requests]
+    assert _as_one_batch(_batching_service(pruned), requests) == expected
+
+
 def test_a_short_request_keeps_its_budget_beside_a_long_one(
     service: Service, engine: Engine, tiny_model_dir: Path
 ) -> None:

@@ -32,10 +32,17 @@ def test_cpu_int4_defaults_and_overrides() -> None:
         "block_size": "32",
         "accuracy_level": "4",
         "algo_config": "k_quant_mixed",
+        "prune_lm_head": "true",  # each pass's last position only (bake.upstream)
     }
-    assert builder_options(target, "int8", {}) == {"block_size": "128", "accuracy_level": "4"}
+    assert builder_options(target, "int8", {}) == {
+        "block_size": "128",
+        "accuracy_level": "4",
+        "prune_lm_head": "true",
+    }
     assert builder_options(target, "int4", {"block_size": "32"})["block_size"] == "32"
-    assert builder_options(target, "fp32", {}) == {}
+    assert builder_options(target, "fp32", {}) == {"prune_lm_head": "true"}
+    assert builder_options(target, "fp32", {"prune_lm_head": "false"}) == {"prune_lm_head": "false"}
+    assert builder_options(get_target("cuda"), "fp32", {}) == {}
     # The builder ignores its own documented int4_ aliases: the bake passes the real names.
     assert builder_options(target, "int4", {"int4_algo_config": "rtn"})["algo_config"] == "rtn"
 
