@@ -24,6 +24,11 @@ weight); that weight goes at once. The bytes written are the builder's own
 (tests/functional/test_bake_recipes.py compares them); the memory is the checkpoint, the
 quantized weights and one weight's transient (Qwen3-1.7B: 14.2 -> 10.0 GiB). QDQ output
 and pre-quantized checkpoints keep og's own `to_nbits`.
+
+`prune_lm_head` (the logits of each pass's last position only, a CPU target's default:
+bake.targets): og 0.18's builder takes position -1 of every row, a pad for a batch's
+shorter, right-padded prompts; here each row's own last position is taken
+(`_last_row_gather`).
 """
 
 from __future__ import annotations
