@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ortserve.core import playground, version
 from ortserve.core.content_filter import ContentFilterError
@@ -485,7 +485,11 @@ class Api:
 
     def _health(self) -> Health:
         state = self.state
-        status = "draining" if self.draining else state.status
+        engine = state.engine
+        status: Literal["loading", "ready", "restarting", "failed", "draining"] = state.status
+        if engine is not None and engine.model.state != "ready":  # its process restarts
+            status = "failed" if engine.model.state == "failed" else "restarting"
+        status = "draining" if self.draining else status
         # mypy --strict (extra checks) wants Health's own optional keys in a ** item too.
         payload: Health = {"status": status, **state.describe()}  # type: ignore[typeddict-item]
         service = state.service

@@ -9,12 +9,13 @@ are core.service's). Native errors are translated to `core.errors` here and nowh
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -143,6 +144,15 @@ def _logprob(logits: np.ndarray[Any, Any], token: int, top: int) -> TokenLogprob
     return TokenLogprob(token, float(logprobs[token]), best)
 
 
+def _tag(input_ids: list[int], guidance: Guidance | None = None) -> str:
+    """A short id of what one request gives og (its prompt and guidance), the same alone
+    or in a batch: the engine process counts the crashes each one was in."""
+    digest = hashlib.sha256(np.asarray(input_ids, dtype=np.int64).tobytes())
+    if guidance is not None:
+        digest.update(f"{guidance.kind}\0{guidance.data}".encode())
+    return digest.hexdigest()[:16]
+
+
 def _genai_config(folder: Path) -> dict[str, Any]:
     path = folder / "genai_config.json"
     try:
@@ -173,7 +183,9 @@ def _threads(genai_config: dict[str, Any], settings: EngineSettings) -> int:
     return min(baked, usable) if baked > 0 else usable
 
 
-def _probe(folder: Path, settings: EngineSettings, threads: int) -> tuple[Any, str, dict[str, str]]:
+def probe_providers(
+    folder: Path, settings: EngineSettings, threads: int
+) -> tuple[Any, str, dict[str, str]]:
     """Build the model with each allowed provider in order; the first that loads wins."""
     overlay = json.dumps(
         {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
@@ -206,6 +218,174 @@ def _probe(folder: Path, settings: EngineSettings, threads: int) -> tuple[Any, s
     )
 
 
+# What `Steps.step` gives instead of a token: the model ended the sequence (EOS, not
+# appended), or the sequence was at its length already.
+EOS = -1
+DONE = -2
+
+
+class Steps(Protocol):
+    """One og Generator, driven in the units the engine uses: a prompt part, a decode
+    step (with its token's log probability when asked), a batch step, a whole beam
+    search. `LocalSteps` in this process; `core.engine_process.RemoteSteps` runs the same
+    calls in the engine process. A native error is a `RuntimeError`, as og raises it."""
+
+    def append(self, input_ids: list[int] | np.ndarray[Any, Any]) -> None:
+        """Append prompt tokens (one part; a batch's padded rows in one call)."""
+        ...
+
+    def step(self, top: int | None) -> tuple[int, TokenLogprob | None]:
+        """One new token of a single sequence, and (with `top`, the alternatives wanted)
+        its log probability; `EOS` or `DONE` (and None) when there is none."""
+        ...
+
+    def step_rows(self) -> list[int] | None:
+        """One step of a batch: every row's new token (None once it is done)."""
+        ...
+
+    def finish(self, row: int = 0) -> list[int]:
+        """Step until done (a beam search); the whole sequence of `row`."""
+        ...
+
+    def rewind(self, length: int) -> None:
+        """Keep the first `length` tokens (and their KV cache) only."""
+        ...
+
+    def last_logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """The logits of the last forward pass's positions (first sequence)."""
+        ...
+
+
+class LocalSteps:
+    """`Steps` over an og Generator of this process."""
+
+    def __init__(self, model: Any, search: dict[str, Any], guidance: Guidance | None) -> None:
+        params = og.GeneratorParams(model)
+        params.set_search_options(**search)
+        if guidance is not None:
+            params.set_guidance(guidance.kind, guidance.data)
+        self._generator = og.Generator(model, params)
+
+    def append(self, input_ids: list[int] | np.ndarray[Any, Any]) -> None:
+        """Append prompt tokens (one part; a batch's padded rows in one call)."""
+        self._generator.append_tokens(input_ids)
+
+    def step(self, top: int | None) -> tuple[int, TokenLogprob | None]:
+        """One new token of a single sequence, and (with `top`, the alternatives wanted)
+        its log probability; `EOS` or `DONE` (and None) when there is none."""
+        generator = self._generator
+        if generator.is_done():
+            return DONE, None
+        # og 0.18 computes a position's logits when the token before it goes in: the
+        # ones the next token is picked from are there before the step.
+        logits = None if top is None else np.array(generator.get_logits())
+        count = generator.token_count()
+        generator.generate_next_token()
+        if generator.token_count() == count:  # an EOS ends it without being appended
+            return EOS, None
+        token = int(generator.get_next_tokens()[0])
+        if logits is None:
+            return token, None
+        return token, _logprob(logits.reshape(-1), token, top or 0)
+
+    def step_rows(self) -> list[int] | None:
+        """One step of a batch: every row's new token (None once it is done)."""
+        generator = self._generator
+        if generator.is_done():
+            return None
+        generator.generate_next_token()
+        return [int(t) for t in generator.get_next_tokens()]
+
+    def finish(self, row: int = 0) -> list[int]:
+        """Step until done (a beam search); the whole sequence of `row`."""
+        generator = self._generator
+        while not generator.is_done():
+            generator.generate_next_token()
+        return [int(t) for t in generator.get_sequence(row)]
+
+    def rewind(self, length: int) -> None:
+        """Keep the first `length` tokens (and their KV cache) only."""
+        self._generator.rewind_to(length)
+
+    def last_logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """The logits of the last forward pass's positions (first sequence)."""
+        logits: np.ndarray[Any, np.dtype[np.float32]]
+        logits = np.asarray(self._generator.get_output("logits"), dtype=np.float32)[0]
+        return logits
+
+
+class Model(Protocol):
+    """Where og Generators are made: this process (`LocalModel`) or the engine process
+    (`core.engine_process.EngineProcess`), one interface for both."""
+
+    def generator(
+        self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...]
+    ) -> Steps:
+        """A new generator with these search options (and guidance). `tags` name the
+        requests it serves (the engine process refuses one that crashed it twice).
+
+        Raises:
+            RuntimeError: og cannot make it (bad guidance, bad options).
+            OrtServeError: The engine process is down (or refuses the request).
+        """
+        ...
+
+    def close(self) -> None:
+        """Free the model (the engine process ends)."""
+        ...
+
+    def on_restart(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when the model came back after a fault (its generators are
+        gone: a cache of them must be emptied)."""
+        ...
+
+    def refused(self, tag: str) -> bool:
+        """Whether the request `tag` names is not run again (it was in the engine at
+        repeated faults)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Where the model runs, for /readyz: the process, its state and its faults."""
+        ...
+
+    @property
+    def state(self) -> str:
+        """ready; restarting (after a fault, not serving); failed (it cannot come back)."""
+        ...
+
+
+class LocalModel:
+    """og's model in this process (Lambda, Cloud Functions, the CLI, the bake)."""
+
+    def __init__(self, model: Any) -> None:
+        self.og_model = model
+
+    def generator(
+        self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...] = ()
+    ) -> Steps:
+        """See `Model.generator`."""
+        return LocalSteps(self.og_model, search, guidance)
+
+    def close(self) -> None:
+        """Nothing to do: the model goes with its last reference."""
+
+    def on_restart(self, callback: Callable[[], None]) -> None:
+        """Never called: an in-process model does not restart (a fault ends the process)."""
+
+    def refused(self, tag: str) -> bool:
+        """Never: a fault here ends the process."""
+        return False
+
+    def describe(self) -> dict[str, Any]:
+        """See `Model.describe`."""
+        return {"process": "in-process"}
+
+    @property
+    def state(self) -> str:
+        """Always ready."""
+        return "ready"
+
+
 class Engine:
     """One loaded model, shared by all requests of the process.
 
@@ -225,7 +405,7 @@ class Engine:
         self,
         folder: Path,
         manifest: Manifest,
-        model: Any,
+        model: Model,
         probe: ProbeReport,
         genai_config: dict[str, Any],
         settings: EngineSettings,
@@ -250,6 +430,13 @@ class Engine:
             else None
         )
         self.kv_bytes_per_token = _kv_bytes_per_token(model_config)
+        if self.prompt_cache is not None:  # its generators went with a faulted engine
+            model.on_restart(self.prompt_cache.clear)
+
+    @property
+    def model(self) -> Model:
+        """Where og runs: this process, or the engine process (its state, its faults)."""
+        return self._model
 
     @property
     def model_name(self) -> str:
@@ -270,9 +457,23 @@ class Engine:
         manifest = verify_folder(folder, full_hash=settings.verify_sha256)
         genai_config = _genai_config(folder)
         threads = _threads(genai_config, settings)
-        model, provider, skipped = _probe(folder, settings, threads)
+        model: Model
+        if settings.engine_process:
+            from ortserve.core.engine_process import EngineProcess
+
+            model = process = EngineProcess.start(folder, settings, threads)
+            provider, skipped = process.provider, process.skipped
+        else:
+            og_model, provider, skipped = probe_providers(folder, settings, threads)
+            model = LocalModel(og_model)
         probe = ProbeReport(provider, skipped, time.perf_counter() - start, threads)
         return cls(folder, manifest, model, probe, genai_config, settings)
+
+    def close(self) -> None:
+        """Free the model now (an engine process ends); the engine serves no more."""
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
+        self._model.close()
 
     # -- text ---------------------------------------------------------------------------
 
@@ -328,22 +529,32 @@ class Engine:
         """
         if not input_ids or (self.context_length and len(input_ids) >= self.context_length):
             raise InvalidRequestError(f"cannot score {len(input_ids)} tokens with this model")
-        params = og.GeneratorParams(self._model)
-        params.set_search_options(max_length=len(input_ids) + 1)
-        generator = og.Generator(self._model, params)
-        generator.append_tokens(input_ids)
-        logits: np.ndarray[Any, np.dtype[np.float32]]
-        logits = np.asarray(generator.get_output("logits"), dtype=np.float32)[0]
+        steps = self._model.generator({"max_length": len(input_ids) + 1}, None, ())
+        steps.append(input_ids)
+        logits = steps.last_logits()
         if logits.shape[0] == len(input_ids):
             return logits
         rows = [logits[-1]]
-        generator.rewind_to(0)
+        steps.rewind(0)
         for token in input_ids[:-1]:
-            generator.append_tokens([token])
-            rows.insert(-1, np.asarray(generator.get_output("logits"), dtype=np.float32)[0, -1])
+            steps.append([token])
+            rows.insert(-1, steps.last_logits()[-1])
         return np.stack(rows)
 
     # -- decoding -----------------------------------------------------------------------
+
+    def check_admissible(self, input_ids: list[int], guidance: Guidance | None) -> None:
+        """Refuse a request that was in the engine process at repeated faults (it would
+        take every request in flight down again).
+
+        Raises:
+            InvalidRequestError: It is refused.
+        """
+        if self._model.refused(_tag(input_ids, guidance)):
+            raise InvalidRequestError(
+                "this request was being generated when the engine process failed, twice: "
+                "it is refused rather than tried again (see the server's log)"
+            )
 
     def sampling(self, options: SamplingOptions) -> Sampling:
         """How `options` pick tokens, as og does it (equal ones may share a batch)."""
@@ -383,12 +594,8 @@ class Engine:
             # native error; -1 means "random"): fold any int64 into that range, the same
             # way every time.
             search["random_seed"] = options.seed % _SEED_RANGE
-        params = og.GeneratorParams(self._model)
-        params.set_search_options(**search)
-        if guidance is not None:
-            params.set_guidance(guidance.kind, guidance.data)
         try:
-            generator = og.Generator(self._model, params)
+            generator = self._model.generator(search, guidance, (_tag(input_ids, guidance),))
         except RuntimeError as exc:
             if guidance is not None:
                 raise InvalidRequestError(f"invalid guidance: {_first_line(exc)}") from exc
@@ -402,19 +609,18 @@ class Engine:
         """Beam search (og's, CPU; `options.num_beams`): the best beam's tokens, all at
         the end."""
         prompt_len = len(input_ids)
-        params = og.GeneratorParams(self._model)
-        params.set_search_options(
-            max_length=prompt_len + max_new,
-            min_length=prompt_len + min(options.min_new_tokens, max_new),
-            num_beams=options.num_beams,
-            num_return_sequences=1,
-            do_sample=False,
-            length_penalty=options.length_penalty,
-            early_stopping=options.early_stopping,
-            repetition_penalty=options.repetition_penalty,
-        )
+        search: dict[str, Any] = {
+            "max_length": prompt_len + max_new,
+            "min_length": prompt_len + min(options.min_new_tokens, max_new),
+            "num_beams": options.num_beams,
+            "num_return_sequences": 1,
+            "do_sample": False,
+            "length_penalty": options.length_penalty,
+            "early_stopping": options.early_stopping,
+            "repetition_penalty": options.repetition_penalty,
+        }
         try:
-            generator = og.Generator(self._model, params)
+            generator = self._model.generator(search, None, (_tag(input_ids),))
         except RuntimeError as exc:
             raise GenerationError(f"cannot start beam search: {_first_line(exc)}") from exc
 
@@ -422,10 +628,8 @@ class Engine:
             try:
                 # In one append: og 0.18 crashes (SIGSEGV) on a beam search's second
                 # append_tokens; core.service bounds beams x prompt (one_pass_tokens).
-                generator.append_tokens(input_ids)
-                while not generator.is_done():
-                    generator.generate_next_token()
-                sequence = [int(t) for t in generator.get_sequence(0)][prompt_len:]
+                generator.append(input_ids)
+                sequence = generator.finish(0)[prompt_len:]
             except RuntimeError as exc:
                 raise GenerationError(f"beam search failed: {_first_line(exc)}") from exc
             ended = next((i for i, t in enumerate(sequence) if t in self.eos_ids), None)
@@ -456,16 +660,15 @@ class Engine:
             slot, common = taken
             generator, max_length = slot.generator, slot.max_length
             try:
-                generator.rewind_to(common)
+                generator.rewind(common)
             except RuntimeError as exc:
                 raise GenerationError(f"cannot reuse a cached prompt: {_first_line(exc)}") from exc
         else:
             common = 0
             max_length = min(max(room, cache.max_tokens), self.context_length or room)
-            params = og.GeneratorParams(self._model)
-            params.set_search_options(max_length=max_length, **sampling.search())
+            search = {"max_length": max_length, **sampling.search()}
             try:
-                generator = og.Generator(self._model, params)
+                generator = self._model.generator(search, None, (_tag(input_ids),))
             except RuntimeError as exc:
                 raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
 
@@ -504,7 +707,7 @@ class Engine:
 
     def _tokens(
         self,
-        generator: Any,
+        generator: Steps,
         input_ids: list[int],
         tokens: Tokens,
         paused: Callable[[bool], None] | None,
@@ -529,22 +732,16 @@ class Engine:
             tail = MIN_APPENDED if kept else 0
             self._prefill(generator, input_ids, tokens, paused, tail)
             appended = True
-            count = generator.token_count()
-            while not generator.is_done() and (limit is None or produced < limit):
-                # og 0.18 computes a position's logits when the token before it goes in:
-                # the ones the next token is picked from are there before the step.
-                logits = None if logprobs is None else np.array(generator.get_logits())
-                generator.generate_next_token()
-                # An EOS ends the sequence without being appended: the count stays.
-                new_count = generator.token_count()
-                if new_count == count:
+            while limit is None or produced < limit:
+                token, logprob = generator.step(logprobs)
+                if token == DONE:
+                    return
+                if token == EOS:
                     tokens.eos = True
                     return
-                count = new_count
                 produced += 1
-                token = int(generator.get_next_tokens()[0])
-                if logits is not None:  # one sequence: its position's logits
-                    tokens.logprobs.append(_logprob(logits.reshape(-1), token, logprobs or 0))
+                if logprob is not None:
+                    tokens.logprobs.append(logprob)
                 if paused is None:
                     yield token
                 else:
@@ -564,7 +761,7 @@ class Engine:
 
     def _prefill(
         self,
-        generator: Any,
+        generator: Steps,
         input_ids: list[int],
         tokens: Tokens,
         paused: Callable[[bool], None] | None,
@@ -583,9 +780,10 @@ class Engine:
                 # The GIL is free here: health checks, other requests and signals run. A
                 # request takes the event loop and a worker thread several turns each;
                 # time.sleep(0) would give them one, so a /healthz waited ~3 parts.
-                time.sleep(_BETWEEN_PARTS_S)
+                if isinstance(self._model, LocalModel):
+                    time.sleep(_BETWEEN_PARTS_S)
                 tokens.checkpoint()
-            generator.append_tokens(input_ids[start : start + size])
+            generator.append(input_ids[start : start + size])
             start += size
         if paused is not None:
             paused(False)
@@ -611,18 +809,14 @@ class Engine:
         max_length = longest + max_new  # prompts are padded to `longest`
         if self.context_length:
             max_length = min(max_length, self.context_length)
-        params = og.GeneratorParams(self._model)
-        params.set_search_options(
-            batch_size=len(prompts), max_length=max_length, **sampling.search()
-        )
-        generator = og.Generator(self._model, params)
+        search = {"batch_size": len(prompts), "max_length": max_length, **sampling.search()}
+        generator = self._model.generator(search, None, tuple(_tag(p) for p in prompts))
         # og 0.18 takes a batch's prompts in one append ("AppendTokens can only be called
         # once for batch_size > 1"): the batching rule bounds rows x longest
         # (core.service, one_pass_tokens).
-        generator.append_tokens(tokens)
-        while not generator.is_done():
-            generator.generate_next_token()
-            yield [int(t) for t in generator.get_next_tokens()]
+        generator.append(tokens)
+        while (step := generator.step_rows()) is not None:
+            yield step
             # og keeps the GIL through a step: without this the requests would take their
             # token only after the next step (a lone request's TTFT +1 step, see
             # docs/troubleshooting.md).

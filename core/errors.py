@@ -44,6 +44,13 @@ class ModelIntegrityError(ModelUnavailableError):
     code = "model_integrity"
 
 
+class EngineFaultError(ModelUnavailableError):
+    """The engine process ended (a signal, the memory ceiling) while this request was in
+    it, or is restarting after that: retry (the parent restarts it)."""
+
+    code = "engine_restarting"
+
+
 class ProviderUnavailableError(ModelUnavailableError):
     """None of the allowed execution providers could load the model.
 

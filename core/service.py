@@ -22,6 +22,7 @@ from ortserve.core.errors import (
     DrainingError,
     GenerationError,
     InvalidRequestError,
+    OrtServeError,
     RequestTimeoutError,
 )
 from ortserve.core.generation import (
@@ -466,6 +467,7 @@ class Service:
         try:
             input_ids = engine.prompt_ids(request)
             budget = self.budget(len(input_ids), request)
+            engine.check_admissible(input_ids, request.guidance)
             cache = self._cacheable(request)
             # A prompt the cache holds enough of runs alone, on the kept KV cache.
             batched = self._batchable(request) and not (
@@ -606,6 +608,8 @@ class Service:
                 if isinstance(item, End):
                     tokens.eos = item.reason == "eos"
                     return
+                if isinstance(item, OrtServeError):  # the engine process ended, say
+                    raise item
                 if isinstance(item, BaseException):
                     reason = str(item).strip().splitlines()[0] if str(item).strip() else ""
                     raise GenerationError(

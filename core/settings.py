@@ -74,6 +74,13 @@ class EngineSettings(BaseSettings):
             `<|im_start|>`) are tokenized as plain text, so a user cannot forge a turn
             (transformers' `sanitize_control_tokens`); off: they become control tokens, as
             in transformers and vLLM by default.
+        engine_process: Run onnxruntime-genai in a process of its own (core.engine_process):
+            health checks never wait for a prefill, and a fault there (a signal, the
+            memory ceiling) costs only the requests in flight, then it restarts. On by
+            default for the edge daemon and the Cloud Run image; off for one-request
+            platforms (Lambda, Cloud Functions) and the CLI, where cold start comes first.
+        engine_memory_mb: The engine process's ceiling of data memory (RLIMIT_DATA, MiB;
+            0: none): an allocation past it fails there and ends only that process.
         content_filter: A TOML file of content rules on prompts and outputs (deny
             patterns and words, size and character rules, redaction of e-mail addresses,
             phone and card numbers; `core.content_filter`). None: no filter.
@@ -99,6 +106,8 @@ class EngineSettings(BaseSettings):
     prefill_chunk_tokens: int = Field(default=64, ge=16, le=16384)
     chat_plain_control_tokens: bool = False
     content_filter: Path | None = None
+    engine_process: bool = False
+    engine_memory_mb: int = Field(default=0, ge=0)
 
     def provider_order(self) -> list[str]:
         """The execution providers to try, best first."""

@@ -271,6 +271,7 @@ class ModelState:
             "prompt_cache": cache.describe(engine.kv_bytes_per_token, engine.vocab_size)
             if (cache := engine.prompt_cache) is not None
             else None,
+            "engine": engine.model.describe(),
         }
 
     @property
@@ -371,6 +372,8 @@ def _retire(old: Service) -> None:
             if service is not None:
                 stats = service.stats()
                 busy = stats.active > 0 or stats.waiting > 0
+                if not busy:
+                    service.engine.close()  # an engine process ends now, not at a collection
                 del service
                 if busy:
                     continue

@@ -61,6 +61,16 @@ class _ServiceCollector(Collector):
             "Requests generating now (each request of a batch counts).",
             value=stats.active,
         )
+        restarts = CounterMetricFamily(
+            "ortserve_engine_restarts",
+            "Engine process faults (each followed by a restart) since the model loaded, by "
+            "cause: a signal's name (SIGSEGV, SIGKILL, SIGBUS, SIGABRT) or exit N.",
+            labels=["cause"],
+        )
+        described = service.engine.model.describe() if service is not None else {}
+        for cause, count in sorted(described.get("restarts", {}).items()):
+            restarts.add_metric([cause], count)
+        yield restarts
         load_s = service.engine.probe.load_seconds if service is not None else 0.0
         yield GaugeMetricFamily(
             "ortserve_model_load_seconds",
@@ -88,6 +98,7 @@ class _ServiceCollector(Collector):
         """The families without reading the service (registration calls this)."""
         yield CounterMetricFamily("ortserve_batches", "")
         yield CounterMetricFamily("ortserve_batched_requests", "")
+        yield CounterMetricFamily("ortserve_engine_restarts", "", labels=["cause"])
         for name in ("queue_depth", "active_generations", "model_load_seconds", "model_info"):
             yield GaugeMetricFamily(f"ortserve_{name}", "")
 

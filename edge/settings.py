@@ -49,6 +49,7 @@ class EdgeSettings(ServerSettings):
             the unit started is served.
     """
 
+    engine_process: bool = True  # see EngineSettings: a long-lived server's default
     notify_socket: str | None = Field(
         default=None, validation_alias=AliasChoices("NOTIFY_SOCKET", "notify_socket")
     )

@@ -333,13 +333,14 @@ class ModelDescription(TypedDict, total=False):
     architecture_warning: str | None
     prompt_cache: dict[str, Any] | None
     reload: dict[str, Any]
+    engine: dict[str, Any]
 
 
 class Health(ModelDescription, total=False):
     """GET /healthz (with `alive: true`) and /readyz (200 when `status` is `ready`, else
     503): the model's state and description, and the requests being answered."""
 
-    status: Required[Literal["loading", "ready", "failed", "draining"]]
+    status: Required[Literal["loading", "ready", "restarting", "failed", "draining"]]
     active: int
     waiting: int
     alive: bool

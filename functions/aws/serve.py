@@ -23,6 +23,9 @@ class StreamSettings(LambdaSettings, EdgeSettings):
     """The streaming image's one settings object: where the model and keys come from
     (Lambda's), and the daemon's own (host, port, limits), read once at start."""
 
+    # One request at a time, cold start first (as the buffered image): og in-process.
+    engine_process: bool = False
+
 
 def main() -> int:
     """Resolve keys and model, then run the edge daemon until Lambda stops the process."""

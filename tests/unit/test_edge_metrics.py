@@ -36,6 +36,7 @@ def _loaded(tmp_path: Path, quality: QualityCheck | None = QUALITY) -> ModelStat
         digest="ab" * 32,
         manifest=SimpleNamespace(quality=quality),
         probe=SimpleNamespace(provider="cpu", load_seconds=0.25),
+        model=SimpleNamespace(describe=lambda: {"restarts": {"SIGSEGV": 2, "SIGKILL": 1}}),
     )
     service = SimpleNamespace(engine=engine, stats=lambda: Stats(0, 0, 3, 7))
     state.service, state.status = cast(Service, service), "ready"
@@ -54,6 +55,10 @@ def test_the_engines_running_totals_are_counters(tmp_path: Path) -> None:
         assert [(s.name, s.value) for s in family.samples] == [(f"{name}_total", value)]
     text = metrics.render().decode()
     assert "# TYPE ortserve_batches_total counter\nortserve_batches_total 3.0\n" in text
+    # The engine process's faults, by cause (each was followed by a restart).
+    restarts = _family(metrics, "ortserve_engine_restarts")
+    assert restarts.type == "counter"
+    assert {s.labels["cause"]: s.value for s in restarts.samples} == {"SIGSEGV": 2, "SIGKILL": 1}
     # Before a model loads they read 0.
     idle = Metrics(ModelState(EngineSettings(model_dir=tmp_path)))
     assert _family(idle, "ortserve_batches").samples[0].value == 0

@@ -1,0 +1,79 @@
+"""The engine process's side (see core.engine_process): load the model, then run the
+parent's calls on its og generators, one at a time, until the socket closes.
+
+Run as `python -m ortserve.core.engine_worker FD` by `core.engine_process.EngineProcess`.
+"""
+
+from __future__ import annotations
+
+import resource
+import signal
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ortserve.core.engine import LocalSteps, probe_providers
+from ortserve.core.engine_process import receive, send
+from ortserve.core.errors import OrtServeError
+
+# What the parent may call on a generator (`Steps`'s methods).
+_METHODS = frozenset({"append", "step", "step_rows", "finish", "rewind", "last_logits"})
+
+
+def serve_calls(conn: Connection) -> None:
+    """The child's loop: load the model, then run calls until the socket closes."""
+    folder, settings, threads = receive(conn)
+    if settings.engine_memory_mb:  # a runaway allocation ends this process, not the server
+        limit = settings.engine_memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    try:
+        model, provider, skipped = probe_providers(folder, settings, threads)
+    except OrtServeError as exc:
+        send(conn, ("failed", exc))
+        return
+    send(conn, ("ready", provider, skipped))
+    generators: dict[int, LocalSteps] = {}
+    while True:
+        try:
+            call_id, handle, method, args, drops = receive(conn)
+        except (EOFError, OSError):
+            return
+        for dropped in drops:
+            generators.pop(dropped, None)
+        if method == "drop":
+            continue
+        try:
+            if method == "open":
+                search, guidance = args
+                generators[handle] = LocalSteps(model, search, guidance)
+                result: Any = None
+            elif method in _METHODS:
+                result = getattr(generators[handle], method)(*args)
+            else:
+                raise RuntimeError(f"unknown call {method}")
+            reply = (call_id, True, result)
+        except Exception as exc:  # the caller's to raise (og's errors are RuntimeError)
+            reply = (call_id, False, (type(exc).__name__, str(exc)))
+        send(conn, reply)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m ortserve.core.engine_worker FD`: serve calls on the socket FD."""
+    # The parent handles stop signals and drains; this process ends when its socket
+    # closes (systemd's stop sends SIGTERM to every process of the unit). No
+    # PR_SET_PDEATHSIG: it fires when the parent's *thread* that started this process
+    # ends, and restarts start it from a thread that ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn = Connection(int(argv[1]))
+    try:
+        serve_calls(conn)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the parent is gone: so is the work
+    finally:
+        conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
