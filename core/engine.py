@@ -24,6 +24,7 @@ from ortserve.core.errors import (
     GenerationError,
     InvalidRequestError,
     ModelIntegrityError,
+    OrtServeError,
     ProviderUnavailableError,
 )
 from ortserve.core.generation import (
@@ -748,6 +749,9 @@ class Engine:
                     paused(True)
                     yield token
                     paused(False)
+        except OrtServeError:  # the engine process ended: its generator is gone
+            appended = False
+            raise
         except RuntimeError as exc:
             appended = False  # a failed generator is not kept
             if guided:

@@ -206,7 +206,7 @@ class EngineProcess:
         return described
 
     def on_restart(self, callback: Callable[[], None]) -> None:
-        """See `Model.on_restart`."""
+        """See `Model.on_restart` (called as soon as a fault is seen)."""
         self._restart_callbacks.append(callback)
 
     def refused(self, tag: str) -> bool:
@@ -414,6 +414,9 @@ class EngineProcess:
             if self._child is child and not self._closed:
                 self._state = "restarting"
             self._cond.notify_all()
+        if not self._closed:
+            for callback in self._restart_callbacks:  # e.g. the prompt cache's generators
+                callback()
 
     def _restart(self, child: _Child) -> None:
         """After `child` ended by itself: count it, then load the model in a new child."""
@@ -433,8 +436,6 @@ class EngineProcess:
             cause,
             sum(self.restarts.values()),
         )
-        for callback in self._restart_callbacks:
-            callback()
         # A weights file changed under its mapping gives SIGBUS: check every byte then.
         full = self.settings.verify_sha256 or cause == "SIGBUS"
         reason = ""

@@ -160,7 +160,10 @@ class ModelState:
             except OSError:
                 digest = None  # the load names what is missing
             old = self.service
-            if old is not None and digest is not None and old.engine.digest == digest:
+            # An engine process that could not come back after a fault (its files changed
+            # under it) serves nothing: the same folder loads anew.
+            working = old is not None and old.engine.model.state != "failed"
+            if old is not None and working and digest is not None and old.engine.digest == digest:
                 # The same manifest is not the same files: another folder (or this one,
                 # changed since) may hold it truncated or altered. Sizes always; every
                 # byte's hash where the folder is not the one that serves.

@@ -1,0 +1,192 @@
+"""The edge daemon's engine process (core.engine_process), through the real daemon: a
+fault in the engine (a signal, weights changed under it) costs only the requests in it;
+the daemon answers its probes throughout, says why, restarts the engine and serves again,
+and refuses a request that was in the engine at two faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests import models
+from tests.functional.test_edge_daemon import LONG, PROMPT, Daemon
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def start(tiny_model_dir: Path) -> Iterator[Any]:
+    daemons: list[Daemon] = []
+
+    def start_daemon(model_dir: Path | None = None, **env: str) -> Daemon:
+        daemon = Daemon(model_dir or tiny_model_dir, {f"ORTSERVE_{k}": v for k, v in env.items()})
+        daemons.append(daemon)
+        daemon.wait_for("READY=1")
+        return daemon
+
+    yield start_daemon
+    for daemon in daemons:
+        daemon.close()
+
+
+def _engine(daemon: Daemon) -> dict[str, Any]:
+    engine: dict[str, Any] = daemon.http.get("/healthz").json()["engine"]
+    return engine
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended but not reaped, does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def _healthy_until(daemon: Daemon, stop: threading.Event, seen: list[int]) -> None:
+    """Ask /healthz until `stop`; each answer's status code goes to `seen`."""
+    with httpx.Client(base_url=daemon.url, timeout=5) as client:
+        while not stop.is_set():
+            seen.append(client.get("/healthz").status_code)
+            time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGSEGV, signal.SIGKILL, signal.SIGBUS], ids=lambda s: str(s.name)
+)
+def test_a_signal_mid_stream_ends_that_stream_with_an_error_event_and_the_engine_comes_back(
+    start: Any, sig: signal.Signals
+) -> None:
+    daemon = start(MAX_NEW_TOKENS=str(LONG))
+    engine = _engine(daemon)
+    assert engine["process"] == "separate" and engine["state"] == "ready"
+    pid = engine["pid"]
+    assert pid != daemon.proc.pid and _running(pid)
+    probes: list[int] = []
+    stop = threading.Event()
+    prober = threading.Thread(target=_healthy_until, args=(daemon, stop, probes))
+    prober.start()
+    body = {"prompt": PROMPT, "max_new_tokens": LONG, "stream": True}
+    try:
+        with daemon.http.stream("POST", "/generate", json=body) as reply:
+            chunks = reply.iter_raw()
+            first = next(chunks)
+            os.kill(pid, sig)
+            rest = b"".join(chunks)
+        # The next request waits for the new engine and is served.
+        again = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
+    finally:
+        stop.set()
+        prober.join()
+    events = [
+        json.loads(b.removeprefix("data: ")) for b in (first + rest).decode().split("\n\n") if b
+    ]
+    assert events[-1]["error"]["code"] == "engine_restarting", events[-1]
+    assert sig.name in events[-1]["error"]["message"]
+    assert again.status_code == 200, again.text
+    assert again.json()["tokens_generated"] == 8
+    assert probes and set(probes) == {200}  # /healthz answered throughout
+    engine = _engine(daemon)
+    assert engine["state"] == "ready" and engine["restarts"] == {sig.name: 1}
+    assert engine["last_exit"] == sig.name and engine["pid"] != pid
+    metrics = daemon.http.get("/metrics").text
+    assert f'ortserve_engine_restarts_total{{cause="{sig.name}"}} 1.0' in metrics
+    assert f"ended: {sig.name}; restarting it" in daemon.stderr()
+    new_pid = engine["pid"]
+    assert daemon.stop() == 0
+    deadline = time.monotonic() + 10  # the engine ends with the daemon
+    while _running(new_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(new_pid)
+
+
+def test_a_kill_mid_prefill_is_a_503_to_retry_and_a_request_in_two_faults_is_refused(
+    start: Any,
+) -> None:
+    # The 135M shape and small prefill parts: a 1,500-token prompt's prefill takes about
+    # a second, so the kill lands in it (before the first token). No prompt cache: a
+    # retried prompt would be in it, with next to nothing to prefill.
+    daemon = start(
+        models.shape_135m(), PREFILL_CHUNK_TOKENS="16", MAX_BATCH="1", PROMPT_CACHE_SLOTS="0"
+    )
+    body = {"prompt": "The quick brown fox jumps. " * 250, "max_new_tokens": 1}
+
+    def killed_mid_prefill() -> httpx.Response:
+        answer: dict[str, httpx.Response] = {}
+
+        def ask() -> None:
+            with httpx.Client(base_url=daemon.url, timeout=60) as client:
+                answer["reply"] = client.post("/generate", json=body)
+
+        pid = _engine(daemon)["pid"]
+        asking = threading.Thread(target=ask)
+        asking.start()
+        deadline = time.monotonic() + 10
+        while daemon.http.get("/healthz").json()["active"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        time.sleep(0.1)  # into the prefill's parts
+        os.kill(pid, signal.SIGKILL)
+        asking.join(60)
+        return answer["reply"]
+
+    first = killed_mid_prefill()
+    assert first.status_code == 503, first.text
+    assert first.headers["retry-after"] == "5"
+    assert first.json()["error"]["code"] == "engine_restarting"
+    retried = daemon.http.post("/generate", json=body, timeout=60)  # a retry is served
+    assert retried.status_code == 200, retried.text
+    assert killed_mid_prefill().status_code == 503  # the same request, in a second fault
+    refused = daemon.http.post("/generate", json=body)
+    assert refused.status_code == 400
+    assert "twice" in refused.json()["error"]["message"]
+    other = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 4})
+    assert other.status_code == 200, other.text
+    assert _engine(daemon)["restarts"] == {"SIGKILL": 2}
+
+
+def test_weights_truncated_under_the_engine_leave_the_daemon_up_and_saying_why(
+    start: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    daemon = start(folder)
+    data = next(folder.glob("*.onnx.data"))
+    size = data.stat().st_size
+    with data.open("r+b") as handle:  # as a `cp` over it does, before it writes
+        handle.truncate(size // 2)
+    fault = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
+    assert fault.status_code == 503, fault.text  # SIGBUS in the engine, not in the daemon
+    assert daemon.proc.poll() is None
+    deadline = time.monotonic() + 30
+    while _engine(daemon)["state"] == "restarting":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert daemon.http.get("/healthz").status_code == 200
+    ready = daemon.http.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["status"] == "failed"
+    engine = ready.json()["engine"]
+    assert engine["restarts"] == {"SIGBUS": 1}
+    assert f"has {size // 2} bytes, the manifest says {size}" in engine["reason"]
+    refused = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
+    assert refused.status_code == 503 and "retry-after" not in refused.headers
+    # The files put back, a reload (SIGHUP) serves them again.
+    shutil.copyfile(tiny_model_dir / data.name, data)
+    daemon.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while daemon.http.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline, daemon.stderr()
+        time.sleep(0.05)
+    served = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
+    assert served.status_code == 200, served.text
+    assert daemon.stop() == 0
