@@ -215,6 +215,7 @@ class Stream:
 
     sent: float = 0.0  # perf_counter when the request was sent
     ttft_s: float = float("nan")
+    last_s: float = float("nan")  # from `sent` to the last event with a choice
     first_text_empty: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -228,6 +229,7 @@ def stream_completion(
     new_tokens: int,
     out: Stream,
     first: threading.Event | None = None,
+    ignore_eos: bool = False,
 ) -> None:
     """POST a streamed /v1/completions and fill `out`; set `first` at the first token."""
     # Plain greedy requests, batchable as most are (an `ignore_eos` or seeded one takes a
@@ -238,6 +240,7 @@ def stream_completion(
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **({"ignore_eos": True} if ignore_eos else {}),
     }
     out.sent = time.perf_counter()
     try:
@@ -251,6 +254,8 @@ def stream_completion(
                 event = json.loads(line[6:])
                 if "error" in event:
                     out.error = json.dumps(event["error"])[:300]
+                if event.get("choices"):
+                    out.last_s = time.perf_counter() - out.sent
                 if event.get("choices") and math.isnan(out.ttft_s):
                     out.ttft_s = time.perf_counter() - out.sent
                     out.first_text_empty = not event["choices"][0].get("text")
@@ -266,8 +271,10 @@ def stream_completion(
             first.set()
 
 
-def sample_health(base: str, stop: threading.Event, out: list[float]) -> None:
-    """GET /healthz every HEALTH_PERIOD_S until `stop`; latencies (s) into `out`, inf for
+def sample_health(
+    base: str, stop: threading.Event, out: list[float], period_s: float = HEALTH_PERIOD_S
+) -> None:
+    """GET /healthz every `period_s` until `stop`; latencies (s) into `out`, inf for
     a sample that failed (not 200, or a transport error)."""
     with httpx.Client(timeout=300) as client:
         client.get(f"{base}/healthz")  # connect before the measured request is sent
@@ -280,7 +287,7 @@ def sample_health(base: str, stop: threading.Event, out: list[float]) -> None:
             except httpx.HTTPError:  # e.g. the daemon reset the connection: a failure
                 ok = False
             out.append(time.perf_counter() - start if ok else float("inf"))
-            due = max(due + HEALTH_PERIOD_S, time.perf_counter())
+            due = max(due + period_s, time.perf_counter())
             stop.wait(max(0.0, due - time.perf_counter()))
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from ortserve.core.engine import LocalSteps, probe_providers
 from ortserve.core.engine_process import receive, send
 from ortserve.core.errors import OrtServeError
+from ortserve.core.memory import return_freed_memory
 
 # What the parent may call on a generator (`Steps`'s methods).
 _METHODS = frozenset({"append", "step", "step_rows", "finish", "rewind", "last_logits"})
@@ -26,6 +27,7 @@ def serve_calls(conn: Connection) -> None:
     if settings.engine_memory_mb:  # a runaway allocation ends this process, not the server
         limit = settings.engine_memory_mb << 20
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    return_freed_memory()  # before the model's buffers exist (core.memory)
     try:
         model, provider, skipped = probe_providers(folder, settings, threads)
     except OrtServeError as exc:

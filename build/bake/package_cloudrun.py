@@ -132,7 +132,7 @@ class Sizing:
 
 def sizing(model_dir: Path) -> Sizing:
     """Concurrency, CPU and memory for the baked model in `model_dir` (the module's rule)."""
-    return _sized(model_memory(model_dir, sequences=_MAX_BATCH))
+    return _sized(model_memory(model_dir, sequences=_MAX_BATCH, engine_process=True))
 
 
 def sizing_for(model_bytes: int, config: dict[str, Any]) -> Sizing:
@@ -141,7 +141,7 @@ def sizing_for(model_bytes: int, config: dict[str, Any]) -> Sizing:
     Raises:
         BakeError: The model needs more memory than a Cloud Run instance has.
     """
-    return _sized(memory_for(model_bytes, config, sequences=_MAX_BATCH))
+    return _sized(memory_for(model_bytes, config, sequences=_MAX_BATCH, engine_process=True))
 
 
 def _sized(terms: Memory) -> Sizing:
@@ -191,6 +191,7 @@ def package_cloudrun(target: Target, bundle: Path) -> None:
         "max_batch": str(_MAX_BATCH),
         "max_prompt_tokens": str(size.max_prompt_tokens),
         "max_new_tokens": str(size.max_new_tokens),
+        "engine_memory_mb": str(size.memory_mib),
         "concurrency": str(size.concurrency),
         "cpu": str(size.cpu),
         "memory": _memory(size.memory_mib),

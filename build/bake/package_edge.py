@@ -46,7 +46,7 @@ from ortserve.bake.packaging_common import (
     pinned,
     write_lines,
 )
-from ortserve.bake.sizing import Memory, model_memory, shipped_caps, write_record
+from ortserve.bake.sizing import Memory, engine_ceiling, model_memory, shipped_caps, write_record
 from ortserve.bake.targets import Target
 from ortserve.core.manifest import sha256_file
 
@@ -360,16 +360,24 @@ def with_caps(settings: str, terms: Memory) -> str:
     """The settings file `settings` with the limits that keep each sequence in the room
     the unit's MemoryMax counts (`bake.sizing.shipped_caps`), set, not commented."""
     caps = shipped_caps(terms)
-    if not caps:
-        return settings
-    lines = "".join(f"{name}={value}\n" for name, value in caps.items())
-    return (
-        f"{settings.rstrip()}\n\n# Written by the bake (sizing.json): the unit's MemoryMax "
-        f"counts {terms.sequences} sequences\n# of {terms.tokens_per_sequence} tokens; these "
-        "keep each one in that room. The model's context is\n# longer: raise them only with "
-        "MemoryMax.\n"
-        f"{lines}"
-    )
+    ceiling = engine_ceiling(terms)
+    text = settings.rstrip() + "\n"
+    if caps:
+        lines = "".join(f"{name}={value}\n" for name, value in caps.items())
+        text += (
+            f"\n# Written by the bake (sizing.json): the unit's MemoryMax counts "
+            f"{terms.sequences} sequences\n# of {terms.tokens_per_sequence} tokens; these "
+            "keep each one in that room. The model's context is\n# longer: raise them only "
+            f"with MemoryMax.\n{lines}"
+        )
+    if ceiling:
+        lines = "".join(f"{name}={value}\n" for name, value in ceiling.items())
+        text += (
+            "\n# Written by the bake (sizing.json): the engine process's ceiling, the unit's "
+            "whole memory\n# (MiB): a runaway allocation fails there, and only it restarts.\n"
+            f"{lines}"
+        )
+    return text if (caps or ceiling) else settings
 
 
 def package_edge(target: Target, bundle: Path, cache: Path | None = None) -> None:
@@ -402,7 +410,7 @@ def package_edge(target: Target, bundle: Path, cache: Path | None = None) -> Non
     for name, source in _EDGE_FILES.items():
         shutil.copy2(edge / source, bundle / name)
     unit = bundle / "ortserve.service"
-    terms = model_memory(bundle / MODEL_SUBDIR, reloads=True)
+    terms = model_memory(bundle / MODEL_SUBDIR, reloads=True, engine_process=True)
     limit = unit_memory_max(terms)
     unit.write_text(with_memory_max(unit.read_text(encoding="utf-8"), limit), encoding="utf-8")
     settings = bundle / "ortserve.env"

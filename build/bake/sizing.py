@@ -21,6 +21,14 @@ VmHWM, 2026-12-02, onnxruntime-genai 0.18, the 135M shape: 109 MiB of int4 files
   logits of each one's last prompt part (`KEPT_LOGITS_TOKENS` positions at most).
 - a reload (the edge daemon's blue/green SIGHUP): the new model and its cache load
   beside the serving one.
+- the engine process (the edge daemon and the Cloud Run image: og in a child process):
+  a second Python with onnxruntime. Measured 2026-12-05 on the 135M shape after a
+  1,500-token prompt: 80 MiB parent + 427 MiB engine against 452 MiB for one process, so
+  `ENGINE_PROCESS_MIB` rounds the 55 MiB up (a reload's new engine brings its own too).
+  The engine's own ceiling (`engine_ceiling`, RLIMIT_DATA) is the whole declared memory:
+  in normal use it stays well under (VmData 466-663 MiB for 1,718 MiB declared there), and
+  a runaway allocation fails in the engine before the cgroup's OOM killer could pick the
+  daemon.
 
 `tests/functional/test_long_prompts.py` holds the declared concurrency of max-length
 prompts on the 135M shape under the declared limit (peak RSS).
@@ -41,6 +49,7 @@ from ortserve.core.settings import EngineSettings
 
 MIB = 1 << 20
 RUNTIME_MIB = 256
+ENGINE_PROCESS_MIB = 64
 MODEL_FACTOR = 1.25
 PART_FACTOR = 1.5
 FP32_BYTES = 4
@@ -82,7 +91,9 @@ class Memory:
         parts_mib: One prefill part's logits and activations for each sequence (at
             least `ONE_PASS_PARTS`: a batch's or a beam search's one pass).
         cache_mib: The prompt cache's slots.
-        reload_mib: A second model and its cache during a reload (0: no reloads).
+        reload_mib: A second model and its cache during a reload (0: no reloads), and
+            its engine process's runtime where the model runs in one.
+        engine_mib: The engine process's own runtime (0: og in the serving process).
         sequences: Sequences that may run at once.
         tokens_per_sequence: A sequence's room: prompt + new tokens.
         max_prompt_tokens: ORTSERVE_MAX_PROMPT_TOKENS that keeps a sequence in its room
@@ -100,6 +111,7 @@ class Memory:
     parts_mib: int
     cache_mib: int
     reload_mib: int
+    engine_mib: int
     sequences: int
     tokens_per_sequence: int
     max_prompt_tokens: int
@@ -109,7 +121,10 @@ class Memory:
 
     def record(self) -> dict[str, Any]:
         """The terms as `sizing.json` states them."""
-        return {**asdict(self), "formula": "runtime + model + kv + parts + cache + reload"}
+        return {
+            **asdict(self),
+            "formula": "runtime + engine + model + kv + parts + cache + reload",
+        }
 
 
 def kv_bytes_per_token(config: dict[str, Any]) -> int:
@@ -132,11 +147,13 @@ def memory_for(
     chunk: int = PREFILL_CHUNK_TOKENS,
     cache_slots: int = PROMPT_CACHE_SLOTS,
     reloads: bool = False,
+    engine_process: bool = False,
 ) -> Memory:
     """The memory of a process serving a model of `model_bytes` (genai_config's `model`
     section `config`) to `sequences` sequences at once, each with room for the model's
     context up to `SEQUENCE_TOKENS` tokens (prompts capped to fit, see
-    `Memory.max_prompt_tokens`); with `reloads`, room for a second model beside it."""
+    `Memory.max_prompt_tokens`); with `reloads`, room for a second model beside it; with
+    `engine_process`, og runs in a process of its own (ORTSERVE_ENGINE_PROCESS)."""
     context = int(config.get("context_length") or SEQUENCE_TOKENS)
     tokens = min(context, SEQUENCE_TOKENS)
     per_token = kv_bytes_per_token(config)
@@ -152,15 +169,17 @@ def memory_for(
     parts = mib(passes * PART_FACTOR * min(chunk, tokens) * vocab * FP32_BYTES)
     slot = min(context, PROMPT_CACHE_TOKENS) * per_token + KEPT_LOGITS_TOKENS * vocab * FP32_BYTES
     cache = mib(cache_slots * slot)
-    reload = model + cache if reloads else 0
+    engine = ENGINE_PROCESS_MIB if engine_process else 0
+    reload = model + cache + engine if reloads else 0
     return Memory(
-        total_mib=RUNTIME_MIB + model + kv + parts + cache + reload,
+        total_mib=RUNTIME_MIB + engine + model + kv + parts + cache + reload,
         runtime_mib=RUNTIME_MIB,
         model_mib=model,
         kv_mib=kv,
         parts_mib=parts,
         cache_mib=cache,
         reload_mib=reload,
+        engine_mib=engine,
         sequences=sequences,
         tokens_per_sequence=tokens,
         max_prompt_tokens=tokens - MAX_NEW_TOKENS if context > SEQUENCE_TOKENS else 0,
@@ -170,12 +189,25 @@ def memory_for(
     )
 
 
-def model_memory(model_dir: Path, sequences: int = SEQUENCES, reloads: bool = False) -> Memory:
+def model_memory(
+    model_dir: Path,
+    sequences: int = SEQUENCES,
+    reloads: bool = False,
+    engine_process: bool = False,
+) -> Memory:
     """`memory_for` the baked model in `model_dir` (its manifest's files, its
     genai_config.json)."""
     model_bytes = sum(f.size for f in read_manifest(model_dir).files)
     config = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))
-    return memory_for(model_bytes, config["model"], sequences, reloads=reloads)
+    return memory_for(
+        model_bytes, config["model"], sequences, reloads=reloads, engine_process=engine_process
+    )
+
+
+def engine_ceiling(terms: Memory) -> dict[str, str]:
+    """The engine process's ceiling an artefact ships (`ORTSERVE_ENGINE_MEMORY_MB`: the
+    whole declared memory), where the model runs in one; else none."""
+    return {"ORTSERVE_ENGINE_MEMORY_MB": str(terms.total_mib)} if terms.engine_mib else {}
 
 
 def shipped_caps(terms: Memory) -> dict[str, str]:

@@ -190,3 +190,42 @@ def test_weights_truncated_under_the_engine_leave_the_daemon_up_and_saying_why(
     served = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 8})
     assert served.status_code == 200, served.text
     assert daemon.stop() == 0
+
+
+def test_an_allocation_past_the_engine_ceiling_fails_that_request_and_nothing_else() -> None:
+    """ORTSERVE_ENGINE_MEMORY_MB (RLIMIT_DATA) in the engine process: a request whose KV
+    cache would pass it fails at its start; the engine, and the next request, go on."""
+    from ortserve.core.errors import GenerationError
+    from ortserve.core.generation import GenerationRequest, SamplingOptions
+    from ortserve.core.service import Service
+    from ortserve.core.settings import EngineSettings
+
+    # The 135M shape: ~280 MiB of data after the load; 8,000 tokens of KV cache are
+    # 360 MiB more (og allocates a sequence's whole room at its start).
+    settings = EngineSettings(
+        model_dir=models.shape_135m(),
+        providers="cpu",
+        engine_process=True,
+        engine_memory_mb=400,
+        prompt_cache_slots=0,
+    )
+    service = Service.load(settings)
+    try:
+        pid = service.engine.model.describe()["pid"]
+
+        def first_tokens(new: int) -> list[str]:
+            options = SamplingOptions(max_new_tokens=new, min_new_tokens=2)
+            stream = service.stream(GenerationRequest(prompt="Hi there", options=options))
+            try:
+                return [next(stream), next(stream)]
+            finally:
+                stream.close()
+
+        assert len(first_tokens(16)) == 2
+        with pytest.raises(GenerationError, match="Could not allocate the key-value cache"):
+            first_tokens(8000)
+        assert len(first_tokens(16)) == 2
+        engine = service.engine.model.describe()
+        assert engine["pid"] == pid and engine["restarts"] == {}
+    finally:
+        service.engine.close()

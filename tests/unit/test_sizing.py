@@ -141,3 +141,31 @@ def test_the_cloud_functions_bundle_reads_its_caps_from_sizing_json(
     assert (loaded.max_prompt_tokens, loaded.max_new_tokens) == (3584, 512)
     monkeypatch.setenv("ORTSERVE_MAX_PROMPT_TOKENS", "7000")
     assert gcf.GcfSettings(model_dir=tmp_path).max_prompt_tokens == 7000
+
+
+def test_the_engine_process_adds_its_runtime_and_ships_its_ceiling() -> None:
+    """#37: the edge daemon and the Cloud Run image run og in a process of its own (a
+    second runtime, a reload's new engine too), and the engine's ceiling (RLIMIT_DATA) is
+    the whole declared memory, set in the edge bundle's settings file."""
+    from ortserve.bake.package_edge import with_caps
+    from ortserve.bake.packaging_common import package_dir
+    from ortserve.bake.sizing import ENGINE_PROCESS_MIB, engine_ceiling
+
+    one = memory_for(150 << 20, SMOLLM2_135M, sequences=4, reloads=True)
+    two = memory_for(150 << 20, SMOLLM2_135M, sequences=4, reloads=True, engine_process=True)
+    assert (one.engine_mib, two.engine_mib) == (0, ENGINE_PROCESS_MIB)
+    assert two.reload_mib == one.reload_mib + ENGINE_PROCESS_MIB
+    assert two.total_mib == one.total_mib + 2 * ENGINE_PROCESS_MIB
+    assert engine_ceiling(one) == {}
+    assert engine_ceiling(two) == {"ORTSERVE_ENGINE_MEMORY_MB": str(two.total_mib)}
+    settings = (package_dir("ortserve.edge") / "ortserve.env").read_text(encoding="utf-8")
+    active = dict(
+        line.split("=", 1)
+        for line in with_caps(settings, two).splitlines()
+        if line.startswith("ORTSERVE_")
+    )
+    assert active == {
+        "ORTSERVE_MAX_PROMPT_TOKENS": "3584",
+        "ORTSERVE_MAX_NEW_TOKENS": "512",
+        "ORTSERVE_ENGINE_MEMORY_MB": str(two.total_mib),
+    }
