@@ -340,6 +340,8 @@ class EngineProcess:
             child = self._child
             if self._state == "ready" and child is not None:
                 return child
+            if self._closed:  # a reload replaced this model after the request took it
+                raise EngineFaultError("the model this request was for was unloaded: retry")
             if self._state == "failed":
                 error = ModelUnavailableError(
                     f"the engine process cannot serve the model ({self._reason})"
@@ -471,7 +473,7 @@ def _watch(ref: weakref.ref[EngineProcess], child: _Child) -> None:
 def _stop(child: _Child) -> None:
     """End a child: its socket closes (it exits at its next read), then it is killed if
     it has not exited within a few seconds (a long call under way)."""
-    child.stopped = child.broken = True
+    child.stopped = True  # calls in flight fail as the socket closes (`_broken`)
     child.conn.close()
     try:
         child.proc.wait(5.0)

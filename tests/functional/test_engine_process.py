@@ -229,3 +229,39 @@ def test_an_allocation_past_the_engine_ceiling_fails_that_request_and_nothing_el
         assert engine["pid"] == pid and engine["restarts"] == {}
     finally:
         service.engine.close()
+
+
+def test_closing_the_engine_ends_a_stream_reading_from_it(tiny_model_dir: Path) -> None:
+    """A reload retires the old model's engine process (`Engine.close`) once its requests
+    ended; a generation still reading from it then ends with a 503 to retry, never hangs."""
+    from ortserve.core.errors import EngineFaultError
+    from ortserve.core.generation import GenerationRequest, SamplingOptions
+    from ortserve.core.service import Service
+    from ortserve.core.settings import EngineSettings
+
+    settings = EngineSettings(model_dir=tiny_model_dir, providers="cpu", engine_process=True)
+    service = Service.load(settings)
+    options = SamplingOptions(max_new_tokens=LONG, min_new_tokens=LONG)
+    stream = service.stream(GenerationRequest(prompt=PROMPT, options=options))
+    outcome: list[BaseException] = []
+    started = threading.Event()
+
+    def read() -> None:
+        try:
+            for _ in stream:
+                started.set()
+        except BaseException as exc:  # what the reader saw is the test's
+            outcome.append(exc)
+        finally:
+            started.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(30)
+    pid = service.engine.model.describe()["pid"]
+    service.engine.close()
+    reader.join(30)
+    assert not reader.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], EngineFaultError), outcome
+    assert not _running(pid)
+    assert service.engine.model.describe()["restarts"] == {}  # closed, not a fault
