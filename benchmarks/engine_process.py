@@ -2,7 +2,7 @@
 process (ORTSERVE_ENGINE_PROCESS=0/1), side by side.
 
 Run: `python -m benchmarks.engine_process [--model builtin:qwen2.5-0.5b-shape]
-[--reps 2] [--long 8000] [--clients 4] [--json PATH]`. It writes
+[--reps 2] [--long 8000] [--clients 4] [--probe-ms 10] [--json PATH]`. It writes
 benchmarks/results/engine_process-YYYY-MM-DD.json (unless `--json`) and prints a Markdown
 table. Not a test: figures for docs/measurements.md, from one run on a shared machine.
 
@@ -24,7 +24,9 @@ request:
 - probes under load: `--clients` concurrent streamed completions of `--long`-token
   prompts (1 new token each) while a thread of its own GETs /healthz every 10 ms, from
   the moment the first long request is sent until the last one ends: p50, p99, max and
-  the count of the samples; a failed sample (not 200) counts as infinite.
+  the count of the samples; a failed sample (not 200) counts as infinite. `--probe-ms 0`
+  sends no probes: the probes cost the daemon CPU (~1 ms each), which a variant that
+  answers them 100x as often pays in prefill time.
 
 The machine is shared: before each measurement it waits (up to `--quiet-wait` s) until
 other processes use at most `--max-other-load` cores (`benchmarks.machine_load`).
@@ -75,14 +77,16 @@ def measure_decode(base: str, text: str, reps: int) -> dict[str, float]:
     return {"decode_tps": statistics.median(speeds), "ttft_ms": statistics.median(ttfts) * 1000}
 
 
-def measure_probes(base: str, texts: list[str]) -> dict[str, Any]:
-    """/healthz latency while `texts` prefill side by side (one new token each)."""
+def measure_probes(base: str, texts: list[str], period_s: float) -> dict[str, Any]:
+    """/healthz latency while `texts` prefill side by side (one new token each); with a
+    `period_s` of 0, no probes (the prefill's own time, without the probes' CPU)."""
     samples: list[float] = []
     stop = threading.Event()
-    sampler = threading.Thread(target=sample_health, args=(base, stop, samples, PROBE_PERIOD_S))
-    sampler.start()
-    while not samples:  # connected
-        time.sleep(0.001)
+    sampler = threading.Thread(target=sample_health, args=(base, stop, samples, period_s))
+    if period_s > 0:
+        sampler.start()
+        while not samples:  # connected
+            time.sleep(0.001)
     outs = [Stream() for _ in texts]
 
     def ask(text: str, out: Stream) -> None:
@@ -97,7 +101,8 @@ def measure_probes(base: str, texts: list[str]) -> dict[str, Any]:
         asker.join()
     seconds = time.perf_counter() - start
     stop.set()
-    sampler.join()
+    if period_s > 0:
+        sampler.join()
     errors = [o.error for o in outs if o.error]
     health = [s for s in samples if s >= 0]
     return {
@@ -119,6 +124,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--decode-reps", type=int, default=3)
     parser.add_argument("--long", type=int, default=8000, help="tokens of each long prompt")
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument(
+        "--probe-ms", type=float, default=PROBE_PERIOD_S * 1000, help="0: no probes"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--max-other-load", type=float, default=0.3)
     parser.add_argument("--quiet-wait", type=float, default=60)
@@ -152,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                 wait_quiet(args.quiet_wait, args.max_other_load)
                 decode = measure_decode(base, short, args.decode_reps)
                 wait_quiet(args.quiet_wait, args.max_other_load)
-                probes = measure_probes(base, longs)
+                probes = measure_probes(base, longs, args.probe_ms / 1000)
             run = {"variant": name, "rep": rep, **decode, **probes}
             print(json.dumps(run), flush=True)
             runs.append(run)
