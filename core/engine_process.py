@@ -237,6 +237,7 @@ class EngineProcess:
             self._cond.notify_all()
         if child is not None:
             _stop(child)
+            self._broken(child)  # calls still in flight fail; the socket is closed
 
     # -- calls ----------------------------------------------------------------------------
 
@@ -416,6 +417,8 @@ class EngineProcess:
             if self._child is child and not self._closed:
                 self._state = "restarting"
             self._cond.notify_all()
+        with self._send_lock:  # nothing is sent or read on it any more: close it
+            child.conn.close()
         if not self._closed:
             for callback in self._restart_callbacks:  # e.g. the prompt cache's generators
                 callback()
@@ -473,8 +476,15 @@ def _watch(ref: weakref.ref[EngineProcess], child: _Child) -> None:
 def _stop(child: _Child) -> None:
     """End a child: its socket closes (it exits at its next read), then it is killed if
     it has not exited within a few seconds (a long call under way)."""
-    child.stopped = True  # calls in flight fail as the socket closes (`_broken`)
-    child.conn.close()
+    child.stopped = True
+    # A shutdown, not a close: a thread blocked reading the socket wakes with EOF (and the
+    # calls in flight fail, `_broken`, which closes it), and the child reads EOF and ends.
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=child.conn.fileno())
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.detach()
     try:
         child.proc.wait(5.0)
     except subprocess.TimeoutExpired:

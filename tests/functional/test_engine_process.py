@@ -110,8 +110,11 @@ def test_a_signal_mid_stream_ends_that_stream_with_an_error_event_and_the_engine
     assert not _running(new_pid)
 
 
-def test_a_kill_mid_prefill_is_a_503_to_retry_and_a_request_in_two_faults_is_refused(
-    start: Any,
+@pytest.mark.parametrize(
+    "sig", [signal.SIGSEGV, signal.SIGKILL, signal.SIGBUS], ids=lambda s: str(s.name)
+)
+def test_a_signal_mid_prefill_is_a_503_to_retry_and_a_request_in_two_faults_is_refused(
+    start: Any, sig: signal.Signals
 ) -> None:
     # The 135M shape and small prefill parts: a 1,500-token prompt's prefill takes about
     # a second, so the kill lands in it (before the first token). No prompt cache: a
@@ -136,7 +139,7 @@ def test_a_kill_mid_prefill_is_a_503_to_retry_and_a_request_in_two_faults_is_ref
             assert time.monotonic() < deadline
             time.sleep(0.002)
         time.sleep(0.1)  # into the prefill's parts
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
         asking.join(60)
         return answer["reply"]
 
@@ -144,6 +147,7 @@ def test_a_kill_mid_prefill_is_a_503_to_retry_and_a_request_in_two_faults_is_ref
     assert first.status_code == 503, first.text
     assert first.headers["retry-after"] == "5"
     assert first.json()["error"]["code"] == "engine_restarting"
+    assert sig.name in first.json()["error"]["message"]
     retried = daemon.http.post("/generate", json=body, timeout=60)  # a retry is served
     assert retried.status_code == 200, retried.text
     assert killed_mid_prefill().status_code == 503  # the same request, in a second fault
@@ -152,7 +156,7 @@ def test_a_kill_mid_prefill_is_a_503_to_retry_and_a_request_in_two_faults_is_ref
     assert "twice" in refused.json()["error"]["message"]
     other = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 4})
     assert other.status_code == 200, other.text
-    assert _engine(daemon)["restarts"] == {"SIGKILL": 2}
+    assert _engine(daemon)["restarts"] == {sig.name: 2}
 
 
 def test_weights_truncated_under_the_engine_leave_the_daemon_up_and_saying_why(
