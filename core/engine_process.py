@@ -61,6 +61,11 @@ FAULTS_TO_REFUSE = 2
 # Loads tried after a fault before the model is given up as failed, and the pauses
 # between them (a fault during the load itself: a crash loop is not retried forever).
 _RESTART_PAUSES_S = (0.0, 1.0, 4.0)
+# A call (a prefill part, a decode step; a whole beam search at most) still running this
+# long past the request timeout has hung (a native deadlock, an endless loop): the engine
+# is killed, which ends it as any fault does. Checked this often while a reply is awaited.
+HUNG_AFTER_TIMEOUT_S = 30.0
+_HUNG_CHECK_S = 0.5
 
 
 def _cause(returncode: int) -> str:
@@ -78,6 +83,7 @@ class _Call:
     """One call's reply, once it came (or the child ended)."""
 
     handle: int
+    sent: float = field(default_factory=time.monotonic)
     done: bool = False
     ok: bool = False
     value: Any = None
@@ -93,6 +99,7 @@ class _Child:
     calls: dict[int, _Call] = field(default_factory=dict)  # in the order they were sent
     broken: bool = False
     stopped: bool = False  # ended on purpose: no restart
+    hung: bool = False  # killed because a call hung: its cause is `hung`
 
 
 class RemoteSteps:
@@ -282,6 +289,8 @@ class EngineProcess:
                 self._reading = True
                 self._cond.release()
                 try:
+                    while not child.conn.poll(_HUNG_CHECK_S):
+                        self._kill_if_hung(child)
                     reply = receive(child.conn)
                 except (EOFError, OSError):
                     reply = None
@@ -321,6 +330,24 @@ class EngineProcess:
             pass  # the child is gone: so are its generators
         finally:
             self._send_lock.release()
+
+    def _kill_if_hung(self, child: _Child) -> None:
+        """Kill `child` when its oldest call in flight has run past the request timeout by
+        `HUNG_AFTER_TIMEOUT_S` (its socket then closes, and the calls fail as for any
+        fault)."""
+        with self._cond:
+            running = next(iter(child.calls.values()), None)
+        limit = self.settings.request_timeout_s + HUNG_AFTER_TIMEOUT_S
+        if running is None or child.hung or time.monotonic() - running.sent < limit:
+            return
+        child.hung = True
+        log.error(
+            "the engine process (pid %d) has been in one call for %.0f s: killing it",
+            child.proc.pid,
+            time.monotonic() - running.sent,
+        )
+        with contextlib.suppress(OSError):
+            child.proc.kill()
 
     # -- the child's life ---------------------------------------------------------------
 
@@ -398,6 +425,7 @@ class EngineProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 returncode = child.proc.wait(2.0)
         cause = _cause(returncode) if returncode is not None else "its socket closed"
+        cause = "hung" if child.hung else cause
         with self._cond:
             if child.broken:
                 return
@@ -426,7 +454,7 @@ class EngineProcess:
     def _restart(self, child: _Child) -> None:
         """After `child` ended by itself: count it, then load the model in a new child."""
         returncode = child.proc.wait()
-        cause = _cause(returncode)
+        cause = "hung" if child.hung else _cause(returncode)
         self._broken(child)
         with self._cond:
             if self._closed or child.stopped or self._child is not child:

@@ -64,7 +64,8 @@ class _ServiceCollector(Collector):
         restarts = CounterMetricFamily(
             "ortserve_engine_restarts",
             "Engine process faults (each followed by a restart) since the model loaded, by "
-            "cause: a signal's name (SIGSEGV, SIGKILL, SIGBUS, SIGABRT) or exit N.",
+            "cause: a signal's name (SIGSEGV, SIGKILL, SIGBUS, SIGABRT), exit N, or hung (a "
+            "call ran past the request timeout and the engine was killed).",
             labels=["cause"],
         )
         described = service.engine.model.describe() if service is not None else {}

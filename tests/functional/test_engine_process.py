@@ -269,3 +269,39 @@ def test_closing_the_engine_ends_a_stream_reading_from_it(tiny_model_dir: Path) 
     assert len(outcome) == 1 and isinstance(outcome[0], EngineFaultError), outcome
     assert not _running(pid)
     assert service.engine.model.describe()["restarts"] == {}  # closed, not a fault
+
+
+def test_a_hung_engine_is_killed_and_the_next_request_served(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine stuck in one call (here: stopped with SIGSTOP, as a native deadlock
+    would leave it) is killed once the call has run past the request timeout by
+    HUNG_AFTER_TIMEOUT_S; its requests get the 503 to retry, and a new engine serves."""
+    from ortserve.core import engine_process
+    from ortserve.core.errors import EngineFaultError
+    from ortserve.core.generation import GenerationRequest, SamplingOptions
+    from ortserve.core.service import Service
+    from ortserve.core.settings import EngineSettings
+
+    monkeypatch.setattr(engine_process, "HUNG_AFTER_TIMEOUT_S", 0.5)
+    settings = EngineSettings(
+        model_dir=tiny_model_dir, providers="cpu", engine_process=True, request_timeout_s=1.0
+    )
+    service = Service.load(settings)
+    try:
+        options = SamplingOptions(max_new_tokens=LONG, min_new_tokens=LONG)
+        stream = service.stream(GenerationRequest(prompt=PROMPT, options=options))
+        next(stream)
+        pid = service.engine.model.describe()["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(EngineFaultError, match=r"ended \(hung\)"):
+            for _ in stream:
+                pass
+        short = SamplingOptions(max_new_tokens=4, min_new_tokens=4)
+        done = service.generate(GenerationRequest(prompt=PROMPT, options=short))
+        assert done.completion_tokens == 4
+        engine = service.engine.model.describe()
+        assert engine["restarts"] == {"hung": 1} and engine["pid"] != pid
+        assert not _running(pid)
+    finally:
+        service.engine.close()
