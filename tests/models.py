@@ -3,14 +3,25 @@
 The cache key hashes everything that shapes the output (the bake and builtin code, the
 onnxruntime-genai, transformers and torch versions), so a change to any of them
 rebuilds it; otherwise later runs reuse `.cache/test-models/`.
+
+A model-only bake (`baked(..., package=False)`, most of the suite's) is keyed by what it
+was asked and those versions, and records the code it ran: every file of `build/bake/`
+and each ortserve module the bake process imported (`python -X importtime`), with its
+sha256 (`inputs.json`). It is reused while those files are unchanged, so a change to the
+API, the daemon or the adapters bakes nothing again (the whole runtime tree was hashed
+before: 174 of 285 commits re-baked every model, ~40 s each).
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
@@ -47,7 +58,11 @@ def _key(*parts: str) -> str:
 
 
 def run_ortserve(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 600, stdin: str | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    stdin: str | None = None,
+    import_times: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run the real `ortserve` CLI in a subprocess; `stdin` is piped to it (default: none,
     /dev/null: whatever the test runner's stdin is, `ortserve run` would read a pipe)."""
@@ -57,8 +72,9 @@ def run_ortserve(
         "ORTSERVE_CACHE_DIR": str(SOURCE_CACHE),
         **(env or {}),
     }
+    command = [sys.executable, *_TRACED_CLI, *args] if import_times else [*ORTSERVE, *args]
     return subprocess.run(
-        [*ORTSERVE, *args],
+        command,
         input=stdin,
         stdin=subprocess.DEVNULL if stdin is None else None,
         capture_output=True,
@@ -70,11 +86,15 @@ def run_ortserve(
     )
 
 
-def _cached(name: str, make: Callable[[Path], None]) -> Path:
+def _cached(
+    name: str, make: Callable[[Path], None], valid: Callable[[Path], bool] | None = None
+) -> Path:
+    """`CACHE/name`, made by `make` unless it is there complete (and `valid` says so)."""
     folder = CACHE / name
     CACHE.mkdir(parents=True, exist_ok=True)
     with FileLock(str(CACHE / f"{name}.lock")):
-        if not (folder / ".complete").is_file():
+        complete = (folder / ".complete").is_file()
+        if not complete or (valid is not None and not valid(folder)):
             shutil.rmtree(folder, ignore_errors=True)
             tmp = CACHE / f".{name}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
@@ -100,6 +120,100 @@ def real_checkpoint() -> Path:
     from ortserve.bake.sources import resolve
 
     return resolve(REAL_MODEL, SOURCE_CACHE / "work", cache=SOURCE_CACHE).folder
+
+
+# The `ortserve` CLI as `python -X importtime -c ...` (the bake process alone; its
+# subprocesses are not traced): each module it imports is a line on stderr, which `baked`
+# records and drops.
+_TRACED_CLI = (
+    "-X",
+    "importtime",
+    "-c",
+    "import sys; from ortserve.cli import main; sys.exit(main())",
+)
+# An -X importtime entry (anywhere in a line: a progress bar may precede it), and the
+# module it names.
+_IMPORT_TIME = re.compile(r"import time:[^\n]*\n?")
+_IMPORTED = re.compile(r"import time:\s+\d+\s+\|\s+\d+\s+\|\s+([\w.]+)")
+
+
+def _versions_key(*parts: str) -> str:
+    digest = hashlib.sha256()
+    for dist in ("onnxruntime-genai", "transformers", "torch", "tokenizers"):
+        digest.update(version(dist).encode())
+    for part in parts:
+        digest.update(part.encode())
+    return digest.hexdigest()[:16]
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of ortserve module `name` in the tree (None: not one of ours)."""
+    # Where each part of the `ortserve` import name lives in the tree (pyproject's mapping).
+    parts = {
+        "ortserve.core": ROOT / "core",
+        "ortserve.edge": ROOT / "edge",
+        "ortserve.functions": ROOT / "functions",
+        "ortserve.bake": ROOT / "build" / "bake",
+        "ortserve": ROOT / "ortserve",
+    }
+    for prefix, folder in sorted(parts.items(), key=lambda item: -len(item[0])):
+        if name != prefix and not name.startswith(f"{prefix}."):
+            continue
+        inner = name[len(prefix) :].lstrip(".").split(".") if name != prefix else []
+        base = folder.joinpath(*inner)
+        if inner and base.with_suffix(".py").is_file():
+            return base.with_suffix(".py")
+        return base / "__init__.py" if (base / "__init__.py").is_file() else None
+    return None
+
+
+def _static_imports(path: Path) -> set[str]:
+    """The ortserve modules `path` names in its imports (anywhere in it)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {n for n in names if n == "ortserve" or n.startswith("ortserve.")}
+
+
+def _record_inputs(out: Path, stderr: str) -> None:
+    """`out/inputs.json`: the sha256 of every file of build/bake, of each ortserve module
+    the bake process imported, and of what the builder's subprocess (build/bake/upstream.py,
+    not traced) imports, statically, from outside build/bake."""
+    imported = set(_IMPORTED.findall(stderr))
+    files = {p for p in (ROOT / "build" / "bake").rglob("*") if p.is_file()}
+    files |= {
+        f
+        for n in imported | _static_imports(ROOT / "build" / "bake" / "upstream.py")
+        if (f := _module_file(n)) is not None
+    }
+    files = {f for f in files if "__pycache__" not in f.parts}
+    record = {str(f.relative_to(ROOT)): _sha256(f) for f in sorted(files)}
+    (out / "inputs.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def _inputs_unchanged(folder: Path) -> bool:
+    """Whether every file a cached model-only bake recorded is as it was (and build/bake
+    has no file it did not record)."""
+    try:
+        record: dict[str, str] = json.loads((folder / "inputs.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    bake_files = {
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "build" / "bake").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    if not bake_files <= record.keys():
+        return False
+    return all((ROOT / rel).is_file() and _sha256(ROOT / rel) == h for rel, h in record.items())
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def baked(
@@ -129,13 +243,20 @@ def baked(
             str(out / "bundle"),
             *([] if package else ["--model-only"]),
             *extra,
+            import_times=not package,
         )
+        said = _IMPORT_TIME.sub("", proc.stderr)
         if proc.returncode != 0:
-            raise RuntimeError(f"bake of {source} failed:\n{proc.stderr[-3000:]}")
-        (out / "bake.log").write_text(proc.stderr, encoding="utf-8")
+            raise RuntimeError(f"bake of {source} failed:\n{said[-3000:]}")
+        (out / "bake.log").write_text(said, encoding="utf-8")
+        if not package:
+            _record_inputs(out, proc.stderr)
 
-    key = _key(source, target, precision, str(package), "bake.log", *extra)
-    return _cached(f"baked-{key}", make) / "bundle"
+    if package:  # a bundle holds the runtime's code: every byte of it counts
+        key = _key(source, target, precision, str(package), "bake.log", *extra)
+        return _cached(f"baked-{key}", make) / "bundle"
+    key = _versions_key(source, target, precision, "model-only", *extra)
+    return _cached(f"model-{key}", make, _inputs_unchanged) / "bundle"
 
 
 def bake_log(bundle: Path) -> str:
