@@ -3,7 +3,8 @@
 - Load: for each N in `--clients` (default 1,2,4,8,16), N closed-loop clients stream
   `/v1/chat/completions` for `--seconds` each; reports requests/s, total tokens/s, TTFT and
   latency p50/p99, 503s (each must carry Retry-After), any other error (must be 0), and
-  the daemon's peak RSS (VmHWM). `--plot FILE.png` draws throughput and p99 vs N.
+  the daemon's peak RSS (VmHWM; its engine process's added). `--plot FILE.png` draws
+  throughput and p99 vs N.
 - Soak (`--soak N`): N requests in a row; the daemon's RSS after the first 10% and after
   the last must differ by less than 5%.
 - Single-request A/B (`--ab KEY=VALUE --ab-requests N`): a second daemon runs with that
@@ -32,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.support.servers import daemon
+from benchmarks.support.servers import daemon, daemon_pids, memory_kib
 from ortserve.core.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,13 +50,6 @@ class Tally:
     busy_without_retry_after: int = 0
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def _rss_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {key} for pid {pid}")
 
 
 def _one(client: httpx.Client, base: str, max_tokens: int, tally: Tally) -> None:
@@ -137,7 +131,7 @@ def _level(base: str, clients: int, seconds: float, max_tokens: int) -> dict[str
     }
 
 
-def _soak(base: str, pid: int, count: int, max_tokens: int) -> dict[str, Any]:
+def _soak(base: str, pids: list[int], count: int, max_tokens: int) -> dict[str, Any]:
     tally = Tally()
     step = max(1, count // 10)
     samples: list[int] = []  # RSS after every tenth of the requests, to tell growth from noise
@@ -145,8 +139,8 @@ def _soak(base: str, pid: int, count: int, max_tokens: int) -> dict[str, Any]:
         for i in range(count):
             _one(client, base, max_tokens, tally)
             if (i + 1) % step == 0:
-                samples.append(_rss_kib(pid, "VmRSS"))
-    early, late = samples[0], _rss_kib(pid, "VmRSS")
+                samples.append(memory_kib(pids, "VmRSS"))
+    early, late = samples[0], memory_kib(pids, "VmRSS")
     return {
         "requests": count,
         "rss_early_kib": early,
@@ -260,7 +254,7 @@ def main() -> None:
     with daemon(args.model_dir, env) as (base, proc):
         for clients in (int(c) for c in args.clients.split(",") if c):
             level = _level(base, clients, args.seconds, args.max_tokens)
-            level["peak_rss_mib"] = _rss_kib(proc.pid, "VmHWM") / 1024
+            level["peak_rss_mib"] = memory_kib(daemon_pids(base, proc.pid), "VmHWM") / 1024
             result["levels"].append(level)
             print(
                 json.dumps(
@@ -269,7 +263,7 @@ def main() -> None:
                 flush=True,
             )
         if args.soak:
-            result["soak"] = _soak(base, proc.pid, args.soak, args.max_tokens)
+            result["soak"] = _soak(base, daemon_pids(base, proc.pid), args.soak, args.max_tokens)
             print(json.dumps(result["soak"]), flush=True)
     if args.plot and result["levels"]:
         run = (

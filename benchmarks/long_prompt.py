@@ -92,7 +92,7 @@ import httpx
 from benchmarks.bakes import baked
 from benchmarks.engine_bench import ensure_gguf, llama_cpp_version, quantize_gguf
 from benchmarks.machine_load import wait_quiet
-from benchmarks.support.servers import daemon
+from benchmarks.support.servers import daemon, daemon_pids, memory_kib
 
 ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = (1000, 4000, 8000)
@@ -324,9 +324,11 @@ class DaemonRun:
 def measure_daemon(
     base: str, pid: int, chunk: int, length: int, rep: int, long: Prompt, short: Prompt
 ) -> DaemonRun:
-    """One long request with the health sampler and the short request beside it."""
-    idle = proc_kib(pid, "VmRSS")
-    reset = reset_peak(pid)
+    """One long request with the health sampler and the short request beside it (memory
+    and CPU: the daemon's and its engine process's together)."""
+    pids = daemon_pids(base, pid)
+    idle = memory_kib(pids, "VmRSS")
+    reset = all([reset_peak(p) for p in pids])
     first = threading.Event()
     health: list[float] = []
     main, side = Stream(), Stream()
@@ -340,7 +342,7 @@ def measure_daemon(
         with httpx.Client(timeout=600) as client:
             stream_completion(client, base, short.text, SHORT_NEW, side)
 
-    with OtherLoad([pid]) as load, httpx.Client(timeout=600) as client:
+    with OtherLoad(pids) as load, httpx.Client(timeout=600) as client:
         health_thread = threading.Thread(target=sampler, daemon=True)
         health_thread.start()
         while not health and health_thread.is_alive():  # wait until it has connected
@@ -351,7 +353,7 @@ def measure_daemon(
         stream_completion(client, base, long.text, NEW_TOKENS, main, first)
         short_thread.join()
         health_thread.join()
-    peak = proc_kib(pid, "VmHWM")
+    peak = memory_kib(pids, "VmHWM")
     errors = [f"{name}: {s.error}" for name, s in (("long", main), ("short", side)) if s.error]
     if main.prompt_tokens != len(long.ids):
         errors.append(f"long: usage.prompt_tokens {main.prompt_tokens} != {len(long.ids)}")

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 # The real console script, installed beside the interpreter running (tests, benchmarks).
 ORTSERVE = [str(Path(sys.executable).parent / "ortserve")]
 
@@ -97,3 +99,25 @@ def daemon(model_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subproce
     base = f"http://127.0.0.1:{port}"
     with serve_process(cmd, env, base) as proc:
         yield base, proc
+
+
+def daemon_pids(base: str, pid: int) -> list[int]:
+    """The daemon's process and, when it runs og in one, its engine process (/healthz
+    says which): what a benchmark's memory and CPU figures of "the daemon" must count."""
+    engine = httpx.get(f"{base}/healthz", timeout=30).json().get("engine") or {}
+    child = engine.get("pid")
+    return [pid, int(child)] if child else [pid]
+
+
+def memory_kib(pids: list[int], key: str) -> int:
+    """A `/proc/PID/status` memory field (VmRSS, VmHWM) in KiB, summed over `pids` (for
+    VmHWM: the sum of each process's own peak, an upper bound of their peak together)."""
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                total += int(line.split()[1])
+                break
+        else:
+            raise RuntimeError(f"no {key} for pid {pid}")
+    return total
