@@ -22,6 +22,7 @@ from ortserve.core import playground, version
 from ortserve.core.content_filter import ContentFilterError
 from ortserve.core.errors import (
     AuthenticationError,
+    ClientClosedError,
     DrainingError,
     MethodNotAllowedError,
     ModelNotFoundError,
@@ -409,7 +410,10 @@ class Api:
             for event in events:
                 yield encode(event)
         except OrtServeError as exc:
-            ctx.ending, ctx.reason = "error", _reason(exc)
+            # A client that left (seen between tokens, before the adapter closed the
+            # stream) cancelled its answer: no error of the server's.
+            left = isinstance(exc, ClientClosedError)
+            ctx.ending, ctx.reason = ("cancelled" if left else "error"), _reason(exc)
             yield encode(reply.error_event(exc))
             return
         except Exception:
