@@ -13,7 +13,7 @@ PROMPT ?= What is the capital of Germany?
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: demo test lint pytest clean system-deps
+.PHONY: demo test check lint pytest clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,11 +53,18 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy ortserve tests benchmarks
+	$(BIN)/lint-imports --no-cache --no-logo
 
 pytest: $(VENV)/.dev-installed system-deps
 	$(BIN)/python -m pytest
 
 test: lint pytest
+
+# The edit-test loop (about 3 minutes; docs/tests.md): lint, the unit tests and the HTTP API
+# in-process. Its tiny model comes from the test-model cache (one bake on a fresh clone).
+check: lint
+	$(BIN)/python -m pytest tests/unit tests/functional/test_api.py \
+	  tests/functional/test_api_states.py tests/functional/test_reply_shapes.py
 
 clean:
 	rm -rf $(VENV) .cache models .mypy_cache .ruff_cache .pytest_cache

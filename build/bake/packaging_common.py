@@ -14,6 +14,9 @@ MODEL_SUBDIR = "model"
 # What only the front (the `ortserve` command) uses: `ortserve completion`'s generator.
 # The serverless images run core and an adapter, never the command: it stays out of them.
 FRONT_DISTRIBUTIONS = ("shtab",)
+# An editable install's own import hook: hatchling adds it to the editable wheel's metadata
+# (`dev-mode-exact`), so a bake from a checkout sees it; no runtime imports it.
+_EDITABLE_HOOK = "editables"
 
 
 def runtime_distributions() -> tuple[str, ...]:
@@ -28,7 +31,8 @@ def runtime_distributions() -> tuple[str, ...]:
     except PackageNotFoundError:
         raise RuntimeError("ortserve's metadata is missing: is ortserve installed?") from None
     names = [canonicalize_name(r.name) for r in declared if r.marker is None]
-    return tuple(n for n in dict.fromkeys(names) if n not in FRONT_DISTRIBUTIONS)
+    left_out = (*FRONT_DISTRIBUTIONS, _EDITABLE_HOOK)
+    return tuple(n for n in dict.fromkeys(names) if n not in left_out)
 
 
 RUNTIME_DISTRIBUTIONS = runtime_distributions()

@@ -9,6 +9,9 @@ top-level `core` or `functions` to collide with other packages).
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -129,3 +132,46 @@ def test_a_wheel_built_from_the_sdist_is_the_wheel_built_from_the_tree(
     tree, built = zipfile.ZipFile(wheel), zipfile.ZipFile(from_sdist)
     assert sorted(built.namelist()) == sorted(tree.namelist())
     assert [n for n in tree.namelist() if tree.read(n) != built.read(n)] == []
+
+
+def test_an_editable_wheel_maps_the_one_name(tmp_path: Path) -> None:
+    """`pip install -e .` (what `make test` does): the editable wheel maps `ortserve` to
+    ortserve/ through editables' import hook and puts no folder on sys.path (the repository
+    root there made `core`, `edge`, `tests`... packages of their own)."""
+    from hatchling.builders.wheel import WheelBuilder
+
+    (built,) = WheelBuilder(str(ROOT)).build(directory=str(tmp_path), versions=["editable"])
+    archive = zipfile.ZipFile(built)
+    pth = [n for n in archive.namelist() if n.endswith(".pth")]
+    assert pth == ["_editable_impl_ortserve.pth"], archive.namelist()
+    hook = archive.read("_editable_impl_ortserve.py").decode()
+    assert re.findall(r"map_module\('([^']+)'", hook) == ["ortserve"], hook
+    assert f"'{ROOT / 'ortserve' / '__init__.py'}'" in hook
+
+
+def test_the_editable_install_loads_each_module_once(tmp_path: Path) -> None:
+    """This checkout's installed editable, from a folder elsewhere: only `ortserve` imports,
+    from this tree, and no module of it loads a second time under another name."""
+    names = ("core", "edge", "functions", "bake", "build", "tests", "benchmarks")
+    script = (
+        "import importlib.util, json, sys\n"
+        "import ortserve.core.errors, ortserve.edge.daemon, ortserve.functions.gcp.main\n"
+        "import ortserve.bake.pipeline\n"
+        f"print(json.dumps({{'spec': [n for n in {names!r} if importlib.util.find_spec(n)],\n"
+        "  'file': ortserve.__file__, 'modules': sorted(sys.modules)}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    seen = json.loads(run.stdout)
+    assert seen["spec"] == []
+    assert Path(seen["file"]) == ROOT / "ortserve" / "__init__.py"
+    twice = [m for m in seen["modules"] if m.split(".")[0] in names]
+    assert twice == []

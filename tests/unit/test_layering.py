@@ -1,15 +1,20 @@
-"""The layering rules of docs/architecture.md, checked by parsing imports."""
+"""What the layering of docs/architecture.md needs beyond pyproject.toml's import-linter
+contracts (`lint-imports`, run by `make lint`): the folders map into the one package, no
+code imports a folder by its own name, only settings modules read the environment, and
+what adapters import at start does not load onnxruntime-genai."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+from hatch_build import FOLDERS
+
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM = {"flask", "functions_framework", "awslambdaric", "boto3", "uvicorn", "starlette"}
-# The parts of the one package `ortserve`, by folder: the layout of docs/architecture.md
-# (pyproject.toml; ortserve/core etc. are links to the folders).
-PARTS = {"core": "core", "functions": "functions", "edge": "edge", "bake": "build/bake"}
+# The parts of the one package `ortserve`, by folder: the layout of docs/architecture.md.
+# ortserve/core etc. are links to the folders; hatch_build.py maps the same folders into a
+# wheel built from the sdist (which holds no links).
+PARTS = FOLDERS
 FRONT = ROOT / "ortserve"
 OLD_NAMES = {"core", "functions", "edge", "bake", "build"}
 
@@ -36,20 +41,8 @@ def _front() -> list[Path]:
     return sorted(FRONT.glob("*.py"))
 
 
-def _part(name: str) -> str | None:
-    """Which part of ortserve the module `name` is in: core, functions, edge, bake, or
-    "front" (ortserve itself and its own modules); None outside ortserve."""
-    pieces = name.split(".")
-    if pieces[0] != "ortserve":
-        return None
-    return pieces[1] if len(pieces) > 1 and pieces[1] in PARTS else "front"
-
-
-def _parts_imported(path: Path) -> set[str]:
-    return {p for p in map(_part, _imports(path)) if p is not None}
-
-
 def test_every_folder_maps_into_the_one_package() -> None:
+    """The links and the build hook's map say the same."""
     for part, folder in PARTS.items():
         link = FRONT / part
         assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), part
@@ -63,48 +56,6 @@ def test_code_imports_only_the_one_name() -> None:
     for path in paths:
         tops = {name.split(".")[0] for name in _imports(path)}
         assert not tops & OLD_NAMES, f"{path.relative_to(ROOT)} imports {tops & OLD_NAMES}"
-
-
-def test_core_imports_only_core() -> None:
-    assert _py("core"), "core has no modules?"
-    for path in _py("core"):
-        tops = {name.split(".")[0] for name in _imports(path)}
-        assert not tops & PLATFORM, f"{path.name} imports {tops & PLATFORM}"
-        assert _parts_imported(path) <= {"core"}, f"{path.name} imports {_parts_imported(path)}"
-
-
-def test_bake_imports_core_and_itself_only() -> None:
-    """The bake is a library the front drives: it never imports the front (CLI, store),
-    the daemon or the serverless adapters."""
-    for path in _py("build"):
-        parts = _parts_imported(path)
-        assert parts <= {"core", "bake"}, f"{path.relative_to(ROOT)} imports {parts}"
-
-
-def test_adapters_import_core_and_never_the_front_or_the_bake() -> None:
-    for path in _py("edge", "functions"):
-        parts = _parts_imported(path)
-        assert parts <= {"core", "edge", "functions"}, f"{path.relative_to(ROOT)} imports {parts}"
-
-
-def test_the_front_imports_its_parts_by_the_one_name() -> None:
-    """The front (CLI, store, Python API) sits on top: it may import every part; the
-    checks above make sure no part imports it. Here: the front imports only ortserve's
-    own parts and modules by the one name."""
-    assert {p.name for p in _front()} >= {"__init__.py", "cli.py", "store.py", "textgen.py"}
-    for path in _front():
-        assert _parts_imported(path) <= {*PARTS, "front"}, path
-
-
-def test_onnxruntime_genai_is_imported_in_exactly_one_module() -> None:
-    """The runtime's og is core.engine's; the bake's is og's model builder, run (with its
-    work-arounds) from bake.upstream alone."""
-    users = [
-        p.relative_to(ROOT).as_posix()
-        for p in _py("core", "edge", "functions", "build")
-        if any(n.split(".")[0] == "onnxruntime_genai" for n in _imports(p))
-    ]
-    assert users == ["core/engine.py", "build/bake/upstream.py"]
 
 
 _ENV_NAMES = {"environ", "environb", "getenv", "getenvb"}
@@ -157,32 +108,6 @@ def test_the_environment_check_sees_every_spelling() -> None:
         spelled = source.replace("os.environ", "os .environ").replace("os.getenv", "os .getenv")
         assert _reads_environment(source) and _reads_environment(spelled), source
     assert not _reads_environment("def f(request):\n    return request.environ['PATH_INFO']")
-
-
-# Each adapter is a package of its own; the streaming Lambda image runs the edge daemon
-# (its ASGI app behind the Lambda Web Adapter): the one allowed edge between adapters.
-_ADAPTER_PACKAGES = ("ortserve.edge", "ortserve.functions.aws", "ortserve.functions.gcp")
-_ALLOWED = {("functions/aws/serve.py", "ortserve.edge")}
-
-
-def _adapter(module: str) -> str | None:
-    return next((a for a in _ADAPTER_PACKAGES if module == a or module.startswith(f"{a}.")), None)
-
-
-def test_adapters_never_import_each_other() -> None:
-    for path in _py("edge", "functions"):
-        rel = path.relative_to(ROOT).as_posix()
-        own = _adapter("ortserve." + rel.removesuffix(".py").replace("/", "."))
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        names = _imports(path) | {
-            f"{node.module}.{alias.name}"  # `from ortserve.functions import gcp`
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom)
-            and node.module in ("ortserve.functions", "ortserve.edge")
-            for alias in node.names
-        }
-        others = {a for a in map(_adapter, names) if a is not None and a != own}
-        assert others <= {a for r, a in _ALLOWED if r == rel}, f"{rel} imports {others}"
 
 
 def test_adapters_records_and_the_api_import_without_onnxruntime_genai() -> None:
