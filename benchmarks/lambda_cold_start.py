@@ -4,7 +4,7 @@ For each model, alternates (A/B/A/B...) two fresh processes and times each from 
 start to the first answer:
 
 - `lambda`: the image's real entry point, `python -m awslambdaric
-  functions.aws.handler.handler`, run in the Lambda bake output (the image's /var/task)
+  ortserve.functions.aws.handler.handler`, run in the Lambda bake output (the image's /var/task)
   against a loopback fake of the Lambda Runtime API with one invocation queued (a
   `POST /generate` of one token through an HTTP API event): init + first invoke, until the
   runtime client posts the response;

@@ -3,7 +3,7 @@
 API keys come from the settings plus Secrets Manager or SSM (none at all is refused
 unless `allow_unauthenticated` says so); the model from the image, or from S3 into /tmp.
 The buffered image (`functions.aws.runtime`) runs this in the init phase or in the first
-invoke, and again after a failure; the streaming image (`functions.aws.serve`) runs it
+invoke, and again after a failure; the streaming image (`ortserve.functions.aws.serve`) runs it
 before the edge daemon starts and exits on a failure. A failure is logged the same way
 by both.
 """

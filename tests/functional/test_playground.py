@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from ortserve.core.api import Api
 from ortserve.core.settings import ServerSettings
 from ortserve.core.state import ModelState
 from tests.functional.harness import InProcess, Reply, edge_server
+from tests.tools import tool
 
 BROWSER_DIR = Path(__file__).resolve().parents[1] / "browser"
 CHROMIUM = "/usr/bin/chromium"
@@ -133,9 +133,7 @@ def _node_modules() -> None:
     """playwright-core in tests/browser/node_modules (npm ci once; kept afterwards)."""
     if (BROWSER_DIR / "node_modules" / "playwright-core").is_dir():
         return
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.fail("npm is not installed: the browser test needs Node.js 18+ with npm")
+    npm = tool("npm")
     proc = subprocess.run(
         [npm, "ci", "--no-audit", "--no-fund"],
         check=False,
@@ -153,11 +151,7 @@ def run_browser(
     """Run tests/browser/playground.mjs against the page at `base` (screenshots into the
     folder `shots`) and return what the page showed; fails with the script's output if it
     failed."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail(
-            "node is not installed: the browser test needs Node.js 18+ (apt install nodejs)"
-        )
+    node = tool("node")
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y --no-install-recommends chromium")
     _node_modules()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -25,6 +24,7 @@ import pytest
 
 from benchmarks.support.servers import ORTSERVE, free_port, wait_ready
 from tests.functional.harness import AUTH, SERVER_ENV
+from tests.tools import tool
 
 # The calls by which data leaves a process; -yy names each socket's addresses too.
 TRACED = "connect,sendto,sendmsg,sendmmsg,bind"
@@ -93,9 +93,7 @@ def _files(*roots: Path) -> list[str]:
 
 
 def _strace() -> str:
-    strace = shutil.which("strace")
-    if strace is None:
-        pytest.fail("strace is missing: apt-get install -y strace (make system-deps)")
+    strace = tool("strace")
     probe = subprocess.run(
         [strace, "-f", "-o", os.devnull, "true"],
         capture_output=True,

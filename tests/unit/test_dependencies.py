@@ -15,8 +15,11 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 # Folder → the requirement groups its modules may import from ("" is the runtime's own).
@@ -134,3 +137,13 @@ def test_the_rule_sees_each_folder_and_a_missing_declaration() -> None:
     assert "h11" in _imported(ROOT / "edge" / "connections.py")
     assert not _distributions("h11") & declared[""]
     assert _distributions("h11") & declared["edge"]
+
+
+def test_a_missing_system_tool_fails_and_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tests/tools.py: a tool the suite runs is found, or the test fails (never skips)."""
+    assert Path(tool("make")).is_file()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(pytest.fail.Exception, match=r"shellcheck is missing: make system-deps"):
+        tool("shellcheck")

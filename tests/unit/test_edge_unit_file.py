@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from ortserve.core.settings import ServerSettings
 from ortserve.edge.settings import EdgeSettings
+from tests.tools import tool
 
 EDGE = Path(__file__).resolve().parents[2] / "edge"
 UNIT = EDGE / "ortserve.service"
@@ -22,9 +22,7 @@ ORTSERVE = Path(sys.executable).parent / "ortserve"
 
 
 def _analyze() -> str:
-    path = shutil.which("systemd-analyze")
-    assert path, "systemd-analyze is missing: apt-get install -y systemd (see the Makefile)"
-    return path
+    return tool("systemd-analyze")
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tests.edge_bundle_kit import (
     synthetic_bundle,
     venv_stamp,
 )
+from tests.tools import tool
 
 INSTALL_SH = Path(__file__).resolve().parents[2] / "edge" / "install.sh"
 
@@ -51,9 +52,7 @@ def test_install_sh_is_posix_sh() -> None:
 
 
 def test_shellcheck_finds_nothing() -> None:
-    shellcheck = shutil.which("shellcheck")
-    if shellcheck is None:
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    shellcheck = tool("shellcheck")
     proc = subprocess.run(
         [shellcheck, "-s", "sh", str(INSTALL_SH)], capture_output=True, text=True, check=False
     )

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.models import ROOT
+from tests.tools import tool
 
 
 @pytest.mark.parametrize("stamp", [".bake-installed", ".dev-installed"])
 def test_the_install_says_what_it_does_and_pip_is_not_silenced(tmp_path: Path, stamp: str) -> None:
-    make = shutil.which("make")
-    assert make, "make is missing"
+    make = tool("make")
     venv = tmp_path / "venv"
     # -n: the commands a fresh clone's install would run, none of them run.
     cmd = [make, "-n", "--no-print-directory", "-C", str(ROOT), f"VENV={venv}", f"{venv}/{stamp}"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from ortserve.core.settings import EngineSettings
 from ortserve.core.state import ModelState
 from ortserve.edge.metrics import Metrics
+from tests.tools import tool
 
 MONITORING = Path(__file__).resolve().parents[2] / "edge" / "monitoring"
 _METRIC = re.compile(r"\b(?:ortserve|process)_[a-z_]+")
@@ -21,10 +21,7 @@ _SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def _promtool() -> str:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool is missing: `make system-deps` installs it (Debian's prometheus)")
-    return promtool
+    return tool("promtool")
 
 
 @pytest.mark.parametrize(
