@@ -171,7 +171,7 @@ def _reply_schemas() -> dict[str, Any]:
 @cache
 def openapi_document(routes: tuple[Route, ...], max_new_tokens: int) -> dict[str, Any]:
     """The OpenAPI 3.1 document for `routes` (core.routes' TABLE), with this server's
-    token limit (built once per limit)."""
+    token limit (built once per table and limit)."""
     _, schemas = models_json_schema(
         [
             (m, "validation")
