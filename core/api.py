@@ -1,6 +1,7 @@
 """The HTTP API, framework-free: a router. Route and method, auth, the body-size limit,
-errors as HTTP, the request record, SSE framing; what a body means and how it is
-answered is core.protocol's, generating is core.service's.
+errors as HTTP, the request record, SSE framing; what answers each route is named in
+core.routes' table (a body's meaning and its answer are core.protocol's, the probes
+core.health's), generating is core.service's.
 
 Every adapter (edge daemon, Lambda, Cloud Functions) calls `Api.handle` and writes the
 `Response` back, so the same request gives the same bytes on every target.
@@ -16,16 +17,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from ortserve.core import playground, version
 from ortserve.core.content_filter import ContentFilterError
 from ortserve.core.errors import (
     AuthenticationError,
     ClientClosedError,
     DrainingError,
     MethodNotAllowedError,
-    ModelNotFoundError,
     NotFoundError,
     OrtServeError,
     PayloadTooLargeError,
@@ -48,16 +47,11 @@ from ortserve.core.protocol import (
     MultiChoiceReply,
     Reply,
     Served,
-    ollama,
     parse,
 )
-from ortserve.core.protocol.native import GenerateBody
-from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
-from ortserve.core.protocol.openai import ChatBody, CompletionBody
-from ortserve.core.protocol.replies import Health, ModelCard, ModelList, OllamaVersion
 from ortserve.core.records import RequestRecord
 from ortserve.core.routes import METRICS_ROUTE, PUBLIC_ROUTES, TABLE, find, ollama_shaped
-from ortserve.core.settings import MAX_TOKENS_BOUND, ServerSettings
+from ortserve.core.settings import ServerSettings
 from ortserve.core.state import ModelState
 
 if TYPE_CHECKING:  # annotations only: adapters import this module without onnxruntime-genai
@@ -68,21 +62,12 @@ log = logging.getLogger("ortserve")
 # With API keys set, every route but the public ones needs a key (/metrics too, unless
 # METRICS_PUBLIC). The chat playground ("/" and its scripts) holds no data; its API calls
 # carry the key. The routes themselves: core.routes, the one table.
-_MODEL_PREFIX = "/v1/models/"
-# The request bodies of the generation routes (core.routes names them).
-_BODIES: dict[str, type[GenerationBody]] = {
-    "GenerateBody": GenerateBody,
-    "CompletionBody": CompletionBody,
-    "ChatBody": ChatBody,
-    "OllamaGenerateBody": OllamaGenerateBody,
-    "OllamaChatBody": OllamaChatBody,
-}
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 @dataclass
-class _Context:
-    """Per-request state shared by the route and the record at the end."""
+class Context:
+    """Per-request state shared by the route's answer and the record at the end."""
 
     request_id: str
     completion: Completion | None = None
@@ -92,13 +77,20 @@ class _Context:
     reason: str = ""  # why the answer is an error (its code and public message)
 
 
-_Route = Callable[[Request, _Context], Response]
+#: What answers a route (core.routes' `Route.answer`): a function of the API, the request
+#: and its context, which it may fill in for the record.
+Answer = Callable[["Api", Request, Context], Response]
 
 
 class Api:
-    """The whole HTTP API over one model state.
+    """The whole HTTP API over one model state. The routes' answers (core.routes) are
+    functions of it: they read its state and settings and call `loaded`, `served` and
+    `generate`.
 
     Attributes:
+        state: The model's state (loading, ready or failed).
+        settings: The server's settings.
+        draining: Set once the server refuses new generations (shutdown).
         in_flight: Requests being handled now (a stream counts until it ends or closes).
     """
 
@@ -118,17 +110,12 @@ class Api:
         self.in_flight = 0
         self._lock = threading.Lock()
         self._keys = [k.encode() for k in settings.api_keys]
-        self._routes: dict[str, dict[str, _Route]] = {}
+        self._routes: dict[str, dict[str, Answer]] = {}
         for route in TABLE:
-            answer: _Route = (
-                self._generation(_BODIES[route.body])
-                if route.answer == "_generate" and route.body is not None
-                else getattr(self, route.answer)
-            )
-            self._routes.setdefault(route.path, {})[route.method] = answer
+            self._routes.setdefault(route.path, {})[route.method] = route.answer
         self._scrape = metrics
         if metrics is not None:
-            self._routes[METRICS_ROUTE] = {"GET": self._metrics}
+            self._routes[METRICS_ROUTE] = {"GET": Api._metrics}
 
     # -- entry point -------------------------------------------------------------------
 
@@ -139,7 +126,7 @@ class Api:
         request_id = supplied if _REQUEST_ID.fullmatch(supplied) else uuid.uuid4().hex
         with self._lock:
             self.in_flight += 1
-        ctx = _Context(request_id)
+        ctx = Context(request_id)
         ollama = ollama_shaped(request.path)
         try:
             response = self._dispatch(request, ctx)
@@ -201,7 +188,7 @@ class Api:
         if service is not None:
             service.stop_generations()
 
-    def _finish(self, record: RequestRecord, ctx: _Context, start: float) -> None:
+    def _finish(self, record: RequestRecord, ctx: Context, start: float) -> None:
         with self._lock:
             self.in_flight -= 1
         if self.on_record is None:
@@ -233,7 +220,7 @@ class Api:
             log.exception("request record observer failed")
 
     def _finish_when_done(
-        self, body: Iterator[bytes], record: RequestRecord, ctx: _Context, start: float
+        self, body: Iterator[bytes], record: RequestRecord, ctx: Context, start: float
     ) -> Iterator[bytes]:
         try:
             yield from body
@@ -245,7 +232,7 @@ class Api:
 
     # -- routing, auth, limits --------------------------------------------------------
 
-    def _dispatch(self, request: Request, ctx: _Context) -> Response:
+    def _dispatch(self, request: Request, ctx: Context) -> Response:
         public = request.path in PUBLIC_ROUTES or (
             request.path == METRICS_ROUTE and self.settings.metrics_public
         )
@@ -278,12 +265,12 @@ class Api:
                 f"{self.settings.max_body_bytes} bytes"
             )
         if request.method == "HEAD":
-            response = methods["GET"](request, ctx)
+            response = methods["GET"](self, request, ctx)
             if not isinstance(response.body, bytes):
                 response.close_body()
             response.body = b""  # GET's status and headers, no body
             return response
-        return methods[request.method](request, ctx)
+        return methods[request.method](self, request, ctx)
 
     def _authorized(self, request: Request) -> bool:
         """Whether the request has a valid API key (always, when no keys are set)."""
@@ -301,45 +288,36 @@ class Api:
         """The model's service for a new generation (none while draining)."""
         if self.draining:
             raise DrainingError("the server is shutting down; retry on another instance")
-        return self._loaded(request)
-
-    def _loaded(self, request: Request) -> Service:
-        """The model's service; a request that comes while it loads waits for the load
-        (up to QUEUE_TIMEOUT_S, as for a slot), as Ollama's requests do."""
-        return self.state.require(self.settings.queue_timeout_s, request.cancelled)
+        return self.loaded(request)
 
     # -- generation routes --------------------------------------------------------------
 
-    def _generation(self, body_type: type[GenerationBody]) -> _Route:
-        """The route of a generation API: its body says what to generate and how to
-        answer; the service generates."""
+    def generate(self, body_type: type[GenerationBody], request: Request, ctx: Context) -> Response:
+        """Answer a generation route (its answer in core.protocol names `body_type`): the
+        body says what to generate and how to answer; the service generates."""
+        body = parse(body_type, request.body)
+        service = self._service(request)
+        served = self.served(service)
+        instant = body.instant_answer(served)
+        if instant is not None:
+            return json_response(200, instant)
+        generation = body.to_generation(served)
+        reply = body.reply(ctx.request_id, served)
+        ctx.reply = reply
+        if body.choices > 1:
+            assert isinstance(reply, MultiChoiceReply)  # only OpenAI's bodies have n
+            choices = service.stream_choices(
+                generation, body.choices, request.cancelled, request.deadline
+            )
+            return self._choices(choices, reply, ctx, body.stream)
+        stream = service.stream(generation, request.cancelled, request.deadline)
+        if body.stream:
+            return self._stream(stream, reply, ctx)
+        done = stream.collect()
+        ctx.completion = done
+        return json_response(200, reply.body(done))
 
-        def route(request: Request, ctx: _Context) -> Response:
-            body = parse(body_type, request.body)
-            service = self._service(request)
-            served = self._served(service)
-            instant = body.instant_answer(served)
-            if instant is not None:
-                return json_response(200, instant)
-            generation = body.to_generation(served)
-            reply = body.reply(ctx.request_id, served)
-            ctx.reply = reply
-            if body.choices > 1:
-                assert isinstance(reply, MultiChoiceReply)  # only OpenAI's bodies have n
-                choices = service.stream_choices(
-                    generation, body.choices, request.cancelled, request.deadline
-                )
-                return self._choices(choices, reply, ctx, body.stream)
-            stream = service.stream(generation, request.cancelled, request.deadline)
-            if body.stream:
-                return self._stream(stream, reply, ctx)
-            done = stream.collect()
-            ctx.completion = done
-            return json_response(200, reply.body(done))
-
-        return route
-
-    def _stream(self, stream: GenerationStream, reply: Reply, ctx: _Context) -> Response:
+    def _stream(self, stream: GenerationStream, reply: Reply, ctx: Context) -> Response:
         """A generation's events, as SSE or NDJSON (the reply's framing)."""
 
         def events() -> Iterator[Event]:
@@ -362,7 +340,7 @@ class Api:
         return sse_response(body) if reply.framing == "sse" else ndjson_response(body)
 
     def _choices(
-        self, choices: Choices, reply: MultiChoiceReply, ctx: _Context, stream: bool
+        self, choices: Choices, reply: MultiChoiceReply, ctx: Context, stream: bool
     ) -> Response:
         """Several choices of one request: one body with them all, or one SSE stream
         whose events carry each choice's `index`."""
@@ -400,7 +378,7 @@ class Api:
         self,
         events: Iterator[Event],
         reply: Reply,
-        ctx: _Context,
+        ctx: Context,
         close: Callable[[], None],
     ) -> Iterator[bytes]:
         """`events`, encoded in the reply's framing; an error after the first byte is sent
@@ -427,9 +405,14 @@ class Api:
         if reply.done_marker:
             yield SSE_DONE
 
-    # -- other routes -----------------------------------------------------------------
+    # -- what the routes' answers ask of the server -----------------------------------
 
-    def _served(self, service: Service) -> Served:
+    def loaded(self, request: Request) -> Service:
+        """The model's service; a request that comes while it loads waits for the load
+        (up to QUEUE_TIMEOUT_S, as for a slot), as Ollama's requests do."""
+        return self.state.require(self.settings.queue_timeout_s, request.cancelled)
+
+    def served(self, service: Service) -> Served:
         """What request formats need to know of `service`'s model, under the names it is
         served as (ALIASES, SERVED_NAME, else the manifest's name)."""
         engine = service.engine
@@ -450,114 +433,10 @@ class Api:
             also_known_as=(engine.model_name,),
         )
 
-    def _models(self, request: Request, ctx: _Context) -> Response:
-        served = self._served(self._loaded(request))
-        cards = [_model_card(served, name) for name in served.names]
-        listing: ModelList = {"object": "list", "data": cards}
-        return json_response(200, listing)
-
-    def _model(self, request: Request, ctx: _Context) -> Response:
-        served = self._served(self._loaded(request))
-        name = request.path.removeprefix(_MODEL_PREFIX)
-        listed = served.named(name) if name else None
-        if listed is None:
-            raise ModelNotFoundError(
-                f"the model {name!r} does not exist; this server has {served.model!r}"
-            )
-        return json_response(200, _model_card(served, listed))
-
-    def _ollama_tags(self, request: Request, ctx: _Context) -> Response:
-        return json_response(200, ollama.tags(self._served(self._loaded(request))))
-
-    def _ollama_show(self, request: Request, ctx: _Context) -> Response:
-        body = parse(ollama.OllamaShowBody, request.body)
-        return json_response(200, ollama.show(body, self._served(self._loaded(request))))
-
-    def _ollama_ps(self, request: Request, ctx: _Context) -> Response:
-        # What is loaded now: no wait for a model that is still loading.
-        service = self.state.service
-        if service is None:
-            return json_response(200, ollama.ps(None, "", 0))
-        engine = service.engine
-        return json_response(
-            200, ollama.ps(self._served(service), engine.probe.provider, engine.context_length)
-        )
-
-    def _ollama_version(self, request: Request, ctx: _Context) -> Response:
-        answer: OllamaVersion = {"version": version()}
-        return json_response(200, answer)
-
-    def _health(self) -> Health:
-        state = self.state
-        engine = state.engine
-        status: Literal["loading", "ready", "restarting", "failed", "draining"] = state.status
-        if engine is not None and engine.model.state != "ready":  # its process restarts
-            status = "failed" if engine.model.state == "failed" else "restarting"
-        status = "draining" if self.draining else status
-        # mypy --strict (extra checks) wants Health's own optional keys in a ** item too.
-        payload: Health = {"status": status, **state.describe()}  # type: ignore[typeddict-item]
-        service = state.service
-        if service is not None:
-            stats = service.stats()
-            payload["active"], payload["waiting"] = stats.active, stats.waiting
-        return payload
-
-    def _healthz(self, request: Request, ctx: _Context) -> Response:
-        health = self._health()
-        health["alive"] = True
-        return json_response(200, health)
-
-    def _readyz(self, request: Request, ctx: _Context) -> Response:
-        payload = self._health()
-        ready = payload["status"] == "ready"
-        # Retry-After only where waiting helps: not after a failed load.
-        retry = not ready and payload["status"] != "failed"
-        if not ready:
-            why = payload.get("reason")
-            ctx.reason = f"not ready: {payload['status']}" + (f" ({why})" if why else "")
-        return json_response(
-            200 if ready else 503, payload, [("retry-after", "5")] if retry else None
-        )
-
-    def _metrics(self, request: Request, ctx: _Context) -> Response:
+    def _metrics(self, request: Request, ctx: Context) -> Response:
         assert self._scrape is not None  # the route exists only with a scrape
         content_type, body = self._scrape()
         return Response(200, [("content-type", content_type)], body)
-
-    def _openapi(self, request: Request, ctx: _Context) -> Response:
-        from ortserve.core.openapi import (
-            openapi_document,  # builds JSON schemas: not on the cold path
-        )
-
-        # Without MAX_NEW_TOKENS any limit is accepted (and cut to what fits).
-        limit = self.settings.max_new_tokens or MAX_TOKENS_BOUND
-        return json_response(200, openapi_document(limit))
-
-    def _playground(self, request: Request, ctx: _Context) -> Response:
-        body, policy = playground.page()
-        return Response(
-            200,
-            [
-                ("content-type", "text/html; charset=utf-8"),
-                ("content-security-policy", policy),
-                ("x-content-type-options", "nosniff"),
-                ("referrer-policy", "no-referrer"),
-                ("cache-control", "no-cache"),
-            ],
-            body,
-        )
-
-    def _playground_asset(self, request: Request, ctx: _Context) -> Response:
-        body, etag = playground.asset(request.path)
-        headers = [
-            ("content-type", "text/javascript; charset=utf-8"),
-            ("etag", etag),
-            ("x-content-type-options", "nosniff"),
-            ("cache-control", "no-cache"),  # revalidated: the ETag makes that a 304
-        ]
-        if playground.not_modified(request.headers.get("if-none-match", ""), etag):
-            return Response(304, headers, b"")  # the browser's copy is this one
-        return Response(200, headers, body)
 
 
 def _reason(exc: OrtServeError) -> str:
@@ -570,25 +449,3 @@ def _merged(dones: list[Completion]) -> Completion:
     choice's tokens, the first choice's timings."""
     first = dones[0]
     return replace(first, completion_tokens=sum(d.completion_tokens for d in dones))
-
-
-def _model_card(served: Served, name: str) -> ModelCard:
-    """An OpenAI model object for the served model's `name`, with vLLM's `max_model_len`
-    (the context; omitted where unknown) and `max_tokens`: the most new tokens a request
-    may ask for."""
-    if served.context_length:
-        return {
-            "id": name,
-            "object": "model",
-            "created": served.created,
-            "owned_by": "ortserve",
-            "max_model_len": served.context_length,
-            "max_tokens": served.max_new_tokens,
-        }
-    return {
-        "id": name,
-        "object": "model",
-        "created": served.created,
-        "owned_by": "ortserve",
-        "max_tokens": served.max_new_tokens,
-    }

@@ -1,9 +1,10 @@
-"""The OpenAPI document of the HTTP API, generated from the pydantic request models."""
+"""The OpenAPI document of the HTTP API, generated from the route table (core.routes) and
+the pydantic request models."""
 
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic.json_schema import models_json_schema
 
@@ -11,7 +12,9 @@ from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
 from ortserve.core.protocol.openai import ChatBody, CompletionBody
 from ortserve.core.protocol.replies import REPLIES
-from ortserve.core.routes import TABLE, Route
+
+if TYPE_CHECKING:  # core.routes imports this module (its /openapi.json answer)
+    from ortserve.core.routes import Route
 
 _REF = "#/components/schemas/{model}"
 _ERROR = {
@@ -166,9 +169,9 @@ def _reply_schemas() -> dict[str, Any]:
 
 
 @cache
-def openapi_document(max_new_tokens: int) -> dict[str, Any]:
-    """The OpenAPI 3.1 document for every route, with this server's token limit (built
-    once per limit)."""
+def openapi_document(routes: tuple[Route, ...], max_new_tokens: int) -> dict[str, Any]:
+    """The OpenAPI 3.1 document for `routes` (core.routes' TABLE), with this server's
+    token limit (built once per table and limit)."""
     _, schemas = models_json_schema(
         [
             (m, "validation")
@@ -197,7 +200,7 @@ def openapi_document(max_new_tokens: int) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "ortserve", "version": "1"},
-        "paths": {r.path: _operation(r) for r in TABLE if r.documented},
+        "paths": {r.path: _operation(r) for r in routes if r.documented},
         "components": {
             "schemas": components,
             "securitySchemes": {

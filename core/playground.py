@@ -1,5 +1,5 @@
-"""The chat playground's files: the page (core/playground.html), its content security
-policy, and the vendored Markdown and sanitising libraries it loads (core/vendor/)."""
+"""The chat playground's routes and files: the page (core/playground.html), its content
+security policy, and the vendored Markdown and sanitising libraries it loads (core/vendor/)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,12 @@ import functools
 import hashlib
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ortserve.core.http import Request, Response
+
+if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
+    from ortserve.core.api import Api, Context
 
 _HERE = Path(__file__).parent
 #: Route → file in core/vendor/ (the npm packages' own builds; see docs/api.md, "The
@@ -20,8 +26,38 @@ ASSETS = {
 ROUTES = frozenset({"/", *ASSETS})
 
 
+def page(api: Api, request: Request, ctx: Context) -> Response:
+    """GET /: the playground's page."""
+    body, policy = _page()
+    return Response(
+        200,
+        [
+            ("content-type", "text/html; charset=utf-8"),
+            ("content-security-policy", policy),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "no-referrer"),
+            ("cache-control", "no-cache"),
+        ],
+        body,
+    )
+
+
+def asset(api: Api, request: Request, ctx: Context) -> Response:
+    """GET /vendor/…: a vendored script, or 304 when the browser's copy is this one."""
+    body, etag = _asset(request.path)
+    headers = [
+        ("content-type", "text/javascript; charset=utf-8"),
+        ("etag", etag),
+        ("x-content-type-options", "nosniff"),
+        ("cache-control", "no-cache"),  # revalidated: the ETag makes that a 304
+    ]
+    if not_modified(request.headers.get("if-none-match", ""), etag):
+        return Response(304, headers, b"")  # the browser's copy is this one
+    return Response(200, headers, body)
+
+
 @functools.cache
-def page() -> tuple[bytes, str]:
+def _page() -> tuple[bytes, str]:
     """The page (read once) and its content security policy: its own inline script and
     style by hash, the vendored scripts from this origin, and calls to this origin only.
 
@@ -46,7 +82,7 @@ def page() -> tuple[bytes, str]:
 
 
 @functools.cache
-def asset(route: str) -> tuple[bytes, str]:
+def _asset(route: str) -> tuple[bytes, str]:
     """A vendored script (read once) and its strong ETag.
 
     Args:

@@ -3,15 +3,23 @@ may call it. The API's dispatch (core.api), the OpenAPI document (core.openapi),
 public routes (no API key), the Lambda routes that answer before the model is loaded,
 and the metric labels (edge.metrics) are all derived from it.
 
-No imports beyond the standard library and core.playground: adapters read it at start.
+Each route names its answer as a function (core.api.Answer), where its API lives:
+core.protocol's modules, core.health, core.playground. They type the API they are given
+under TYPE_CHECKING, so importing this table never imports core.api (which imports it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ortserve.core import playground
+from ortserve.core import health, playground
+from ortserve.core.http import Request, Response, json_response
+from ortserve.core.protocol import native, ollama, openai
+from ortserve.core.settings import MAX_TOKENS_BOUND
+
+if TYPE_CHECKING:  # core.api imports this module
+    from ortserve.core.api import Answer, Api, Context
 
 Method = Literal["GET", "POST"]
 #: Paths under this prefix are Ollama's: their errors take Ollama's shape (known or not).
@@ -30,7 +38,7 @@ class Route:
     Attributes:
         path: The path; a `{name}` part takes the rest of the path (slashes included).
         method: The method it answers (HEAD comes with GET, OPTIONS everywhere).
-        answer: The name of the `Api` method that answers it.
+        answer: What answers it: a function of the API, the request and its context.
         summary: What it does (the OpenAPI operation's summary).
         body: The pydantic model of its JSON body (a POST), by name.
         reply: The shape of its JSON answer (core.protocol.replies), by name.
@@ -43,7 +51,7 @@ class Route:
 
     path: str
     method: Method
-    answer: str
+    answer: Answer
     summary: str
     body: str | None = None
     reply: str | None = None
@@ -64,11 +72,20 @@ class Route:
         return head if brace else None
 
 
+def _openapi(api: Api, request: Request, ctx: Context) -> Response:
+    """GET /openapi.json: this table as an OpenAPI document, with the server's token limit."""
+    from ortserve.core.openapi import openapi_document  # builds JSON schemas: not on the cold path
+
+    # Without MAX_NEW_TOKENS any limit is accepted (and cut to what fits).
+    limit = api.settings.max_new_tokens or MAX_TOKENS_BOUND
+    return json_response(200, openapi_document(TABLE, limit))
+
+
 def _playground() -> tuple[Route, ...]:
     page = Route(
         "/",
         "GET",
-        "_playground",
+        playground.page,
         "the chat playground",
         public=True,
         without_model=True,
@@ -78,7 +95,7 @@ def _playground() -> tuple[Route, ...]:
         Route(
             path,
             "GET",
-            "_playground_asset",
+            playground.asset,
             "a playground script",
             public=True,
             without_model=True,
@@ -94,7 +111,7 @@ TABLE: tuple[Route, ...] = (
     Route(
         "/generate",
         "POST",
-        "_generate",
+        native.generate,
         "generate text (native API)",
         body="GenerateBody",
         reply="Generated",
@@ -103,7 +120,7 @@ TABLE: tuple[Route, ...] = (
     Route(
         "/v1/completions",
         "POST",
-        "_generate",
+        openai.completions,
         "OpenAI-compatible completion",
         body="CompletionBody",
         reply="TextCompletion",
@@ -112,36 +129,36 @@ TABLE: tuple[Route, ...] = (
     Route(
         "/v1/chat/completions",
         "POST",
-        "_generate",
+        openai.chat_completions,
         "OpenAI-compatible chat completion",
         body="ChatBody",
         reply="ChatCompletion",
         events=("ChatCompletionChunk",),
     ),
-    Route("/v1/models", "GET", "_models", "the served model", reply="ModelList"),
+    Route("/v1/models", "GET", openai.models, "the served model", reply="ModelList"),
     Route(
         "/v1/models/{model}",
         "GET",
-        "_model",
+        openai.model,
         "one model, by its id (the served one)",
         reply="ModelCard",
     ),
     Route(
         "/healthz",
         "GET",
-        "_healthz",
+        health.healthz,
         "process alive",
         reply="Health",
         public=True,
         without_model=True,
     ),
     # Public, but a lazily loading Lambda loads first: "ready" must mean loaded.
-    Route("/readyz", "GET", "_readyz", "model loaded and ready", reply="Health", public=True),
-    Route("/openapi.json", "GET", "_openapi", "this document", documented=False),
+    Route("/readyz", "GET", health.readyz, "model loaded and ready", reply="Health", public=True),
+    Route("/openapi.json", "GET", _openapi, "this document", documented=False),
     Route(
         "/api/generate",
         "POST",
-        "_generate",
+        ollama.generate,
         "Ollama-compatible generate (NDJSON)",
         body="OllamaGenerateBody",
         reply="OllamaLine",
@@ -150,7 +167,7 @@ TABLE: tuple[Route, ...] = (
     Route(
         "/api/chat",
         "POST",
-        "_generate",
+        ollama.chat,
         "Ollama-compatible chat (NDJSON)",
         body="OllamaChatBody",
         reply="OllamaLine",
@@ -159,14 +176,14 @@ TABLE: tuple[Route, ...] = (
     Route(
         "/api/tags",
         "GET",
-        "_ollama_tags",
+        ollama.tags,
         "the served model, as Ollama lists models",
         reply="OllamaTags",
     ),
     Route(
         "/api/show",
         "POST",
-        "_ollama_show",
+        ollama.show,
         "the served model's details (Ollama)",
         body="OllamaShowBody",
         reply="OllamaShow",
@@ -174,14 +191,14 @@ TABLE: tuple[Route, ...] = (
     Route(
         "/api/ps",
         "GET",
-        "_ollama_ps",
+        ollama.ps,
         "the loaded model (Ollama's ps; none while loading)",
         reply="OllamaPs",
     ),
     Route(
         "/api/version",
         "GET",
-        "_ollama_version",
+        ollama.version,
         "the server's version (Ollama)",
         reply="OllamaVersion",
     ),

@@ -2,10 +2,11 @@
 
 Each request body (pydantic) has `to_generation()`, the one place it becomes a
 `GenerationRequest`, and `reply()`, which builds its answer: the whole JSON body, or the
-events of a stream. `core.api` routes to them; `core.service` runs what they ask for.
+events of a stream. Each module also holds its routes' answers, which core.routes' table
+names; `core.api` routes to them, `core.service` runs what they ask for.
 
 - `native`: POST /generate.
-- `openai`: POST /v1/completions and /v1/chat/completions.
+- `openai`: POST /v1/completions and /v1/chat/completions, GET /v1/models.
 - `ollama`: POST /api/generate and /api/chat, and the model routes of Ollama's API.
 - `tools`: tool calling (OpenAI's and Ollama's `tools`).
 """

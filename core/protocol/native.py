@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from ortserve.core.generation import (
@@ -11,6 +13,7 @@ from ortserve.core.generation import (
     SamplingOptions,
     TokenLogprob,
 )
+from ortserve.core.http import Request, Response
 from ortserve.core.protocol import (
     IGNORE_EOS_DOC,
     MIN_TOKENS_DOC,
@@ -33,6 +36,9 @@ from ortserve.core.protocol import (
 )
 from ortserve.core.protocol.patterns import ecma_classes
 from ortserve.core.protocol.replies import Generated, GeneratedEnd, GeneratedText
+
+if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
+    from ortserve.core.api import Api, Context
 
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar")
 _RULES: list[JsonValue] = [
@@ -176,3 +182,11 @@ class GenerateReply(Reply):
             "prompt_tokens": done.prompt_tokens,
             "finish_reason": done.finish_reason,
         }
+
+
+# -- the route's answer (core.routes) ----------------------------------------------------
+
+
+def generate(api: Api, request: Request, ctx: Context) -> Response:
+    """POST /generate."""
+    return api.generate(GenerateBody, request, ctx)

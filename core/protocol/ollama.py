@@ -20,10 +20,11 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
+from ortserve.core import version as ortserve_version
 from ortserve.core.errors import ModelNotFoundError, OrtServeError
 from ortserve.core.generation import (
     Completion,
@@ -32,6 +33,7 @@ from ortserve.core.generation import (
     SamplingOptions,
     TokenLogprob,
 )
+from ortserve.core.http import Request, Response, json_response
 from ortserve.core.protocol import (
     SEED,
     TEMPERATURE_DOC,
@@ -46,6 +48,7 @@ from ortserve.core.protocol import (
     Stop,
     integral,
     json_guidance,
+    parse,
     public_finish,
 )
 from ortserve.core.protocol.replies import (
@@ -57,9 +60,13 @@ from ortserve.core.protocol.replies import (
     OllamaRunning,
     OllamaShow,
     OllamaTags,
+    OllamaVersion,
 )
 from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolCall, ToolPlan, plan_tools
 from ortserve.core.settings import DEFAULT_NEW_TOKENS, MAX_TOKENS_BOUND
+
+if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
+    from ortserve.core.api import Api, Context
 
 _NS = 1_000_000_000
 _NOT_SUPPORTED = "not supported by ortserve"
@@ -372,13 +379,51 @@ class OllamaShowBody(Body):
     name: str | None = None
 
 
-def tags(served: Served) -> OllamaTags:
+# -- the routes' answers (core.routes) ---------------------------------------------------
+
+
+def generate(api: Api, request: Request, ctx: Context) -> Response:
+    """POST /api/generate."""
+    return api.generate(OllamaGenerateBody, request, ctx)
+
+
+def chat(api: Api, request: Request, ctx: Context) -> Response:
+    """POST /api/chat."""
+    return api.generate(OllamaChatBody, request, ctx)
+
+
+def tags(api: Api, request: Request, ctx: Context) -> Response:
     """GET /api/tags: the served model, as Ollama lists local models."""
-    return {"models": [_model_entry(served, name) for name in served.names]}
+    served = api.served(api.loaded(request))
+    listing: OllamaTags = {"models": [_model_entry(served, name) for name in served.names]}
+    return json_response(200, listing)
 
 
-def show(body: OllamaShowBody, served: Served) -> OllamaShow:
-    """POST /api/show: the served model's details and template.
+def show(api: Api, request: Request, ctx: Context) -> Response:
+    """POST /api/show: the served model's details and template."""
+    body = parse(OllamaShowBody, request.body)
+    return json_response(200, _show(body, api.served(api.loaded(request))))
+
+
+def ps(api: Api, request: Request, ctx: Context) -> Response:
+    """GET /api/ps: the loaded model; none while it loads (no wait for it)."""
+    service = api.state.service
+    if service is None:
+        return json_response(200, _ps(None, "", 0))
+    engine = service.engine
+    return json_response(
+        200, _ps(api.served(service), engine.probe.provider, engine.context_length)
+    )
+
+
+def version(api: Api, request: Request, ctx: Context) -> Response:
+    """GET /api/version: ortserve's version, as Ollama says its own."""
+    answer: OllamaVersion = {"version": ortserve_version()}
+    return json_response(200, answer)
+
+
+def _show(body: OllamaShowBody, served: Served) -> OllamaShow:
+    """/api/show's answer: the served model's details and template.
 
     Raises:
         ModelNotFoundError: Another model was named.
@@ -414,8 +459,8 @@ def show(body: OllamaShowBody, served: Served) -> OllamaShow:
     }
 
 
-def ps(served: Served | None, provider: str, context_length: int) -> OllamaPs:
-    """GET /api/ps: the loaded model (none while it loads), as Ollama lists one kept
+def _ps(served: Served | None, provider: str, context_length: int) -> OllamaPs:
+    """/api/ps's answer: the loaded model (none while it loads), as Ollama lists one kept
     loaded for good (`keep_alive: -1`): it stays until the process ends.
 
     Args:

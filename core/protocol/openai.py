@@ -1,12 +1,13 @@
 """The OpenAI-compatible API: POST /v1/completions and /v1/chat/completions, their
-bodies and their answers (objects and stream chunks as OpenAI's API returns them)."""
+bodies and their answers (objects and stream chunks as OpenAI's API returns them), and
+GET /v1/models and /v1/models/{model}."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field
 
@@ -18,6 +19,7 @@ from ortserve.core.generation import (
     SamplingOptions,
     TokenLogprob,
 )
+from ortserve.core.http import Request, Response, json_response
 from ortserve.core.protocol import (
     IGNORE_EOS_DOC,
     MIN_TOKENS_DOC,
@@ -54,12 +56,17 @@ from ortserve.core.protocol.replies import (
     ChunkToolCall,
     CompletionChoice,
     CompletionLogprobs,
+    ModelCard,
+    ModelList,
     OpenAIFinish,
     TextCompletion,
     TopLogprob,
     Usage,
 )
 from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolPlan, plan_tools
+
+if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
+    from ortserve.core.api import Api, Context
 
 MAX_CHOICES = 8  # n's bound: choices decode side by side, a batch of MAX_BATCH at a time
 
@@ -704,3 +711,65 @@ class ChatReply(_OpenAIReply):
             "logprobs": self._logprobs(done.logprobs),
             "finish_reason": finish,
         }
+
+
+# -- the routes' answers (core.routes) ---------------------------------------------------
+
+_MODEL_PREFIX = "/v1/models/"
+
+
+def completions(api: Api, request: Request, ctx: Context) -> Response:
+    """POST /v1/completions."""
+    return api.generate(CompletionBody, request, ctx)
+
+
+def chat_completions(api: Api, request: Request, ctx: Context) -> Response:
+    """POST /v1/chat/completions."""
+    return api.generate(ChatBody, request, ctx)
+
+
+def models(api: Api, request: Request, ctx: Context) -> Response:
+    """GET /v1/models: the served model, once under each name it is served as."""
+    served = api.served(api.loaded(request))
+    cards = [_model_card(served, name) for name in served.names]
+    listing: ModelList = {"object": "list", "data": cards}
+    return json_response(200, listing)
+
+
+def model(api: Api, request: Request, ctx: Context) -> Response:
+    """GET /v1/models/{model}: the served model, under the name asked for (an id may hold
+    slashes).
+
+    Raises:
+        ModelNotFoundError: Another model was named.
+    """
+    served = api.served(api.loaded(request))
+    name = request.path.removeprefix(_MODEL_PREFIX)
+    listed = served.named(name) if name else None
+    if listed is None:
+        raise ModelNotFoundError(
+            f"the model {name!r} does not exist; this server has {served.model!r}"
+        )
+    return json_response(200, _model_card(served, listed))
+
+
+def _model_card(served: Served, name: str) -> ModelCard:
+    """An OpenAI model object for the served model's `name`, with vLLM's `max_model_len`
+    (the context; omitted where unknown) and `max_tokens`: the most new tokens a request
+    may ask for."""
+    if served.context_length:
+        return {
+            "id": name,
+            "object": "model",
+            "created": served.created,
+            "owned_by": "ortserve",
+            "max_model_len": served.context_length,
+            "max_tokens": served.max_new_tokens,
+        }
+    return {
+        "id": name,
+        "object": "model",
+        "created": served.created,
+        "owned_by": "ortserve",
+        "max_tokens": served.max_new_tokens,
+    }

@@ -66,7 +66,7 @@ def core(tiny_model_dir: Path) -> InProcess:
 
 @pytest.fixture(scope="module")
 def document() -> dict[str, Any]:
-    return openapi_document(2000)
+    return openapi_document(TABLE, 2000)
 
 
 def _validate(document: dict[str, Any], name: str, instance: Any) -> None:

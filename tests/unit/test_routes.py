@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from ortserve.core import playground
-from ortserve.core.api import _BODIES, Api
+from ortserve.core.api import Api, Context
+from ortserve.core.http import Request, Response
 from ortserve.core.openapi import openapi_document
+from ortserve.core.protocol import GenerationBody
 from ortserve.core.routes import (
     METRICS_ROUTE,
     PUBLIC_ROUTES,
@@ -16,17 +20,38 @@ from ortserve.core.routes import (
 )
 
 
-def test_every_route_is_answered_by_the_api() -> None:
+class _Generations:
+    """Stands in for the API: what a generation route's answer asks it to generate."""
+
+    def __init__(self) -> None:
+        self.bodies: list[str] = []
+
+    def generate(self, body_type: type[GenerationBody], request: Request, ctx: Context) -> Response:
+        self.bodies.append(body_type.__name__)
+        return Response(200, [], b"")
+
+
+def test_each_generation_route_parses_the_body_its_document_names() -> None:
+    """A route's answer is a function (mypy and the import check it): here, that each
+    generation route's answer parses the body the OpenAPI document gives that route."""
+    generations = [r for r in TABLE if r.events]
+    assert {r.path for r in generations} == {
+        "/generate",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/api/generate",
+        "/api/chat",
+    }
+    for route in generations:
+        api = _Generations()
+        route.answer(cast(Api, api), Request("POST", route.path), Context("id"))
+        assert route.method == "POST" and api.bodies == [route.body], route
     for route in TABLE:
-        if route.answer == "_generate":
-            assert route.method == "POST" and route.body in _BODIES, route
-        else:
-            assert callable(getattr(Api, route.answer, None)), route
         assert route.method == "POST" or route.body is None, route
 
 
 def test_the_openapi_document_lists_the_documented_routes_and_their_methods() -> None:
-    paths = openapi_document(100)["paths"]
+    paths = openapi_document(TABLE, 100)["paths"]
     documented = {r.path: r for r in TABLE if r.documented}
     assert set(paths) == set(documented)
     for path, item in paths.items():
