@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ortserve.core.admission import CANCEL_POLL_S
+from ortserve.core.description import ModelDescription
 from ortserve.core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
 from ortserve.core.manifest import arch_mismatch, manifest_digest, verify_folder
-from ortserve.core.protocol.replies import ModelDescription
 from ortserve.core.settings import EngineSettings, ServerSettings
 
 if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module

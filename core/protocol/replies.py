@@ -15,6 +15,8 @@ from typing import Any, Literal, NotRequired, Required
 # Python 3.12; typing_extensions comes with pydantic.
 from typing_extensions import TypedDict
 
+from ortserve.core.description import ModelDescription
+
 #: How an OpenAI answer ended (`tool_calls`: chat, when it stopped on calls).
 OpenAIFinish = Literal["stop", "length", "content_filter", "tool_calls"]
 
@@ -316,24 +318,6 @@ class OllamaVersion(TypedDict):
 
 
 # -- health ----------------------------------------------------------------------------------
-
-
-class ModelDescription(TypedDict, total=False):
-    """What is loaded, where and how fast (or, with nothing loaded, why not)."""
-
-    reason: str | None
-    model: str | None
-    manifest_digest: str
-    execution_provider: str
-    skipped_providers: dict[str, str]
-    threads: int
-    load_seconds: float
-    warmup_seconds: float | None
-    quality: dict[str, Any] | None
-    architecture_warning: str | None
-    prompt_cache: dict[str, Any] | None
-    reload: dict[str, Any]
-    engine: dict[str, Any]
 
 
 class Health(ModelDescription, total=False):

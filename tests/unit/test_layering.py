@@ -6,6 +6,8 @@ what adapters import at start does not load onnxruntime-genai."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from hatch_build import FOLDERS
@@ -110,12 +112,22 @@ def test_the_environment_check_sees_every_spelling() -> None:
     assert not _reads_environment("def f(request):\n    return request.environ['PATH_INFO']")
 
 
+def _loaded(modules: list[str], watched: tuple[str, ...]) -> list[str]:
+    """Which of `watched` a fresh interpreter has loaded once it imported `modules`."""
+    code = (
+        f"import sys; import {', '.join(modules)}; "
+        f"print([m for m in {watched!r} if m in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    loaded: list[str] = ast.literal_eval(out.stdout.strip())
+    return loaded
+
+
 def test_adapters_records_and_the_api_import_without_onnxruntime_genai() -> None:
     """What adapters import at start (the API, records, error payloads, the SSE encoder,
     events) does not import onnxruntime-genai: it comes with the first model load."""
-    import subprocess
-    import sys
-
     modules = [
         "ortserve.core.api",
         "ortserve.core.state",
@@ -130,8 +142,11 @@ def test_adapters_records_and_the_api_import_without_onnxruntime_genai() -> None
         "ortserve.functions.aws.coldstart",
         "ortserve.functions.gcp.translate",
     ]
-    code = f"import sys; import {', '.join(modules)}; print('onnxruntime_genai' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
-    )
-    assert out.stdout.strip() == "False", out.stderr
+    assert _loaded(modules, ("onnxruntime_genai",)) == []
+
+
+def test_the_daemons_commands_load_nothing_of_the_edge_extra() -> None:
+    """`ortserve serve`, `reload` and `rollback` are registered from edge/cli.py in every
+    install: importing it loads none of the `edge` extra (docs/architecture.md)."""
+    assert _loaded(["ortserve.edge.cli"], ("uvicorn", "prometheus_client", "h11")) == []
+    assert _loaded(["ortserve.edge.daemon"], ("uvicorn",)) == ["uvicorn"]  # the check sees it
