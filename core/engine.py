@@ -769,7 +769,7 @@ class Engine:
                     yield Token(token, logprob)
                     paused(False)
             yield Finish("length")
-        except OrtServeError:  # a checkpoint's, or the engine process ended: its generator is gone
+        except OrtServeError:  # a checkpoint ended it, or the engine process (its generator)
             prefilled = False
             raise
         except RuntimeError as exc:

@@ -214,8 +214,8 @@ class _Answer:
         self.ledger = LogprobLedger() if request.logprobs is not None else None
         self._prompt_tokens = prompt_tokens
         self._redactions = redactions
-        self._start = time.perf_counter()
-        self._first = 0.0  # seconds to the first token
+        self._start = 0.0  # when the tokens were first asked for (`tokens`)
+        self._first = 0.0  # seconds from then to the first token
         self._count = 0
         self._cached = 0
         self._eos = False
