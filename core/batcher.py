@@ -5,8 +5,8 @@ a step for 1, so batching concurrent requests multiplies throughput. A batch sta
 together and cannot take a sequence later (an onnxruntime-genai Generator's batch is
 fixed), so a request that arrives while a batch runs waits for the next one.
 
-This module holds the scheduling only; the engine supplies `run_batch`, which decodes a
-batch and feeds each sequence's queue.
+This module holds the scheduling only; the service supplies `run_batch`, which decodes a
+batch and feeds each sequence's queue the steps a lone decoding yields (core.generation).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from ortserve.core.generation import Step
+
 # How long a request that looks alone waits for company before it starts.
 LONE_WAIT_S = 0.001
 # A lone generation whose reader has not asked for its next token for this long is
@@ -28,13 +30,6 @@ STALL_CHECK_S = 0.01
 # one): a running thread holds the engine, so a service swapped out by a model reload
 # could otherwise never be freed.
 IDLE_EXIT_S = 2.0
-
-
-@dataclass(frozen=True)
-class End:
-    """The end of a sequence: `eos` (the model ended it) or `length` (its token limit)."""
-
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -53,8 +48,8 @@ class Sequence:
         input_ids: The prompt's tokens.
         max_new: Its token limit.
         key: Requests batch together only when their keys are equal (sampling options).
-        out: New tokens, then an `End` or the exception that stopped the batch; or
-            `Alone`, when the request is to run its generation itself.
+        out: Its steps (a `Token` each, then a `Finish`) or the exception that stopped
+            the batch; or `Alone`, when the request is to run its generation itself.
         cancelled: Set by the request when its client is gone; the batch stops feeding it.
         done: Set by the request when a generation it runs `Alone` has ended (or will
             never start).
@@ -66,9 +61,7 @@ class Sequence:
     input_ids: list[int]
     max_new: int
     key: Hashable
-    out: queue.SimpleQueue[int | End | Alone | BaseException] = field(
-        default_factory=queue.SimpleQueue
-    )
+    out: queue.SimpleQueue[Step | Alone | BaseException] = field(default_factory=queue.SimpleQueue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     paused_at: float | None = field(default_factory=time.monotonic)

@@ -28,12 +28,16 @@ from ortserve.core.errors import (
     ProviderUnavailableError,
 )
 from ortserve.core.generation import (
+    Cached,
+    Decoding,
+    Finish,
     GenerationRequest,
     Guidance,
     Sampling,
     SamplingOptions,
+    Step,
+    Token,
     TokenLogprob,
-    Tokens,
 )
 from ortserve.core.manifest import Manifest, manifest_digest, verify_folder
 from ortserve.core.memory import return_freed_memory
@@ -219,6 +223,16 @@ def probe_providers(
     )
 
 
+def _token_ids_of(decoding: Decoding) -> Generator[int, None, None]:
+    """The new token ids of `decoding` (closed at the end, or when this is closed)."""
+    try:
+        for step in decoding:
+            if isinstance(step, Token):
+                yield step.id
+    finally:
+        decoding.close()
+
+
 # What `Steps.step` gives instead of a token: the model ended the sequence (EOS, not
 # appended), or the sequence was at its length already.
 EOS = -1
@@ -266,10 +280,12 @@ class LocalSteps:
         if guidance is not None:
             params.set_guidance(guidance.kind, guidance.data)
         self._generator = og.Generator(model, params)
+        self._count: int | None = None  # token_count() after the last step (None: unknown)
 
     def append(self, input_ids: list[int] | np.ndarray[Any, Any]) -> None:
         """Append prompt tokens (one part; a batch's padded rows in one call)."""
         self._generator.append_tokens(input_ids)
+        self._count = None
 
     def step(self, top: int | None) -> tuple[int, TokenLogprob | None]:
         """One new token of a single sequence, and (with `top`, the alternatives wanted)
@@ -280,9 +296,10 @@ class LocalSteps:
         # og 0.18 computes a position's logits when the token before it goes in: the
         # ones the next token is picked from are there before the step.
         logits = None if top is None else np.array(generator.get_logits())
-        count = generator.token_count()
+        count = generator.token_count() if self._count is None else self._count
         generator.generate_next_token()
-        if generator.token_count() == count:  # an EOS ends it without being appended
+        self._count = generator.token_count()
+        if self._count == count:  # an EOS ends it without being appended
             return EOS, None
         token = int(generator.get_next_tokens()[0])
         if logits is None:
@@ -307,6 +324,7 @@ class LocalSteps:
     def rewind(self, length: int) -> None:
         """Keep the first `length` tokens (and their KV cache) only."""
         self._generator.rewind_to(length)
+        self._count = None
 
     def last_logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         """The logits of the last forward pass's positions (first sequence)."""
@@ -569,16 +587,19 @@ class Engine:
         guidance: Guidance | None = None,
         logprobs: int | None = None,
         paused: Callable[[bool], None] | None = None,
-    ) -> Tokens:
+        checkpoint: Callable[[], None] | None = None,
+    ) -> Decoding:
         """Start decoding one sequence: up to `max_new` new tokens after `input_ids`
         (sampled or greedy, guided or not; `beam_search` and `decode_cached` are the
         other ways).
 
         The og Generator is made now (bad guidance fails here, before any token); the
-        tokens come as they are iterated. `paused(True)` is called while the decoding
+        steps come as they are iterated. `paused(True)` is called while the decoding
         waits for its reader or prefills in parts (other work may run beside it), and
-        `paused(False)` when it computes again. With `logprobs` (the number of
-        alternatives; 0: none), each token's `TokenLogprob` goes to `Tokens.logprobs`.
+        `paused(False)` when it computes again; `checkpoint()` between the parts of the
+        prefill, where it raises to end the generation (its client left, its time is up,
+        the server drains). With `logprobs` (the number of alternatives; 0: none), each
+        `Token` carries its `TokenLogprob`.
 
         Raises:
             InvalidRequestError: The guidance is invalid.
@@ -601,12 +622,19 @@ class Engine:
             if guidance is not None:
                 raise InvalidRequestError(f"invalid guidance: {_first_line(exc)}") from exc
             raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
-        guided = guidance is not None
-        return Tokens(
-            lambda tokens: self._tokens(generator, input_ids, tokens, paused, guided, logprobs)
+        return Decoding(
+            self._steps(
+                generator,
+                input_ids,
+                max_new,
+                logprobs,
+                paused,
+                checkpoint,
+                guided=guidance is not None,
+            )
         )
 
-    def beam_search(self, input_ids: list[int], max_new: int, options: SamplingOptions) -> Tokens:
+    def beam_search(self, input_ids: list[int], max_new: int, options: SamplingOptions) -> Decoding:
         """Beam search (og's, CPU; `options.num_beams`): the best beam's tokens, all at
         the end."""
         prompt_len = len(input_ids)
@@ -625,7 +653,7 @@ class Engine:
         except RuntimeError as exc:
             raise GenerationError(f"cannot start beam search: {_first_line(exc)}") from exc
 
-        def best(tokens: Tokens) -> Generator[int, None, None]:
+        def best() -> Generator[Step, None, None]:
             try:
                 # In one append: og 0.18 crashes (SIGSEGV) on a beam search's second
                 # append_tokens; core.service bounds beams x prompt (one_pass_tokens).
@@ -634,10 +662,11 @@ class Engine:
             except RuntimeError as exc:
                 raise GenerationError(f"beam search failed: {_first_line(exc)}") from exc
             ended = next((i for i, t in enumerate(sequence) if t in self.eos_ids), None)
-            tokens.eos = ended is not None
-            yield from sequence[:ended]
+            for token in sequence[:ended]:
+                yield Token(token)
+            yield Finish("length" if ended is None else "eos")
 
-        return Tokens(best)
+        return Decoding(best())
 
     def decode_cached(
         self,
@@ -646,11 +675,12 @@ class Engine:
         options: SamplingOptions,
         logprobs: int | None = None,
         paused: Callable[[bool], None] | None = None,
-    ) -> Tokens:
+        checkpoint: Callable[[], None] | None = None,
+    ) -> Decoding:
         """`decode` through the prompt cache, for a greedy, unguided request with no
         minimum length (the search options are fixed per og Generator, and a kept one's
         must equal the request's): a kept generator that holds the start of `input_ids`
-        is reused (`Tokens.cached` says how many), and this one is kept afterwards (see
+        is reused (a `Cached` step says how many), and this one is kept afterwards (see
         `PromptCache`). Only with a prompt cache (`prompt_cache` is not None)."""
         cache = self.prompt_cache
         assert cache is not None, "decode_cached needs the prompt cache"
@@ -679,22 +709,17 @@ class Engine:
             if max_length <= cache.max_tokens:
                 cache.put(list(input_ids), generator, max_length, sampling)
 
-        tokens = Tokens(
-            lambda t: self._tokens(
-                generator,
-                input_ids[common:],
-                t,
-                paused,
-                False,
-                logprobs,
-                limit=max_new,
-                prefilled=keep,
-            )
-        )
-        tokens.cached = common
-        return tokens
+        def steps() -> Generator[Step, None, None]:
+            if common:
+                yield Cached(common)
+            rest = input_ids[common:]
+            yield from self._steps(generator, rest, max_new, logprobs, paused, checkpoint, keep)
 
-    def stream_tokens(self, input_ids: list[int], options: SamplingOptions) -> Tokens:
+        return Decoding(steps())
+
+    def stream_tokens(
+        self, input_ids: list[int], options: SamplingOptions
+    ) -> Generator[int, None, None]:
         """New token ids until EOS or `options.max_new_tokens` (capped by the context),
         with no admission and no text: for benchmarks and tests that work in token ids."""
         max_new = options.max_new_tokens
@@ -703,78 +728,73 @@ class Engine:
         if not input_ids or max_new < 1:
             raise InvalidRequestError(f"{len(input_ids)} prompt tokens leave no room to decode")
         if options.num_beams > 1:
-            return self.beam_search(input_ids, max_new, options)
-        return self.decode(input_ids, max_new, options)
+            return _token_ids_of(self.beam_search(input_ids, max_new, options))
+        return _token_ids_of(self.decode(input_ids, max_new, options))
 
-    def _tokens(
+    def _steps(
         self,
         generator: Steps,
         input_ids: list[int],
-        tokens: Tokens,
+        limit: int,
+        logprobs: int | None,
         paused: Callable[[bool], None] | None,
+        checkpoint: Callable[[], None] | None,
+        keep: Callable[[], None] | None = None,
         guided: bool = False,
-        logprobs: int | None = None,
-        limit: int | None = None,
-        prefilled: Callable[[], None] | None = None,
-    ) -> Generator[int, None, None]:
-        """Yield new tokens; set `tokens.eos` when the model (or grammar) ended.
+    ) -> Generator[Step, None, None]:
+        """Prefill `input_ids`, then yield up to `limit` new tokens and the `Finish`;
+        `keep()` once the prefill is in (unless a step fails), when the decoding ends.
 
         A guided generation that og cannot continue failed on its guidance (a grammar
         that needs bytes this model's tokens cannot give, e.g. a regex of some non-ASCII
         characters on a byte-level vocabulary): that is the request's error, not ours.
         """
-        produced = 0
-        appended = False
+        prefilled = False
         try:
             # A generator keeps its last part's logits until its next step, and a kept one
             # may have none (max_tokens 1, or EOS first): a longer prompt ends on a part
             # of two tokens (one more og call: ~1/32 of the prefill at most).
-            kept = prefilled is not None and len(input_ids) > KEPT_LOGITS_TOKENS
-            tail = MIN_APPENDED if kept else 0
-            self._prefill(generator, input_ids, tokens, paused, tail)
-            appended = True
-            while limit is None or produced < limit:
+            kept = keep is not None and len(input_ids) > KEPT_LOGITS_TOKENS
+            self._prefill(generator, input_ids, paused, checkpoint, MIN_APPENDED if kept else 0)
+            prefilled = True
+            for _ in range(limit):
                 token, logprob = generator.step(logprobs)
-                if token == DONE:
+                if token in (EOS, DONE):
+                    yield Finish("eos" if token == EOS else "length")
                     return
-                if token == EOS:
-                    tokens.eos = True
-                    return
-                produced += 1
-                if logprob is not None:
-                    tokens.logprobs.append(logprob)
                 if paused is None:
-                    yield token
+                    yield Token(token, logprob)
                 else:
                     paused(True)
-                    yield token
+                    yield Token(token, logprob)
                     paused(False)
-        except OrtServeError:  # the engine process ended: its generator is gone
-            appended = False
+            yield Finish("length")
+        except OrtServeError:  # a checkpoint ended it, or the engine process (its generator)
+            prefilled = False
             raise
         except RuntimeError as exc:
-            appended = False  # a failed generator is not kept
+            prefilled = False  # a failed generator is not kept
             if guided:
                 raise InvalidRequestError(
                     f"the guidance cannot be followed with this model's tokens: {_first_line(exc)}"
                 ) from exc
             raise GenerationError(f"generation failed: {_first_line(exc)}") from exc
         finally:
-            if appended and prefilled is not None:
-                prefilled()
+            if prefilled and keep is not None:
+                keep()
 
     def _prefill(
         self,
         generator: Steps,
         input_ids: list[int],
-        tokens: Tokens,
         paused: Callable[[bool], None] | None,
+        checkpoint: Callable[[], None] | None,
         tail: int = 0,
     ) -> None:
         """Append a prompt to `generator` in parts of PREFILL_CHUNK_TOKENS (core.prefill),
-        calling `tokens.checkpoint` between them (it raises to stop there). A prefill in
-        parts counts as paused (`paused(True)`), so that a batcher may start requests
-        that came meanwhile beside it (their steps then run between its parts)."""
+        calling `checkpoint` between them (it raises to stop there). A prefill in parts
+        counts as paused (`paused(True)`), so that a batcher may start requests that came
+        meanwhile beside it (their steps then run between its parts)."""
         parts = prefill_parts(len(input_ids), self.settings.prefill_chunk_tokens, tail)
         if paused is not None and len(parts) > 1:
             paused(True)
@@ -786,7 +806,8 @@ class Engine:
                 # time.sleep(0) would give them one, so a /healthz waited ~3 parts.
                 if isinstance(self._model, LocalModel):
                     time.sleep(_BETWEEN_PARTS_S)
-                tokens.checkpoint()
+                if checkpoint is not None:
+                    checkpoint()
             generator.append(input_ids[start : start + size])
             start += size
         if paused is not None:

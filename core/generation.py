@@ -154,41 +154,56 @@ class Completion:
     redactions: int = 0
 
 
-def _nothing() -> None:
-    pass
+@dataclass(frozen=True)
+class Token:
+    """A new token of a sequence, with its log probability when the request asked for it."""
+
+    id: int
+    logprob: TokenLogprob | None = None
 
 
-class Tokens:
-    """New token ids of one sequence, as an iterator; `eos` turns True when the model (or
-    its grammar) ended the sequence, rather than its token limit. Closing it stops the
-    decoding and frees what it holds (an og Generator and its KV cache, a batch place)."""
+@dataclass(frozen=True)
+class Cached:
+    """How many of the prompt's tokens a kept KV cache held (the prompt cache): said before
+    the first token, and only when there were some."""
+
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The end of a sequence: `eos` (the model, or its grammar, ended it) or `length` (its
+    token limit, or the context)."""
+
+    reason: Literal["eos", "length"]
+
+
+# What a decoding yields, in order: a `Cached` at most, a `Token` per new token, a `Finish`.
+Step = Token | Cached | Finish
+
+
+class Decoding:
+    """One sequence's decoding, as an iterator of `Step`s; the `Finish` is the last, and does
+    not come when the decoding is closed before. Closing it stops the decoding and frees what
+    it holds (an og Generator and its KV cache, a batch place)."""
 
     def __init__(
-        self,
-        source: Callable[[Tokens], Generator[int, None, None]],
-        on_close: Callable[[], None] | None = None,
+        self, steps: Generator[Step, None, None], on_close: Callable[[], None] | None = None
     ) -> None:
-        """`source(self)` yields the ids and sets `self.eos` when the model ends (and,
-        when asked, appends each id's `TokenLogprob` to `self.logprobs` before yielding
-        it); `on_close` runs at `close`, whether or not the source ever started."""
-        self.eos = False
-        self.logprobs: list[TokenLogprob] = []
-        self.cached = 0  # prompt tokens a kept KV cache already held
-        # Called by the source between the parts of a prompt's prefill; it raises to end
-        # the generation there (its client left, its time is up, the server drains).
-        self.checkpoint: Callable[[], None] = _nothing
-        self._source = source(self)
+        """Yield the records of `steps`; `on_close` runs at `close`, whether or not `steps`
+        ever started."""
+        self._steps = steps
         self._on_close = on_close
 
-    def __iter__(self) -> Tokens:
+    def __iter__(self) -> Decoding:
         return self
 
-    def __next__(self) -> int:
-        return next(self._source)
+    def __next__(self) -> Step:
+        return next(self._steps)
 
     def close(self) -> None:
         """Stop decoding (idempotent)."""
-        self._source.close()
+        self._steps.close()
         if self._on_close is not None:
             self._on_close()
 
@@ -203,14 +218,14 @@ class GenerationStream:
     def __init__(
         self,
         deltas: Generator[str, None, None],
-        result: list[Completion],
+        completion: Callable[[], Completion | None],
         on_unstarted_close: Callable[[], None],
         ledger: LogprobLedger | None = None,
     ) -> None:
-        """Wrap `deltas`, which appends its Completion to `result` when it ends (and
-        records its tokens' log probabilities in `ledger`, when asked for)."""
+        """Wrap `deltas`, whose `completion()` is there once they end, however they end
+        (and whose tokens' log probabilities go to `ledger`, when asked for)."""
         self._deltas = deltas
-        self._result = result
+        self._completion = completion
         self._on_unstarted_close = on_unstarted_close
         self._ledger = ledger
         self._sent = 0
@@ -223,7 +238,7 @@ class GenerationStream:
     @property
     def completion(self) -> Completion | None:
         """The result, once the generation has ended (or was cancelled)."""
-        return self._result[-1] if self._result else None
+        return self._completion()
 
     def __iter__(self) -> GenerationStream:
         return self

@@ -10,12 +10,12 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ortserve.core.admission import CANCEL_POLL_S, Admission
-from ortserve.core.batcher import Alone, Batcher, End, Sequence
+from ortserve.core.batcher import Alone, Batcher, Sequence
 from ortserve.core.content_filter import ContentFilter
 from ortserve.core.errors import (
     ClientClosedError,
@@ -26,16 +26,20 @@ from ortserve.core.errors import (
     RequestTimeoutError,
 )
 from ortserve.core.generation import (
+    Cached,
     Completion,
+    Decoding,
+    Finish,
     FinishReason,
     GenerationRequest,
     GenerationStream,
     LogprobLedger,
     Sampling,
     SamplingOptions,
+    Step,
     Timings,
+    Token,
     TokenLogprob,
-    Tokens,
 )
 from ortserve.core.settings import DEFAULT_NEW_TOKENS, EngineSettings
 from ortserve.core.stops import StopMatcher
@@ -193,6 +197,100 @@ class _Cuts:
         return "stop" if self.stops.stopped or eos else "length"
 
 
+class _Answer:
+    """One generation's answer, built as its steps come: the text that may go out (`cuts`),
+    the tokens (counted, the first one timed; with a `ledger`, each one's log probability
+    and where its text ends) and, once it has ended however it ended, its `completion`."""
+
+    def __init__(
+        self,
+        prompt_tokens: int,
+        request: GenerationRequest,
+        content_filter: ContentFilter | None,
+        redactions: int,
+    ) -> None:
+        """`redactions`: spans the content filter's input rules replaced."""
+        self.cuts = _Cuts(StopMatcher(request.stop), content_filter)
+        self.ledger = LogprobLedger() if request.logprobs is not None else None
+        self._prompt_tokens = prompt_tokens
+        self._redactions = redactions
+        self._start = 0.0  # when the tokens were first asked for (`tokens`)
+        self._first = 0.0  # seconds from then to the first token
+        self._count = 0
+        self._cached = 0
+        self._eos = False
+        self._new: Token | None = None  # the last token, until its text comes
+        self._generated = 0  # characters of text the tokens so far make, before any cut
+        self._pieces: list[str] = []
+        self._completion: Completion | None = None
+
+    def tokens(self, steps: Iterable[Step]) -> Generator[int, None, None]:
+        """The new token ids of `steps`, for the detokenizer; the clock starts now."""
+        self._start = time.perf_counter()
+        return self._ids(steps)
+
+    def _ids(self, steps: Iterable[Step]) -> Generator[int, None, None]:
+        for step in steps:
+            if isinstance(step, Token):
+                if not self._count:
+                    self._first = time.perf_counter() - self._start
+                self._count += 1
+                self._new = step
+                yield step.id
+            elif isinstance(step, Cached):
+                self._cached = step.tokens
+            else:
+                self._eos = step.reason == "eos"
+
+    def feed(self, piece: str) -> str:
+        """The text of the detokenizer's next `piece` that may go out now."""
+        self._generated += len(piece)
+        if self.ledger is not None:
+            if self._new is not None:  # a flush's piece adds no token
+                assert self._new.logprob is not None  # asked for: every token has one
+                self.ledger.add(self._generated, self._new.logprob)
+            else:
+                self.ledger.extend_last(self._generated)
+        self._new = None
+        return self._out(self.cuts.feed(piece))
+
+    def flush(self) -> str:
+        """The text held back, once the tokens have ended."""
+        return self._out(self.cuts.flush())
+
+    def _out(self, text: str) -> str:
+        if text:
+            self._pieces.append(text)
+        return text
+
+    def end(self, finish: FinishReason) -> None:
+        """The generation has ended: make its completion."""
+        decode_s = time.perf_counter() - self._start - self._first
+        count = self._count
+        speed = (count - 1) / decode_s if count > 1 and decode_s > 0 else 0.0
+        text = "".join(self._pieces)
+        guard = self.cuts.guard
+        self._completion = Completion(
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=self._prompt_tokens,
+            completion_tokens=count,
+            timings=Timings(ttft_s=self._first, decode_s=decode_s, decode_tokens_per_s=speed),
+            logprobs=self.ledger.within(len(text)) if self.ledger is not None else None,
+            cached_tokens=self._cached,
+            filtered=guard.rule if guard is not None else "",
+            redactions=self._redactions + (guard.redactions if guard is not None else 0),
+        )
+
+    def finish(self) -> FinishReason:
+        """Why the text ended, once the tokens have (see `_Cuts.finish`)."""
+        return self.cuts.finish(self._eos)
+
+    def completion(self) -> Completion | None:
+        """The result, once the generation has ended (None before)."""
+        return self._completion
+
+
 class Service:
     """The model's generations: every request passes here, whatever its route.
 
@@ -256,14 +354,14 @@ class Service:
         ids = engine.encode("Hello, world") or [engine.pad_id]
         options = SamplingOptions(max_new_tokens=4)
         if engine.prompt_cache is not None:
-            tokens = engine.decode_cached(ids, 4, options)
+            steps = engine.decode_cached(ids, 4, options)
         else:
-            tokens = engine.decode(ids, 4, options)
+            steps = engine.decode(ids, 4, options)
         try:
-            for _ in tokens:
+            for _ in steps:
                 pass
         finally:
-            tokens.close()
+            steps.close()
         return time.perf_counter() - start
 
     def stats(self) -> Stats:
@@ -481,38 +579,26 @@ class Service:
         def release() -> None:
             self.admission.release(time.monotonic() - held_from, batched)
 
+        check = self._checker(cancelled, deadline)
         try:
             if batched:
                 assert self._batcher is not None  # _batchable says so
                 sequence = Sequence(input_ids, budget, key=engine.sampling(request.options))
                 self._batcher.submit(sequence)
-                tokens = Tokens(
-                    lambda t: self._batched(sequence, request, t), on_close=sequence.leave
-                )
+                steps = Decoding(self._batched(sequence, request, check), sequence.leave)
             else:
-                tokens = self._decode(input_ids, budget, request)
+                steps = self._decode(input_ids, budget, request, check)
         except BaseException:
             release()
             raise
-        result: list[Completion] = []
-        ledger = LogprobLedger() if request.logprobs is not None else None
-        deltas = self._deltas(
-            tokens,
-            len(input_ids),
-            request,
-            cancelled,
-            deadline,
-            result,
-            release,
-            ledger,
-            redactions,
-        )
+        answer = _Answer(len(input_ids), request, self.content_filter, redactions)
 
         def close_unstarted() -> None:
-            tokens.close()  # the og Generator, or the batch place, goes
+            steps.close()  # the og Generator, or the batch place, goes
             release()
 
-        return GenerationStream(deltas, result, close_unstarted, ledger)
+        deltas = self._deltas(steps, answer, check, release)
+        return GenerationStream(deltas, answer.completion, close_unstarted, answer.ledger)
 
     def generate(self, request: GenerationRequest) -> Completion:
         """Run a whole generation and return its text and figures."""
@@ -568,45 +654,41 @@ class Service:
         input_ids: list[int],
         max_new: int,
         request: GenerationRequest,
+        check: Callable[[], None],
         paused: Callable[[bool], None] | None = None,
-    ) -> Tokens:
+    ) -> Decoding:
         """Start one request's decoding, the engine's way for it: beam search, through the
-        prompt cache (`_cacheable`), or a plain decode (sampled or guided too)."""
-        engine, options = self.engine, request.options
+        prompt cache (`_cacheable`), or a plain decode (sampled or guided too); `check`
+        runs between the parts of its prefill."""
+        engine, options, logprobs = self.engine, request.options, request.logprobs
         if options.num_beams > 1:
             return engine.beam_search(input_ids, max_new, options)
         if self._cacheable(request):
-            return engine.decode_cached(input_ids, max_new, options, request.logprobs, paused)
-        return engine.decode(
-            input_ids, max_new, options, request.guidance, request.logprobs, paused
-        )
+            return engine.decode_cached(input_ids, max_new, options, logprobs, paused, check)
+        guidance = request.guidance
+        return engine.decode(input_ids, max_new, options, guidance, logprobs, paused, check)
 
     def _batched(
-        self, sequence: Sequence, request: GenerationRequest, tokens: Tokens
-    ) -> Generator[int, None, None]:
-        """A batched sequence's tokens, as `Engine.decode` gives an unbatched one's."""
+        self, sequence: Sequence, request: GenerationRequest, check: Callable[[], None]
+    ) -> Generator[Step, None, None]:
+        """A batched sequence's steps, as `Engine.decode` gives an unbatched one's; `check`
+        runs while it waits for its batch."""
         try:
             while True:
                 sequence.paused_at = None
                 try:  # waiting for a batch, e.g. behind a long prefill: checked as it goes
                     item = sequence.out.get(timeout=CANCEL_POLL_S)
                 except queue.Empty:
-                    tokens.checkpoint()
+                    check()
                     continue
                 if isinstance(item, Alone):  # a batch of one: run it in this thread
                     alone = self._decode(
-                        sequence.input_ids, sequence.max_new, request, sequence.pause
+                        sequence.input_ids, sequence.max_new, request, check, sequence.pause
                     )
-                    alone.checkpoint = tokens.checkpoint
-                    tokens.cached = alone.cached
                     try:
                         yield from alone
                     finally:
                         alone.close()
-                    tokens.eos = alone.eos
-                    return
-                if isinstance(item, End):
-                    tokens.eos = item.reason == "eos"
                     return
                 if isinstance(item, OrtServeError):  # the engine process ended, say
                     raise item
@@ -616,8 +698,22 @@ class Service:
                         f"generation failed: {reason or type(item).__name__}"
                     ) from item
                 yield item
+                if isinstance(item, Finish):
+                    return
         finally:
             sequence.leave()
+
+    def _checker(
+        self, cancelled: threading.Event | None, platform_deadline: float | None
+    ) -> Callable[[], None]:
+        """The check that ends a generation (it raises) whose client left (`cancelled`),
+        whose server stops, or whose time is up: REQUEST_TIMEOUT_S from now, or
+        `platform_deadline` (`time.monotonic()`) if that comes first."""
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        by_platform = platform_deadline is not None and platform_deadline < deadline
+        if platform_deadline is not None:
+            deadline = min(deadline, platform_deadline)
+        return functools.partial(self._check, cancelled, deadline, by_platform)
 
     def _check(self, cancelled: threading.Event | None, deadline: float, by_platform: bool) -> None:
         """End a generation whose client left, whose time is up, or whose server stops."""
@@ -639,91 +735,40 @@ class Service:
 
     def _deltas(
         self,
-        tokens: Tokens,
-        prompt_tokens: int,
-        request: GenerationRequest,
-        cancelled: threading.Event | None,
-        platform_deadline: float | None,
-        result: list[Completion],
+        steps: Decoding,
+        answer: _Answer,
+        check: Callable[[], None],
         release: Callable[[], None],
-        ledger: LogprobLedger | None = None,
-        redactions: int = 0,
     ) -> Generator[str, None, None]:
-        """Text deltas of `tokens`, cut at the stop strings and by the content filter's
-        output rules; the completion (text, finish reason, usage and timings) goes to
-        `result` however the generation ends. With a `ledger`, each token's log
-        probability is recorded with where its text ends. `redactions`: spans the input
-        rules replaced (counted in the completion)."""
-        start = time.perf_counter()
-        deadline = time.monotonic() + self.settings.request_timeout_s
-        by_platform = platform_deadline is not None and platform_deadline < deadline
-        if platform_deadline is not None:
-            deadline = min(deadline, platform_deadline)
-        first = 0.0
-        count = 0
+        """Text deltas of `steps`, as `answer` cuts them; `check()` ends the generation
+        between them (it raises). However it ends, the decoding and then the slot
+        (`release`) are freed, and `answer` makes its completion."""
+        ids = answer.tokens(steps)
         finish: FinishReason = "cancelled"
-        cuts = _Cuts(StopMatcher(request.stop), self.content_filter)
-        pieces: list[str] = []
-
-        def counted() -> Generator[int, None, None]:
-            nonlocal count, first
-            for token in tokens:
-                if count == 0:
-                    first = time.perf_counter() - start
-                count += 1
-                yield token
-
-        # Between the parts of a long prompt's prefill, too.
-        tokens.checkpoint = lambda: self._check(cancelled, deadline, by_platform)
-        ids = counted()
-        generated = 0  # characters of text the tokens so far make, before any stop cut
-        recorded = 0  # tokens whose log probability is in the ledger
         try:
-            self._check(cancelled, deadline, by_platform)
+            check()
             for piece in self.engine.detokenize(ids):
-                generated += len(piece)
-                if ledger is not None and recorded < count:  # a flush adds no token
-                    ledger.add(generated, tokens.logprobs[count - 1])
-                    recorded = count
-                elif ledger is not None:
-                    ledger.extend_last(generated)
-                text = cuts.feed(piece)
+                text = answer.feed(piece)
                 if text:
-                    pieces.append(text)
                     yield text
-                if cuts.ended:
+                if answer.cuts.ended:
                     break
-                self._check(cancelled, deadline, by_platform)
-            tail = cuts.flush()
+                check()
+            tail = answer.flush()
             if tail:
-                pieces.append(tail)
                 yield tail
-            finish = cuts.finish(tokens.eos)
+            finish = answer.finish()
         finally:
             ids.close()
-            tokens.close()  # frees the og Generator (its KV cache) before the slot
+            steps.close()  # frees the og Generator (its KV cache) before the slot
             release()
-            decode_s = time.perf_counter() - start - first
-            speed = (count - 1) / decode_s if count > 1 and decode_s > 0 else 0.0
-            text = "".join(pieces)
-            result.append(
-                Completion(
-                    text=text,
-                    finish_reason=finish,
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=count,
-                    timings=Timings(ttft_s=first, decode_s=decode_s, decode_tokens_per_s=speed),
-                    logprobs=ledger.within(len(text)) if ledger is not None else None,
-                    cached_tokens=tokens.cached,
-                    filtered=cuts.guard.rule if cuts.guard is not None else "",
-                    redactions=redactions + (cuts.guard.redactions if cuts.guard else 0),
-                )
-            )
+            answer.end(finish)
 
 
 def run_batch(engine: Engine, batch: list[Sequence]) -> None:
     """Run `batch` (the batcher's) through the engine's batch steps, feeding each sequence
-    its tokens until its EOS, its limit or its leaving; then an `End` to each still fed.
+    a `Token` a step until its EOS, its limit or its leaving; then a `Finish` to each still
+    fed.
 
     Every sequence's `key` is the `Sampling` it was batched by (equal in a batch).
     """
@@ -741,17 +786,17 @@ def run_batch(engine: Engine, batch: list[Sequence]) -> None:
                 if sequence.cancelled.is_set():
                     active.discard(row)
                 elif token in engine.eos_ids:
-                    sequence.out.put(End("eos"))
+                    sequence.out.put(Finish("eos"))
                     active.discard(row)
                 else:
-                    sequence.out.put(token)
+                    sequence.out.put(Token(token))
                     counts[row] += 1
                     if counts[row] >= sequence.max_new:
-                        sequence.out.put(End("length"))
+                        sequence.out.put(Finish("length"))
                         active.discard(row)
             if not active:
                 break
     finally:
         steps.close()  # frees the batch's generator at once
     for row in active:  # the batch's max_length came first
-        batch[row].out.put(End("length"))
+        batch[row].out.put(Finish("length"))

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ortserve.core.batcher import End, Sequence
-from ortserve.core.generation import GenerationRequest, SamplingOptions
+from ortserve.core.batcher import Sequence
+from ortserve.core.generation import Finish, GenerationRequest, SamplingOptions, Token
 from ortserve.core.service import Service, run_batch
 from ortserve.core.settings import EngineSettings
 from tests import models
@@ -92,7 +92,7 @@ def test_without_the_pad_rule_the_padded_prompt_would_decode_differently(
     assert not service._fits(sequences)
     run_batch(engine, sequences)  # what the batch would give, had `_fits` allowed it
     batched: list[int] = []
-    while not isinstance(item := sequences[0].out.get(), End):
-        assert isinstance(item, int)
-        batched.append(item)
+    while not isinstance(item := sequences[0].out.get(), Finish):
+        assert isinstance(item, Token)
+        batched.append(item.id)
     assert batched != solo

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from ortserve.core.batcher import Alone, Batcher, End, Sequence
+from ortserve.core.batcher import Alone, Batcher, Sequence
+from ortserve.core.generation import Finish
 
 WINDOW_S = 30.0  # far longer than any wait below: a test that waited it would time out
 
@@ -22,7 +23,7 @@ class Runner:
     def __call__(self, batch: list[Sequence]) -> None:
         self.batches.append(batch)
         for sequence in batch:
-            sequence.out.put(End("length"))
+            sequence.out.put(Finish("length"))
 
 
 def _alone(sequence: Sequence) -> None:
@@ -56,8 +57,8 @@ def test_a_request_that_queued_behind_a_lone_one_waits_the_window_for_company() 
     time.sleep(0.2)  # c is taken and waits (the window is 30 s, not 1 ms) ...
     d = _seq()
     batcher.submit(d)  # ... for d, which fills the batch at once
-    assert isinstance(c.out.get(timeout=10), End)  # not `Alone`
-    assert isinstance(d.out.get(timeout=10), End)
+    assert isinstance(c.out.get(timeout=10), Finish)  # not `Alone`
+    assert isinstance(d.out.get(timeout=10), Finish)
     assert runner.batches == [[c, d]]
 
 

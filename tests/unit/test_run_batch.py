@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any, cast
 
-from ortserve.core.batcher import End, Sequence
-from ortserve.core.generation import Sampling
+from ortserve.core.batcher import Sequence
+from ortserve.core.generation import Finish, Sampling, Token
 from ortserve.core.service import run_batch
 
 GREEDY = Sampling(0.0, 1.0, 0, 1.0)
@@ -41,7 +41,8 @@ def _fed(sequence: Sequence) -> list[int | str]:
     items: list[int | str] = []
     while not sequence.out.empty():
         item = sequence.out.get()
-        items.append(item.reason if isinstance(item, End) else cast(int, item))
+        assert isinstance(item, (Token, Finish))
+        items.append(item.reason if isinstance(item, Finish) else item.id)
     return items
 
 
