@@ -7,13 +7,16 @@ import argparse
 import contextlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ortserve.bake.context import DEFAULT_CONTEXT
 from ortserve.bake.errors import BakeError
 from ortserve.bake.recipes import DEFAULT_RECIPE, RECIPES
 from ortserve.bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
 from ortserve.cli_kit import DefaultsFormatter, at_least
+
+if TYPE_CHECKING:
+    from ortserve.bake.pipeline import BakeRequest
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -152,6 +155,24 @@ def _add_bake_choices(parser: argparse.ArgumentParser, *, run: bool) -> None:
             "any other model-builder extra option (repeatable)",
             "a model-builder extra option (repeatable)",
         ),
+    )
+
+
+def _bake_request(args: argparse.Namespace) -> BakeRequest:
+    """The bake of `args.model` that the shared options (`_add_bake_choices`) ask for."""
+    from ortserve.bake.pipeline import BakeRequest
+    from ortserve.bake.settings import BakeSettings
+
+    return BakeRequest(
+        source=args.model,
+        target=args.target,
+        precision=args.precision,
+        revision=args.revision,
+        options=dict(args.builder_option),
+        cache_dir=BakeSettings().cache_dir,
+        recipe=args.recipe,
+        requantize=args.requantize,
+        context_length=args.context_length,
     )
 
 
@@ -328,9 +349,6 @@ def _baked(args: argparse.Namespace, check_port: bool) -> tuple[Path, str] | Non
     """Bake `args.model` into the store unless it is there: its model folder and stored
     name; None after an error (said on stderr)."""
     from ortserve import store
-    from ortserve.bake.pipeline import BakeRequest, bake
-    from ortserve.bake.settings import BakeSettings
-    from ortserve.bake.sources import check_local
     from ortserve.core.settings import StoreSettings
     from ortserve.edge import cli as edge_cli
 
@@ -340,67 +358,28 @@ def _baked(args: argparse.Namespace, check_port: bool) -> tuple[Path, str] | Non
         if problem is not None:
             print(f"ortserve run: error: {problem}", file=sys.stderr)
             return None
-    spec = {
-        "source": args.model,
-        "revision": args.revision,
-        "target": args.target,
-        "precision": args.precision,
-        "options": dict(args.builder_option),
-    }
-    if args.recipe is not None:
-        from ortserve.bake.recipes import load_recipe
-
-        # A file's recipe by its contents: an edited file is another bake.
-        try:
-            label, recipe = load_recipe(args.recipe)
-        except BakeError as exc:
-            print(f"ortserve run: error: {exc}", file=sys.stderr)
-            return None
-        spec["recipe"] = label if label in RECIPES else recipe.model_dump_json()
-    if args.requantize:
-        spec["requantize"] = True  # absent otherwise: earlier store names stay the same
-    if args.context_length is not None:
-        spec["context_length"] = args.context_length
-    root = StoreSettings().models
-    entry = root / store.entry_name(spec)
-    name = store.short_name(spec)
-    if args.rebake or not (entry / store.RECORD).is_file():
-        try:
-            check_local(args.model)
-        except BakeError as exc:
-            print(f"ortserve run: error: {exc}", file=sys.stderr)
-            return None
-        print(f"ortserve run: baking {args.model} for {args.target} into {entry}", file=sys.stderr)
-        request = BakeRequest(
-            source=args.model,
-            target=args.target,
-            out=entry,
-            precision=args.precision,
-            revision=args.revision,
-            options=spec["options"],
-            force=True,
-            package=False,
-            cache_dir=BakeSettings().cache_dir,
-            recipe=args.recipe,
-            requantize=args.requantize,
-            context_length=args.context_length,
-        )
-        try:
+    try:
+        planned = store.plan(StoreSettings().models, _bake_request(args), rebake=args.rebake)
+        if planned.needed:
+            print(
+                f"ortserve run: baking {args.model} for {args.target} into {planned.entry}",
+                file=sys.stderr,
+            )
             # stdout is the model folder alone with --bake-only (`make demo` reads it), and
             # the answer alone with a prompt.
             with contextlib.redirect_stdout(sys.stderr):
-                bake(request)
-        except BakeError as exc:
-            print(f"ortserve run: error: {exc}", file=sys.stderr)
-            return None
-        store.record(entry, spec)
-        print(f"ortserve run: stored as {name} ({entry.name})", file=sys.stderr)
-    else:
-        print(
-            f"ortserve run: {name} ({entry.name}) is in the store (--rebake to bake it again)",
-            file=sys.stderr,
-        )
-    return entry / store.MODEL_SUBDIR, name
+                store.bake_into(planned)
+            print(f"ortserve run: stored as {planned.name} ({planned.entry.name})", file=sys.stderr)
+        else:
+            print(
+                f"ortserve run: {planned.name} ({planned.entry.name}) is in the store (--rebake "
+                "to bake it again)",
+                file=sys.stderr,
+            )
+    except BakeError as exc:
+        print(f"ortserve run: error: {exc}", file=sys.stderr)
+        return None
+    return planned.folder, planned.name
 
 
 def _talk(args: argparse.Namespace, folder: Path, name: str | None, mode: str) -> int:
@@ -423,30 +402,22 @@ def _talk(args: argparse.Namespace, folder: Path, name: str | None, mode: str) -
 
 def run(args: argparse.Namespace) -> int:
     """Run `ortserve bake` with parsed arguments; exit code 0 on success, 1 on a bake error."""
-    from ortserve.bake.pipeline import BakeRequest, bake
-    from ortserve.bake.settings import BakeSettings
+    from dataclasses import replace
 
-    options = dict(args.builder_option)
-    for name in ("block_size", "accuracy_level"):
-        if getattr(args, name) is not None:
-            options[name] = getattr(args, name)
-    request = BakeRequest(
-        source=args.model,
-        target=args.target,
+    from ortserve.bake.pipeline import bake
+
+    request = _bake_request(args)
+    quantization = {n: getattr(args, n) for n in ("block_size", "accuracy_level")}
+    request = replace(
+        request,
         out=args.out,
-        precision=args.precision,
-        revision=args.revision,
         onnx_file=args.onnx_file,
-        options=options,
+        options=request.options | {k: v for k, v in quantization.items() if v is not None},
         force=args.force,
         smoke=args.smoke,
         package=args.package,
         quality_check=args.quality_check,
         max_ppl_ratio=args.max_ppl_ratio,
-        cache_dir=BakeSettings().cache_dir,
-        recipe=args.recipe,
-        requantize=args.requantize,
-        context_length=args.context_length,
     )
     try:
         result = bake(request)
