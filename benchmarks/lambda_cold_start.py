@@ -33,6 +33,7 @@ from benchmarks.bakes import baked
 from benchmarks.support.dockerfile import image_env, run_compile_steps
 from benchmarks.support.lambda_events import v2_event
 from benchmarks.support.lambda_runtime_api import running
+from benchmarks.support.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "functions" / "aws" / "Dockerfile"
@@ -78,14 +79,9 @@ def _lambda(bundle: Path, threads: int) -> float:
         )
         start = time.perf_counter()
         cmd = [sys.executable, "-m", "awslambdaric", HANDLER]
-        quiet = subprocess.DEVNULL
-        proc = subprocess.Popen(cmd, cwd=bundle, env=env, stdout=quiet, stderr=quiet)
-        try:
+        with ServerProcess(cmd, env, cwd=bundle):
             outcome = api.invoke(event)
             elapsed = time.perf_counter() - start
-        finally:
-            proc.terminate()
-            proc.wait(30)
     assert outcome.kind == "response" and outcome.json()["statusCode"] == 200, outcome.body
     return elapsed
 

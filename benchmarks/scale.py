@@ -60,7 +60,7 @@ from typing import Any
 from benchmarks.engine_bench import ENGINE, LLAMA, WorkerResult, summarize
 from benchmarks.engine_bench import _measure as measure_worker
 from benchmarks.quality import CONVERT, cpu_model
-from benchmarks.support.servers import ORTSERVE, daemon
+from benchmarks.support.servers import ORTSERVE, daemon, functions_framework
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -384,54 +384,23 @@ def gcf_cold_starts(bundle: Path, reps: int) -> float:
     listens (a request that comes during the load waits for it)."""
     import httpx
 
-    from benchmarks.support.servers import free_port
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORTSERVE_")}
-    env.update(
-        PYTHONPATH=str(bundle),
-        ORTSERVE_API_KEYS="scale-key",
-        ORTSERVE_THREADS="2",
-        ORTSERVE_PROVIDERS="cpu",
-    )
+    env.update(ORTSERVE_API_KEYS="scale-key", ORTSERVE_THREADS="2", ORTSERVE_PROVIDERS="cpu")
     body = {"prompt": "Hello", "max_new_tokens": 1}
     times = []
     for _ in range(reps):
-        port = free_port()
-        cmd = [
-            str(Path(sys.executable).parent / "functions-framework"),
-            "--source",
-            "main.py",
-            "--target",
-            "ortserve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
         start = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd, cwd=bundle, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        try:
-            while True:
-                try:
-                    reply = httpx.post(
-                        f"http://127.0.0.1:{port}/generate",
-                        json=body,
-                        headers={"authorization": "Bearer scale-key"},
-                        timeout=600,
-                    )
-                    break
-                except httpx.TransportError:
-                    if proc.poll() is not None or time.perf_counter() - start > 600:
-                        raise RuntimeError("functions-framework did not answer") from None
-                    time.sleep(0.02)
+        with functions_framework(bundle, env) as server:
+            server.wait_listening(600)
+            reply = httpx.post(
+                f"{server.base}/generate",
+                json=body,
+                headers={"authorization": "Bearer scale-key"},
+                timeout=600,
+            )
             times.append(time.perf_counter() - start)
-            if reply.status_code != 200:
-                raise RuntimeError(f"first /generate: {reply.status_code} {reply.text[:300]}")
-        finally:
-            proc.terminate()
-            proc.wait(30)
+        if reply.status_code != 200:
+            raise RuntimeError(f"first /generate: {reply.status_code} {reply.text[:300]}")
     return statistics.median(times)
 
 

@@ -213,9 +213,8 @@ def serve_installed(prefix: Path, port: int, timeout_s: float = 180) -> Iterator
         if not k.startswith(("ORTSERVE_", "NOTIFY_", "WATCHDOG_"))
     }
     env = {**base_env, **unit_env, "ORTSERVE_PORT": str(port)}
-    url = f"http://127.0.0.1:{port}"
-    with serve_process(argv, env, url, ready_timeout_s=timeout_s):
-        yield url
+    with serve_process(argv, env, port, ready_timeout_s=timeout_s) as server:
+        yield server.base
 
 
 class Stopwatch:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -9,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import TracebackType
 
 import httpx
 
@@ -19,66 +23,166 @@ ORTSERVE = [str(Path(sys.executable).parent / "ortserve")]
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
 
 
-def wait_ready(base_url: str, proc: Any, log: Any, timeout_s: float = 120) -> None:
-    """Poll /readyz until 200; fail with the server's output if it dies, says its load
-    failed, or times out."""
-    import httpx
+class ServerProcess:
+    """A server process on loopback `port` (None: one that listens on none, as the Lambda
+    runtime client), started with its argv and its whole environment, its output in files
+    (a pipe nobody reads would block it); a context manager that stops it on exit.
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            out = log.read()
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{out[-3000:]}")
+    `stderr_apart`: stderr in a file of its own (else with stdout, in order). `group`: in a
+    session of its own, so that signals reach the processes it starts too (`make demo`)."""
+
+    def __init__(
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        port: int | None = None,
+        *,
+        cwd: Path | None = None,
+        stderr_apart: bool = False,
+        group: bool = False,
+    ) -> None:
+        self.port = port
+        self._group = group
+        self._folder = tempfile.TemporaryDirectory(prefix="ortserve-server-")
+        # Read back by path, not through the handle the child writes with (a shared offset).
+        self._out = Path(self._folder.name) / "stdout"
+        self._err = Path(self._folder.name) / "stderr" if stderr_apart else self._out
         try:
-            ready = httpx.get(f"{base_url}/readyz", timeout=2)
-            if ready.status_code == 200:
+            with contextlib.ExitStack() as files:
+                out = files.enter_context(self._out.open("wb"))
+                err = files.enter_context(self._err.open("wb")) if stderr_apart else None
+                self.proc = subprocess.Popen(
+                    cmd,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err or subprocess.STDOUT,
+                    text=True,
+                    start_new_session=group,
+                )
+        except BaseException:
+            self._folder.cleanup()
+            raise
+
+    @property
+    def base(self) -> str:
+        """Its URL on loopback."""
+        assert self.port is not None, "this process listens on no port"
+        return f"http://127.0.0.1:{self.port}"
+
+    def stdout(self) -> str:
+        """What it has written to stdout (and to stderr, unless `stderr_apart`)."""
+        return self._out.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        """What it has written to stderr (and to stdout, unless `stderr_apart`)."""
+        return self._err.read_text(errors="replace")
+
+    def _tail(self) -> str:
+        """The end of its output, for a failure's message."""
+        tail = self.stdout()[-3000:]
+        return tail if self._err == self._out else f"{tail}\nstderr:\n{self.stderr()[-3000:]}"
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        """Poll /readyz until 200; fail with its output if it exits, says its load failed,
+        or is not ready within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self._tail()}")
+            try:
+                ready = httpx.get(f"{self.base}/readyz", timeout=2)
+                if ready.status_code == 200:
+                    return
+                if ready.json().get("status") == "failed":  # it will not come: say why now
+                    raise RuntimeError(f"server load failed: {ready.text}\n{self._tail()}")
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server at {self.base} not ready within {timeout_s} s:\n{self._tail()}")
+
+    def wait_listening(self, timeout_s: float = 60) -> None:
+        """Until its port takes connections, its model in or not (a request sent then waits
+        for the load); fail with its output if it exits first or `timeout_s` passes."""
+        assert self.port is not None, "this process listens on no port"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 return
-            if ready.json().get("status") == "failed":
-                log.seek(0)
-                raise RuntimeError(f"server load failed: {ready.text}\n{log.read()[-3000:]}")
-        except (httpx.TransportError, ValueError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"server at {base_url} not ready within {timeout_s} s")
+            except OSError:
+                if self.proc.poll() is not None:
+                    code = self.proc.returncode
+                    raise RuntimeError(f"server exited with {code}:\n{self._tail()}") from None
+                if time.monotonic() > deadline:
+                    message = f"server did not listen within {timeout_s} s:\n{self._tail()}"
+                    raise RuntimeError(message) from None
+                time.sleep(0.005)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it (or its whole group) has gone
+            if self._group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 30) -> int:
+        """SIGTERM (to its group, with `group`) unless it has exited, then its exit code;
+        killed, and an error with its output, if it has not exited within `timeout_s`."""
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            self.proc.wait()
+            message = f"server ignored SIGTERM for {timeout_s:g} s:\n{self._tail()}"
+            raise RuntimeError(message) from None
+
+    def close(self) -> None:
+        """Stop it if it runs, kill what is left of its group, and drop its output."""
+        try:
+            self.stop()
+        finally:
+            if self._group:
+                self._signal(signal.SIGKILL)
+            self._folder.cleanup()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 @contextmanager
 def serve_process(
     cmd: list[str],
     env: dict[str, str],
-    base_url: str,
+    port: int,
+    *,
     cwd: Path | None = None,
     ready_timeout_s: float = 120,
-) -> Iterator[subprocess.Popen[str]]:
-    """Run a server process (its whole environment given) until /readyz answers 200; stop
-    it with SIGTERM afterwards, failing loudly if it ignores that."""
-    # A file, not a pipe: a server whose output nobody reads would block on a full pipe.
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
-        )
-        try:
-            wait_ready(base_url, proc, log, ready_timeout_s)
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                log.seek(0)
-                message = f"server ignored SIGTERM for 30 s:\n{log.read()[-3000:]}"
-                raise RuntimeError(message) from None
+    stderr_apart: bool = False,
+    group: bool = False,
+) -> Iterator[ServerProcess]:
+    """A `ServerProcess` (its whole environment given) once its /readyz answers 200; stopped
+    with SIGTERM afterwards, failing loudly if it ignores that."""
+    with ServerProcess(cmd, env, port, cwd=cwd, stderr_apart=stderr_apart, group=group) as server:
+        server.wait_ready(ready_timeout_s)
+        yield server
 
 
 @contextmanager
@@ -96,9 +200,27 @@ def daemon(model_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subproce
         "--port",
         str(port),
     ]
-    base = f"http://127.0.0.1:{port}"
-    with serve_process(cmd, env, base) as proc:
-        yield base, proc
+    with serve_process(cmd, env, port) as server:
+        yield server.base, server.proc
+
+
+def functions_framework(bundle: Path, env: dict[str, str]) -> ServerProcess:
+    """The real functions-framework server on a baked Cloud Functions bundle, as its
+    buildpack runs it (in the bundle, on its PYTHONPATH), on a free loopback port, with
+    `env` as its whole environment besides; started, not yet waited for."""
+    port = free_port()
+    cmd = [
+        str(Path(sys.executable).parent / "functions-framework"),
+        "--source",
+        "main.py",
+        "--target",
+        "ortserve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return ServerProcess(cmd, {**env, "PYTHONPATH": str(bundle)}, port, cwd=bundle)
 
 
 def daemon_pids(base: str, pid: int) -> list[int]:

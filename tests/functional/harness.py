@@ -10,18 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
-
-from benchmarks.support.servers import daemon, free_port, serve_process
+from benchmarks.support.servers import daemon, functions_framework
 from ortserve.core.api import Api
 from ortserve.core.http import Headers, Request
 
@@ -186,30 +181,12 @@ SERVER_ENV = {
 
 
 @contextmanager
-def _server(cmd: list[str], env: dict[str, str], cwd: Path, port: int) -> Iterator[str]:
-    base = f"http://127.0.0.1:{port}"
-    with serve_process(cmd, {**os.environ, **SERVER_ENV, **env}, base, cwd):
-        yield base
-
-
-@contextmanager
 def gcf_server(bundle: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """The real functions-framework server on the baked gcf bundle, as gcloud would run it
     (`env`: extra settings)."""
-    port = free_port()
-    cmd = [
-        str(Path(sys.executable).parent / "functions-framework"),
-        "--source",
-        "main.py",
-        "--target",
-        "ortserve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    with _server(cmd, {"PYTHONPATH": str(bundle), **(env or {})}, bundle, port) as base:
-        yield base
+    with functions_framework(bundle, {**os.environ, **SERVER_ENV, **(env or {})}) as server:
+        server.wait_ready()
+        yield server.base
 
 
 @contextmanager
@@ -217,20 +194,3 @@ def edge_server(model_dir: Path, env: dict[str, str] | None = None) -> Iterator[
     """The real edge daemon (`ortserve serve`) on loopback (`env`: extra settings)."""
     with daemon(model_dir, {**os.environ, **SERVER_ENV, **(env or {})}) as (base, _):
         yield base
-
-
-def ready_within(proc: subprocess.Popen[str], port: int, timeout_s: float = 300) -> bool:
-    """Poll /readyz on loopback `port` until it answers 200 (True), or the load failed,
-    `proc` exits or the time runs out (False)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
-            if ready.status_code == 200:
-                return True
-            if ready.json().get("status") == "failed":  # it will not come: say why now
-                return False
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.1)
-    return False

@@ -7,15 +7,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.support.servers import free_port
+from benchmarks.support.servers import ServerProcess, free_port
 from ortserve import store
-from tests.functional.harness import ready_within
 from tests.models import ROOT
 
 TINY = "builtin:tiny-llama"
@@ -58,8 +55,9 @@ def store_env(home: Path) -> dict[str, str]:
     }
 
 
-def make_demo(home: Path, port: int, venv: Path, model: str = TINY) -> subprocess.Popen[str]:
-    """`make demo` of `model` on `port`, with `venv` standing for the project's."""
+def make_demo(home: Path, port: int, venv: Path, model: str = TINY) -> ServerProcess:
+    """`make demo` of `model` on `port`, with `venv` standing for the project's: started,
+    in a session of its own (signals reach what make starts), not yet waited for."""
     (venv / "bin").mkdir(parents=True, exist_ok=True)
     for tool in ("python", "ortserve"):
         link = venv / "bin" / tool
@@ -80,28 +78,13 @@ def make_demo(home: Path, port: int, venv: Path, model: str = TINY) -> subproces
         f"PORT={port}",
         "PROMPT=Hi",
     ]
-    env = {**os.environ, **store_env(home)}
-    return subprocess.Popen(
-        cmd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    return ServerProcess(cmd, {**os.environ, **store_env(home)}, port, group=True)
 
 
 @contextlib.contextmanager
-def demo(home: Path, venv: Path, model: str = TINY) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """`make demo` of `model` while it serves: its process and port; SIGTERM after."""
-    port = free_port()
-    proc = make_demo(home, port, venv, model)
-    try:
-        assert ready_within(proc, port), proc.communicate()[0]
-        yield proc, port
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+def demo(home: Path, venv: Path, model: str = TINY) -> Iterator[ServerProcess]:
+    """`make demo` of `model` while it serves; SIGTERM to it all after."""
+    with make_demo(home, free_port(), venv, model) as server:
+        server.wait_ready(300)
+        yield server
+        server.stop(60)

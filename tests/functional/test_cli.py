@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.support.servers import ORTSERVE, free_port
-from tests.functional.harness import SERVER_ENV, ready_within
+from benchmarks.support.servers import ORTSERVE, free_port, serve_process
+from tests.functional.harness import SERVER_ENV
 from tests.models import SOURCE_CACHE, run_ortserve
 
 
@@ -62,23 +62,10 @@ def test_bad_invocations_get_one_clear_line(tiny_gcf_bundle: Path) -> None:
 
 
 def _run_until_ready(cmd: list[str], env: dict[str, str], port: int) -> str:
-    """Start `cmd`, wait for /readyz on `port`, SIGTERM it; its stderr."""
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert ready_within(proc, port), proc.stderr.read() if proc.stderr else ""
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err
-    finally:
-        proc.kill()
-    return err
+    """Start `cmd`, wait for /readyz on `port`, SIGTERM it (exit 0 then); its stderr."""
+    with serve_process(cmd, env, port, ready_timeout_s=300, stderr_apart=True) as server:
+        assert server.stop() == 0, server.stderr()
+        return server.stderr()
 
 
 def _serve_log(model_dir: Path, level: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +17,7 @@ import ollama
 import openai
 import pytest
 
-from benchmarks.support.servers import ORTSERVE, free_port
-from tests.functional.harness import ready_within
+from benchmarks.support.servers import ORTSERVE, free_port, serve_process
 from tests.functional.storehelp import TINY, spec, store_env, stored
 from tests.functional.terminal import Terminal
 from tests.models import run_ortserve
@@ -108,21 +106,10 @@ def test_generate_probe_show_and_serve_take_a_stored_name(home: Path) -> None:
         "`ortserve list`)"
     )
     port = free_port()
-    serve = subprocess.Popen(
-        [*ORTSERVE, "serve", "Tiny-Llama", "--port", str(port)],
-        env={**os.environ, **env},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert ready_within(serve, port, 120)
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+    serve = [*ORTSERVE, "serve", "Tiny-Llama", "--port", str(port)]
+    with serve_process(serve, {**os.environ, **env}, port) as server:
+        models = httpx.get(f"{server.base}/v1/models").json()["data"]
         assert [m["id"] for m in models] == ["Tiny-Llama"]
-    finally:
-        serve.terminate()
-        serve.wait(60)
 
 
 def _serve(home: Path, *args: str) -> Iterator[tuple[str, str]]:
@@ -131,24 +118,10 @@ def _serve(home: Path, *args: str) -> Iterator[tuple[str, str]]:
     port = free_port()
     cmd = [*ORTSERVE, "run", *args, "--port", str(port)]
     env = {**os.environ, **store_env(home)}
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert ready_within(proc, port, 120), proc.communicate(timeout=30)[1]
-        yield f"http://127.0.0.1:{port}", ""
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        yield "", err
-    finally:
-        proc.kill()
-        proc.wait()
+    with serve_process(cmd, env, port, stderr_apart=True) as server:
+        yield server.base, ""
+        assert server.stop(60) == 0, server.stderr()
+        yield "", server.stderr()
 
 
 def test_run_of_a_stored_name_serves_it_under_that_name_without_baking(home: Path) -> None:

@@ -174,10 +174,10 @@ def test_run_checks_the_port_before_baking(home: Path) -> None:
 
 
 def test_make_demo_checks_its_port_before_anything(home: Path, tmp_path: Path) -> None:
-    with _busy_port() as port:
-        proc = make_demo(home, port, tmp_path / "venv")
-        out, _ = proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    with _busy_port() as port, make_demo(home, port, tmp_path / "venv") as server:
+        code = server.proc.wait(120)
+        out = server.stdout()
+    assert code != 0
     assert re.search(
         rf"make demo: cannot listen on 127.0.0.1 port {port}: .*; port (\d+) is "
         r"free: make demo PORT=\1\n",
@@ -186,26 +186,24 @@ def test_make_demo_checks_its_port_before_anything(home: Path, tmp_path: Path) -
     assert "ortserve" not in out.split("make demo:")[0] and not (home / "models").exists()
 
 
-def _demo_until_ready(home: Path, venv: Path) -> tuple[str, int]:
-    """`make demo` of the tiny model until it serves, then SIGTERM: its output, its port."""
-    with demo(home, venv) as (proc, port):
-        pass
-    out, _ = proc.communicate(timeout=60)
-    return out, port
+def _demo_until_ready(home: Path, venv: Path) -> tuple[str, str]:
+    """`make demo` of the tiny model until it serves, then SIGTERM: its output, its URL."""
+    with demo(home, venv) as server:
+        server.stop(60)
+        return server.stdout(), server.base
 
 
 def test_make_demo_reuses_the_stored_model_and_says_where_to_go(
     home: Path, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     name = stored(home, spec(), tiny_model_dir)
-    out, port = _demo_until_ready(home, tmp_path / "venv")
+    out, url = _demo_until_ready(home, tmp_path / "venv")
     assert f"ortserve run: tiny-llama ({name}) is in the store" in out, out
     assert "baking" not in out, out
     # Every step names the model by its stored name: probe, generate, the server.
     assert "model: tiny-llama  threads: " in out, out
     assert re.search(r"\[tiny-llama\] \d+ tokens", out), out
     assert "model tiny-llama ready on cpu" in out, out
-    url = f"http://127.0.0.1:{port}"
     assert f"API at {url}/v1 (OpenAI-compatible); playground at {url}/" in out, out
 
 

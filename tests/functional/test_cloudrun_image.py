@@ -393,11 +393,10 @@ def service(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         PYTHONDONTWRITEBYTECODE="1",
     )
     assert env["ORTSERVE_PORT"] != str(port)  # PORT wins over the image's ORTSERVE_PORT
-    base = f"http://127.0.0.1:{port}"
     command = [sys.executable if cmd[0] == "python3" else cmd[0], *cmd[1:]]
-    with serve_process(command, env, base, task) as proc:
-        yield base
-    assert proc.returncode == 0  # drained and stopped on SIGTERM, as Cloud Run sends it
+    with serve_process(command, env, port, cwd=task) as server:
+        yield server.base
+    assert server.proc.returncode == 0  # drained and stopped on SIGTERM, as Cloud Run sends it
 
 
 def test_the_service_is_ready_on_port(service: str) -> None:

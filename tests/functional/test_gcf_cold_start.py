@@ -4,54 +4,20 @@ is in, not refused (gunicorn listens before the load ends)."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 
-from benchmarks.support.servers import free_port
+from benchmarks.support.servers import functions_framework
 from tests.functional.harness import AUTH, SERVER_ENV
 
 
-def _listening(port: int, deadline: float) -> bool:
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return True
-        except OSError:
-            time.sleep(0.005)
-    return False
-
-
 def test_a_cold_start_race_answers_200(tiny_gcf_bundle: Path) -> None:
-    port = free_port()
-    cmd = [
-        str(Path(sys.executable).parent / "functions-framework"),
-        "--source",
-        "main.py",
-        "--target",
-        "ortserve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    env = {**os.environ, **SERVER_ENV, "PYTHONPATH": str(tiny_gcf_bundle)}
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tiny_gcf_bundle,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert _listening(port, time.monotonic() + 60), "functions-framework did not listen"
-        base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, **SERVER_ENV}
+    with functions_framework(tiny_gcf_bundle, env) as server:
+        server.wait_listening(60)
+        base = server.base
         body = {"prompt": "Hello", "max_new_tokens": 4}
         statuses: list[int] = []
 
@@ -69,6 +35,3 @@ def test_a_cold_start_race_answers_200(tiny_gcf_bundle: Path) -> None:
         for thread in threads:
             thread.join(60)
         assert statuses == [200] * 5, statuses
-    finally:
-        proc.terminate()
-        proc.wait(30)

@@ -271,11 +271,10 @@ def stream_server(bundle: Path) -> Iterator[str]:
         ORTSERVE_HOST="127.0.0.1",
         ORTSERVE_PORT=str(port),
     )
-    base = f"http://127.0.0.1:{port}"
     command = [sys.executable if entry[0] == "python3" else entry[0], *entry[1:]]
-    with serve_process(command, env, base, bundle) as proc:
-        yield base
-    assert proc.returncode == 0  # drained and stopped on SIGTERM, as Lambda sends it
+    with serve_process(command, env, port, cwd=bundle) as server:
+        yield server.base
+    assert server.proc.returncode == 0  # drained and stopped on SIGTERM, as Lambda sends it
 
 
 def test_the_streaming_image_streams_the_same_sse_bytes(

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
 from benchmarks.support.lambda_events import v2_event
 from benchmarks.support.lambda_runtime_api import FakeRuntimeApi, running
+from benchmarks.support.servers import ServerProcess
 from tests.functional.harness import API_KEY
 from tests.functional.lambda_target import decode_result, make_lambda_bundle
 
@@ -48,30 +45,15 @@ def _env(api: FakeRuntimeApi, bundle: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-@contextmanager
-def _runtime(
-    api: FakeRuntimeApi, bundle: Path, **extra: str
-) -> Iterator[tuple[subprocess.Popen[str], IO[str]]]:
-    """The runtime client process and its log; stopped with SIGTERM, as Lambda does."""
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "awslambdaric", HANDLER],
-            cwd=bundle,
-            env=_env(api, bundle, **extra),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        try:
-            yield proc, log
-        finally:
-            proc.terminate()  # a client blocked in `next` ignores SIGINT, not SIGTERM
-            proc.wait(30)
+def _runtime(api: FakeRuntimeApi, bundle: Path, **extra: str) -> ServerProcess:
+    """The runtime client process, its output kept; stopped with SIGTERM, as Lambda does
+    (a client blocked in `next` ignores SIGINT, not SIGTERM)."""
+    cmd = [sys.executable, "-m", "awslambdaric", HANDLER]
+    return ServerProcess(cmd, _env(api, bundle, **extra), cwd=bundle)
 
 
-def _log_lines(log: IO[str]) -> list[dict[str, Any]]:
-    log.seek(0)
-    return [json.loads(line) for line in log.read().splitlines() if line.startswith("{")]
+def _log_lines(output: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
 def test_invokes_through_the_real_runtime_client(bundle: Path) -> None:
@@ -82,7 +64,7 @@ def test_invokes_through_the_real_runtime_client(bundle: Path) -> None:
         {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"},
         body,
     )
-    with running() as api, _runtime(api, bundle) as (proc, log):
+    with running() as api, _runtime(api, bundle) as client:
         first = api.invoke(event)
         assert first.kind == "response", first.body
         reply = decode_result(first.json())
@@ -97,8 +79,8 @@ def test_invokes_through_the_real_runtime_client(bundle: Path) -> None:
         assert again.status == 200 and again.json() == reply.json()  # greedy: the same text
         unauthorized = decode_result(api.invoke({**event, "headers": {}}).json())
         assert unauthorized.status == 401
-        lines = _log_lines(log)
-        assert proc.poll() is None
+        lines = _log_lines(client.stdout())
+        assert client.proc.poll() is None
     cold = [line for line in lines if line["message"] == "cold start"]
     assert len(cold) == 1 and cold[0]["status"] == "ready" and cold[0]["load_phase"] == "init"
     assert cold[0]["threads"] == 2 and cold[0]["memory_mb"] == 3008
@@ -110,9 +92,9 @@ def test_invokes_through_the_real_runtime_client(bundle: Path) -> None:
 
 def test_an_init_failure_is_reported_to_the_runtime_api(bundle: Path) -> None:
     bad = {"ORTSERVE_LAMBDA_LOAD_AT_INIT": "sometimes"}  # a deployment mistake
-    with running() as api, _runtime(api, bundle, **bad) as (proc, _):
+    with running() as api, _runtime(api, bundle, **bad) as client:
         error = api.init_errors.get(timeout=60)
-        assert proc.wait(30) == 1  # the client gives up; Lambda will start a new one
+        assert client.proc.wait(30) == 1  # the client gives up; Lambda will start a new one
     document = error.json()
     assert document["errorType"] == "ValidationError"
     assert "lambda_load_at_init" in document["errorMessage"]

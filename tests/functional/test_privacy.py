@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.support.servers import ORTSERVE, free_port, wait_ready
+from benchmarks.support.servers import ORTSERVE, free_port, serve_process
 from tests.functional.harness import AUTH, SERVER_ENV
 from tests.tools import tool
 
@@ -134,7 +134,6 @@ def test_the_daemon_sends_nothing_past_loopback_and_writes_no_telemetry(
         **SERVER_ENV,
     }
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     trace = tmp_path / "strace.log"
     serve = [
         *ORTSERVE,
@@ -147,31 +146,24 @@ def test_the_daemon_sends_nothing_past_loopback_and_writes_no_telemetry(
         str(port),
     ]
     cmd = [strace, "-f", "-yy", "-e", f"trace={TRACED}", "-o", str(trace), *serve]
-    with (tmp_path / "daemon.log").open("w+") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
-        try:
-            wait_ready(base, proc, out)
-            ready = time.monotonic()
-            with httpx.Client(base_url=base, headers=AUTH, timeout=60) as client:
-                generate = {"prompt": "Hello", "max_new_tokens": 16}
-                assert client.post("/generate", json=generate).status_code == 200
-                chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}
-                assert client.post("/v1/chat/completions", json=chat).status_code == 200
-                with client.stream(
-                    "POST", "/v1/chat/completions", json={**chat, "stream": True}
-                ) as stream:
-                    assert stream.status_code == 200
-                    assert b"data: [DONE]" in b"".join(stream.iter_raw())
-                assert client.get("/metrics").status_code == 200
-            time.sleep(max(0.0, ready + AFTER_READY_S - time.monotonic()))
-            os.kill(_child(proc.pid), signal.SIGTERM)
-            code = proc.wait(timeout=45)  # strace ends with its tracee, with its status
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        out.seek(0)
-        assert code == 0, out.read()[-3000:]
+    # A group: strace blocks SIGTERM, so a stop on failure signals the daemon beside it.
+    with serve_process(cmd, env, port, group=True) as server:
+        ready = time.monotonic()
+        with httpx.Client(base_url=server.base, headers=AUTH, timeout=60) as client:
+            generate = {"prompt": "Hello", "max_new_tokens": 16}
+            assert client.post("/generate", json=generate).status_code == 200
+            chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}
+            assert client.post("/v1/chat/completions", json=chat).status_code == 200
+            with client.stream(
+                "POST", "/v1/chat/completions", json={**chat, "stream": True}
+            ) as stream:
+                assert stream.status_code == 200
+                assert b"data: [DONE]" in b"".join(stream.iter_raw())
+            assert client.get("/metrics").status_code == 200
+        time.sleep(max(0.0, ready + AFTER_READY_S - time.monotonic()))
+        os.kill(_child(server.proc.pid), signal.SIGTERM)
+        code = server.proc.wait(timeout=45)  # strace ends with its tracee, with its status
+        assert code == 0, server.stdout()[-3000:]
     log = trace.read_text(encoding="utf-8")
     assert "bind(" in log and f"htons({port})" in log  # the trace saw the daemon's sockets
     # No telemetry cache either (*.db, *.db-wal, .ses, deviceid): nothing at all there.

@@ -64,8 +64,8 @@ def test_the_readme_examples_work_against_make_demo(tmp_path: Path, tiny_model_d
     home = tmp_path / "home"
     stored(home, spec(REAL_MODEL), tiny_model_dir)
     commands, python = _examples()
-    with demo(home, tmp_path / "venv", REAL_MODEL) as (_, port):
-        address = f"127.0.0.1:{port}"
+    with demo(home, tmp_path / "venv", REAL_MODEL) as server:
+        address = f"127.0.0.1:{server.port}"
         for command in commands:
             args = [
                 a.replace(f"localhost:{DEMO_ADDRESS}", address)

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 from pathlib import Path
 
 import httpx
 
-from benchmarks.support.servers import ORTSERVE, free_port
-from tests.functional.harness import ready_within
+from benchmarks.support.servers import ORTSERVE, free_port, serve_process
 from tests.functional.terminal import Terminal
 
 _STAMP = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
@@ -64,22 +61,10 @@ def test_asked_for_json_records_go_to_stdout_with_their_reason(tiny_model_dir: P
         "json",
     ]
     env = {**os.environ, "ORTSERVE_PROVIDERS": "cpu", "ORTSERVE_LOG_FORMAT": "text"}
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert ready_within(proc, port, 120)
-        httpx.get(f"http://127.0.0.1:{port}/nope")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-        proc.wait()
+    with serve_process(cmd, env, port, stderr_apart=True) as server:
+        httpx.get(f"{server.base}/nope")
+        server.stop()
+        out, err = server.stdout(), server.stderr()
     assert "ortserve.access" not in err, err
     records = [line for line in out.splitlines() if '"route":"/nope"' in line]
     assert len(records) == 1 and '"reason":"not_found: no route /nope"' in records[0], out
