@@ -55,15 +55,19 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/mypy ortserve tests benchmarks
 	$(BIN)/lint-imports --no-cache --no-logo
 
+# Every CPU (at most 4 workers: each test may run a model with threads of its own), a file
+# to a worker so that a module's servers start once; the slowest 30 steps are printed.
+XDIST := -n auto --maxprocesses 4 --dist loadfile
+
 pytest: $(VENV)/.dev-installed system-deps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
 test: lint pytest
 
 # The edit-test loop (about 3 minutes; docs/tests.md): lint, the unit tests and the HTTP API
 # in-process. Its tiny model comes from the test-model cache (one bake on a fresh clone).
 check: lint
-	$(BIN)/python -m pytest tests/unit tests/functional/test_api.py \
+	$(BIN)/python -m pytest $(XDIST) tests/unit tests/functional/test_api.py \
 	  tests/functional/test_api_states.py tests/functional/test_reply_shapes.py
 
 clean:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -145,6 +146,18 @@ def test_a_steps_output_is_read_as_it_comes(monkeypatch: pytest.MonkeyPatch) -> 
     ]
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """Python's own SIGINT handler, as in `ortserve bake` run from a terminal (a pytest-xdist
+    worker ignores SIGINT: its controller handles Ctrl-C)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_a_ctrl_c_while_the_step_starts_still_kills_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """A signal in Popen()'s window (the child exec'd, Popen() not yet returned) used to
     leave the step running alone: now it is held and delivered once the step is owned."""
@@ -165,6 +178,7 @@ def test_a_ctrl_c_while_the_step_starts_still_kills_it(monkeypatch: pytest.Monke
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_signals_held_are_delivered_even_when_the_step_cannot_start() -> None:
     with pytest.raises(FileNotFoundError):
         errors.run_step(["/no/such/program"], "a step")
