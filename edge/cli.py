@@ -68,6 +68,7 @@ def register(
     add_listen_args(parser)
     parser.set_defaults(func=functools.partial(run, locate=locate))
     _register_switch(subparsers, formatter)
+    _register_local(subparsers, formatter)
 
 
 def _register_switch(
@@ -132,6 +133,201 @@ def _register_switch(
             help="seconds to wait for the daemon to serve the model",
         )
         parser.set_defaults(func=run_switch, rollback=name == "rollback")
+
+
+def _register_local(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    formatter: type[argparse.HelpFormatter],
+) -> None:
+    """`ortserve ps` and `ortserve stop`: a local server (`serve`, `run`), as Ollama's."""
+    ps = subparsers.add_parser(
+        "ps",
+        help="show what a local server (`ortserve serve`/`run`) has loaded",
+        description="Ask the server on --host/--port (ORTSERVE_HOST/ORTSERVE_PORT, default "
+        "127.0.0.1:8000) what it has loaded (GET /api/ps, with ORTSERVE_API_KEYS' first key "
+        "if set): name, id, size, processor, context, until, as `ollama ps`. Exit 1 when "
+        "no server answers there.",
+        formatter_class=formatter,
+    )
+    _add_local_address(ps)
+    ps.set_defaults(func=run_ps)
+    stop = subparsers.add_parser(
+        "stop",
+        help="stop the local server (`ortserve serve`/`run`) on a port: a graceful drain",
+        description="Send SIGTERM to the `ortserve` process listening on --host/--port "
+        "(ORTSERVE_HOST/ORTSERVE_PORT, default 127.0.0.1:8000), found by its socket, and "
+        "wait until it has drained its requests and exited, as `systemctl stop` does. A "
+        "server run by systemd: `systemctl stop ortserve` instead (systemd would restart "
+        "it). Linux only.",
+        formatter_class=formatter,
+    )
+    _add_local_address(stop, host=False)
+    stop.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for it to exit")
+    stop.set_defaults(func=run_stop)
+
+
+def _add_local_address(parser: argparse.ArgumentParser, host: bool = True) -> None:
+    if host:
+        parser.add_argument(
+            "--host", help="the server's address (default: ORTSERVE_HOST's, else 127.0.0.1)"
+        )
+    parser.add_argument("--port", type=int, help="its port (default: ORTSERVE_PORT, else 8000)")
+
+
+def run_ps(args: argparse.Namespace) -> int:
+    """`ortserve ps`: the loaded model of the server on host:port, as `ollama ps` shows it;
+    exit 1 when none answers (as `ollama ps` does)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from ortserve.edge.switch import local_url
+
+    given = {"ORTSERVE_HOST": args.host, "ORTSERVE_PORT": args.port and str(args.port)}
+    url = local_url({**os.environ, **{k: v for k, v in given.items() if v}})
+    where = url.removeprefix("http://")
+    # local_url makes an http:// URL (no file: or custom schemes).
+    request = urllib.request.Request(f"{url}/api/ps")  # noqa: S310
+    keys = [k for k in os.environ.get("ORTSERVE_API_KEYS", "").split(",") if k.strip()]
+    if keys:
+        request.add_header("Authorization", f"Bearer {keys[0].strip()}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310
+            models = json.load(answer)["models"]
+    except urllib.error.HTTPError as exc:
+        hint = ": set ORTSERVE_API_KEYS to its key" if exc.code == 401 else ""
+        print(f"ortserve ps: error: {where} answered {exc.code}{hint}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, KeyError) as exc:
+        reason = getattr(exc, "reason", exc)
+        print(
+            f"ortserve ps: error: no server on {where} ({reason}): start one with "
+            "`ortserve serve MODEL`, or give --host/--port",
+            file=sys.stderr,
+        )
+        return 1
+    rows = [("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL")]
+    for model in models:
+        processor = "100% GPU" if model.get("size_vram") else "100% CPU"
+        rows.append(
+            (
+                str(model["name"]),
+                str(model.get("digest", ""))[:12],
+                _size(int(model.get("size", 0))),
+                processor,
+                str(model.get("context_length", "-")),
+                "Forever",  # a served model stays loaded until the process ends
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("    ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _size(size: int) -> str:
+    """Bytes as `ollama ps` writes them (SI units)."""
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}"
+        value /= 1000
+    return f"{value:.0f} GB"
+
+
+def run_stop(args: argparse.Namespace) -> int:
+    """`ortserve stop`: SIGTERM to the `ortserve` process listening on host:port (found by
+    its socket in /proc), then wait for it to exit; 1 when there is none, it is not an
+    `ortserve` process, or it is not ours to signal."""
+    import signal
+    import time
+
+    port = args.port or int(os.environ.get("ORTSERVE_PORT") or 8000)
+    pids = listening_pids(port)
+    if pids is None:
+        print(
+            "ortserve stop: error: finding a server by its port needs Linux's /proc",
+            file=sys.stderr,
+        )
+        return 1
+    ours = [p for p in pids if p > 0 and _is_ortserve(p)]
+    if not ours:
+        if -1 in pids:
+            what = "another user's process does (a board's daemon: `sudo systemctl stop ortserve`)"
+        elif pids:
+            what = f"process {', '.join(map(str, pids))} does, not ortserve"
+        else:
+            what = "nothing listens there; --port N names another"
+        print(
+            f"ortserve stop: error: no ortserve server of yours on port {port}: {what}",
+            file=sys.stderr,
+        )
+        return 1
+    for pid in ours:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except PermissionError:
+            print(
+                f"ortserve stop: error: process {pid} on port {port} is not yours to stop: "
+                "`sudo systemctl stop ortserve` (a board's daemon), or as its user",
+                file=sys.stderr,
+            )
+            return 1
+    print(f"ortserve stop: stopping process {', '.join(map(str, ours))} on port {port}")
+    deadline = time.monotonic() + args.timeout
+    while any(_alive(p) for p in ours):
+        if time.monotonic() > deadline:
+            print(f"ortserve stop: error: still running after {args.timeout:g} s", file=sys.stderr)
+            return 1
+        time.sleep(0.1)
+    print(f"ortserve stop: stopped (port {port} is free)")
+    return 0
+
+
+def listening_pids(port: int) -> list[int] | None:
+    """The processes with a TCP socket listening on `port` (any address), from Linux's
+    /proc (-1 for a socket no process of this user holds); None without /proc."""
+    inodes: set[str] = set()
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not any(t.is_file() for t in tables):
+        return None
+    for table in tables:
+        try:
+            lines = table.read_text(encoding="ascii").splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{inode}]")
+    found: set[int] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                found.add(int(proc.name))
+        except OSError:  # gone, or another user's
+            continue
+    return sorted(found) if found or not inodes else [-1]
+
+
+def _is_ortserve(pid: int) -> bool:
+    """Whether process `pid` runs ortserve (its command line names it)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"ortserve" in cmdline.read()
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie is gone
+    except OSError:
+        return False
 
 
 def run_switch(args: argparse.Namespace) -> int:
@@ -249,8 +445,7 @@ def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
         settings = EdgeSettings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-            for e in exc.errors(include_url=False)
+            f"{_setting_label(e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
         )
         print(f"{command}: error: invalid settings: {problems}", file=sys.stderr)
         return 1
@@ -260,4 +455,41 @@ def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
     settings, located = locate(settings)
     if located is not None and located.name and "served_name" not in settings.model_fields_set:
         settings = settings.model_copy(update={"served_name": located.name})
+    problem = _model_problem(settings) or port_problem(settings.host, settings.port)
+    if problem is not None:  # said before the daemon starts, not after its first lines
+        print(f"{command}: error: {problem}", file=sys.stderr)
+        return 1
     return serve(settings)
+
+
+# The settings `serve` (and `run`) have a flag for; every one has its ORTSERVE_ variable.
+_FLAGS = {"model_dir": "--model-dir", "host": "--host", "port": "--port"}
+_FLAGS |= {"log_format": "--log-format", "aliases": "--alias"}
+
+
+def _setting_label(loc: tuple[int | str, ...]) -> str:
+    """An invalid setting's name as a user sets it: `port (--port or ORTSERVE_PORT)`."""
+    field = str(loc[0]) if loc else "?"
+    env = f"ORTSERVE_{field.upper()}"
+    where = f"{_FLAGS[field]} or {env}" if field in _FLAGS else env
+    return f"{'.'.join(str(p) for p in loc)} ({where})"
+
+
+def _model_problem(settings: EdgeSettings) -> str | None:
+    """Why the model folder cannot be served, when it is not there at all (unless the
+    daemon is to wait for one): what to do instead; None otherwise (the load says what
+    else is wrong)."""
+    folder = settings.model_dir
+    if settings.wait_for_model or folder.exists():
+        return None
+    if "model_dir" not in settings.model_fields_set:
+        return (
+            f"no model to serve: the store is empty and {folder} does not exist; bake one "
+            "with `ortserve pull SOURCE` (e.g. `ortserve pull builtin:tiny-llama`), or "
+            "give a folder: `ortserve serve FOLDER`"
+        )
+    return (
+        f"model folder {folder} does not exist (moved or removed?): `ortserve list` names "
+        "the stored models (`ortserve serve NAME`); a folder moved elsewhere: give its new "
+        "path"
+    )

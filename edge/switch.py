@@ -24,6 +24,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,12 @@ def listen_url(env_file: Path) -> str:
         key, sep, value = line.strip().partition("=")
         if sep and not key.startswith("#"):
             values[key.strip()] = value.strip().strip("'\"")
+    return local_url(values)
+
+
+def local_url(values: Mapping[str, str]) -> str:
+    """The URL of a daemon on this machine that ORTSERVE_HOST/PORT in `values` (default
+    127.0.0.1:8000) make listen: a wildcard address is reached on the loopback."""
     host = values.get("ORTSERVE_HOST", "127.0.0.1")
     if host in ("", "0.0.0.0"):  # noqa: S104 (a wildcard listener is reached on loopback)
         host = "127.0.0.1"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass, replace
@@ -26,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ortserve.core.errors import InvalidRequestError, ModelNotFoundError
-from ortserve.core.manifest import Manifest, read_manifest
-from ortserve.core.names import name_key
+from ortserve.core.manifest import MANIFEST_NAME, Manifest, read_manifest
+from ortserve.core.names import name_key, same_name
 from ortserve.core.settings import EngineSettings, StoreSettings
 
 if TYPE_CHECKING:
@@ -108,7 +109,9 @@ def short_name(spec: dict[str, Any]) -> str:
     """The short name of a bake `spec` (a store entry's): the source's model name, then a
     tag of what is not the default (a GGUF file's quantization, a revision, a precision, a
     recipe, builder options, `--requantize`, a context length, a target other than an edge
-    board's)."""
+    board's); a name `ortserve cp` gave is its own."""
+    if spec.get("name"):  # given by `ortserve cp`
+        return str(spec["name"])
     base = _source_slug(str(spec["source"]).removesuffix(".gguf").removesuffix(".GGUF"))
     tags: list[str] = []
     source = str(spec["source"]).strip().lower()
@@ -185,8 +188,9 @@ def find(store: Path, name: str) -> StoredModel | None:
 
 
 def is_exact(model: StoredModel, name: str) -> bool:
-    """Whether `name` is `model`'s id or short name as written (not just a part of one)."""
-    return name.strip() in (model.name, model.short_name)
+    """Whether `name` is `model`'s id or short name in full (in any case, `:latest` or
+    not), not just a part of one."""
+    return name.strip() == model.name or same_name(name, model.short_name)
 
 
 def list_models(store: Path) -> list[StoredModel]:
@@ -297,6 +301,64 @@ def remove(store: Path, name: str) -> StoredModel:
     return model
 
 
+def copy(store: Path, source: str, new_name: str) -> StoredModel:
+    """`ortserve cp`: store the model `source` names again under `new_name` (lower case,
+    without `:latest`), its files hard-linked where the file system allows (copied where
+    not), so that removing either leaves the other whole.
+
+    Raises:
+        InvalidRequestError: No such model, a name that is not one (`family` or
+            `family:tag`, letters, digits, `.`, `_`, `-`), or one a stored model has.
+    """
+    model = find(store, source)
+    if model is None:
+        raise InvalidRequestError(not_found(store, source))
+    name = name_key(new_name)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*(:[a-z0-9][a-z0-9._-]*)?", name):
+        raise InvalidRequestError(
+            f"{new_name!r} is not a model name: letters, digits, `.`, `_` and `-`, with one "
+            "`:tag` at most (e.g. my-model:v2)"
+        )
+    taken = [m for m in list_models(store) if name_key(m.short_name) == name or m.name == name]
+    if taken:
+        raise InvalidRequestError(
+            f"{name} is stored already ({taken[0].name}): `ortserve rm {name}` first, or "
+            "pick another name"
+        )
+    spec = {**model.spec, "name": name}
+    entry = store / entry_name(spec)
+    partial = entry.with_name(entry.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(model.folder, partial / MODEL_SUBDIR, copy_function=_link_or_copy)
+    record(partial, spec)
+    partial.rename(entry)
+    return _read(entry)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or one without hard links
+        shutil.copy2(src, dst)
+
+
+def default_model(store: Path) -> StoredModel | None:
+    """The model a command that names none uses (`serve`, `generate`, `probe`,
+    `TextGenerator()`): the store's only model; None when it is empty.
+
+    Raises:
+        InvalidRequestError: The store holds several (they are listed: name one).
+    """
+    models = [m for m in list_models(store) if m.manifest is not None]
+    if len(models) > 1:
+        names = ", ".join(sorted({m.short_name for m in models}))
+        raise InvalidRequestError(
+            f"no model named, and the store holds {len(models)}: name one ({names}), "
+            "e.g. `ortserve serve NAME`"
+        )
+    return models[0] if models else None
+
+
 def looks_like_path(text: str) -> bool:
     """Whether a model argument is written as a path (`./m`, `/data/m`, `~/m`, `a/b`), not
     as a name; a name may still be a folder that exists (`locate` looks there first)."""
@@ -352,15 +414,24 @@ SettingsT = TypeVar("SettingsT", bound=EngineSettings)
 
 
 def with_model(settings: SettingsT) -> tuple[SettingsT, Located | None]:
-    """`settings` with the model folder its `model_dir` names (`--model-dir` or
+    """`settings` with the model folder its `model_dir` names (MODEL, `--model-dir` or
     ORTSERVE_MODEL_DIR: a folder, or a stored model's name; see `locate`), and what that
-    was; None where neither set it (the default folder stays).
+    was. Where none set it: the default folder when it holds a model, else the store's
+    only model (`default_model`); None where the store is empty too (the default stays).
 
     Raises:
         ModelNotFoundError: A name no folder and no stored model has.
-        InvalidRequestError: A name several stored models share.
+        InvalidRequestError: A name several stored models share; no name, and several
+            stored models.
     """
+    store = StoreSettings().models
     if "model_dir" not in settings.model_fields_set:
-        return settings, None
-    located = locate(StoreSettings().models, settings.model_dir)
+        if (settings.model_dir / MANIFEST_NAME).is_file():
+            return settings, None
+        only = default_model(store)
+        if only is None:
+            return settings, None
+        located = Located(only.folder, only.short_name, only)
+        return settings.model_copy(update={"model_dir": only.folder}), located
+    located = locate(store, settings.model_dir)
     return settings.model_copy(update={"model_dir": located.folder}), located

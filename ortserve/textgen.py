@@ -21,20 +21,20 @@ from ortserve.core.settings import EngineSettings, StoreSettings
 
 def _default_model_dir(settings: EngineSettings) -> Path:
     """ORTSERVE_MODEL_DIR (a folder, or a stored model's name) when it holds a model, else
-    the store's newest model."""
+    the model `ortserve serve` with no MODEL serves: the store's only one
+    (`store.default_model`)."""
     from ortserve import store
 
     settings, _ = store.with_model(settings)
     if (settings.model_dir / "manifest.json").is_file():
         return settings.model_dir
-    models = [m for m in store.list_models(StoreSettings().models) if m.manifest is not None]
-    if not models:
+    only = store.default_model(StoreSettings().models)
+    if only is None:
         raise InvalidRequestError(
             f"no model: {settings.model_dir} holds none and the store is empty; pass "
             "model_dir=, set ORTSERVE_MODEL_DIR, or `ortserve run MODEL` once"
         )
-    newest = max(models, key=lambda m: m.manifest.created_at if m.manifest else "")
-    return newest.folder
+    return only.folder
 
 
 def _figures(done: Completion) -> dict[str, Any]:
@@ -99,7 +99,8 @@ class TextGenerator:
 
     def __init__(self, model_dir: str | Path | None = None, **settings: Any) -> None:
         """Load `model_dir`, a folder or a stored model's name (default:
-        ORTSERVE_MODEL_DIR, else the local store's newest model); `settings` are
+        ORTSERVE_MODEL_DIR, else the local store's only model; with several, name one);
+        `settings` are
         EngineSettings fields (e.g. providers="cuda,cpu", threads=2), over the ORTSERVE_*
         environment.
 
