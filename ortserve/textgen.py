@@ -100,9 +100,8 @@ class TextGenerator:
     def __init__(self, model_dir: str | Path | None = None, **settings: Any) -> None:
         """Load `model_dir`, a folder or a stored model's name (default:
         ORTSERVE_MODEL_DIR, else the local store's only model; with several, name one);
-        `settings` are
-        EngineSettings fields (e.g. providers="cuda,cpu", threads=2), over the ORTSERVE_*
-        environment.
+        `settings` are EngineSettings fields (e.g. providers="cuda,cpu", threads=2), over
+        the ORTSERVE_* environment.
 
         Raises:
             OrtServeError: No model, or it cannot be loaded (the reason says why).
