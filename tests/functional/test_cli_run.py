@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from benchmarks.support.servers import ORTSERVE, free_port, serve_process
+from ortserve import terminal
 from tests.functional.storehelp import TINY, spec, store_env, stored
 from tests.functional.terminal import Terminal
 from tests.models import run_ortserve
@@ -218,3 +219,104 @@ def test_ctrl_c_stops_an_answer_and_ctrl_d_leaves_the_chat(home: Path) -> None:
     term.expect(PROMPT, timeout=120)
     term.type(b"\x04")  # Ctrl-D
     assert term.exit_code() == 0
+
+
+def test_generate_and_probe_take_model_as_ollama_does(home: Path) -> None:
+    env = store_env(home)
+    generated = run_ortserve("generate", "tiny-llama", "Hi", "--max-new-tokens", "4", env=env)
+    assert generated.returncode == 0, generated.stderr
+    assert generated.stderr.startswith("[tiny-llama] "), generated.stderr
+    probed = run_ortserve("probe", "TINY-LLAMA:latest", env=env)
+    assert probed.returncode == 0 and probed.stdout.startswith("model: TINY-LLAMA:latest  ")
+    # No MODEL: the store's only model, as `serve` picks it.
+    alone = run_ortserve("generate", "Hi", "--max-new-tokens", "4", env=env)
+    assert alone.returncode == 0 and alone.stderr.startswith("[tiny-llama] "), alone.stderr
+    both = run_ortserve("probe", "tiny-llama", "--model-dir", "tiny-llama", env=env)
+    assert both.returncode == 1
+    assert both.stderr.strip() == "ortserve probe: error: give MODEL or --model-dir, not both"
+
+
+def test_serve_without_a_model_serves_the_only_one_ps_shows_it_and_stop_stops_it(
+    home: Path,
+) -> None:
+    env = store_env(home)
+    port = free_port()
+    serve = [*ORTSERVE, "serve", "--port", str(port)]
+    with serve_process(serve, {**os.environ, **env}, port) as server:
+        models = httpx.get(f"{server.base}/v1/models").json()["data"]
+        assert [m["id"] for m in models] == ["tiny-llama"]
+        ps = run_ortserve("ps", "--port", str(port), env=env)
+        assert ps.returncode == 0, ps.stderr
+        header, row = ps.stdout.splitlines()
+        assert header.split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]
+        assert re.fullmatch(
+            r"tiny-llama\s+[0-9a-f]{12}\s+\d+ [KMG]?B\s+100% CPU\s+\d+\s+Forever", row
+        ), row
+        other = run_ortserve("stop", "--port", str(free_port()), env=env)
+        assert other.returncode == 1 and "nothing listens there" in other.stderr
+        stopped = run_ortserve("stop", "--port", str(port), env=env)
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.splitlines()[-1] == f"ortserve stop: stopped (port {port} is free)"
+        assert server.proc.wait(5) == 0  # drained and exited as after any SIGTERM
+    gone = run_ortserve("ps", "--port", str(port), env=env)
+    assert gone.returncode == 1
+    assert gone.stderr.startswith(f"ortserve ps: error: no server on 127.0.0.1:{port} ")
+
+
+def test_serve_without_a_model_and_several_stored_says_which_to_pick(home: Path) -> None:
+    stored(home, spec(TINY, target="cuda"), home / "models" / _entries(home)[0] / "model")
+    proc = run_ortserve("serve", "--port", str(free_port()), env=store_env(home))
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()  # before the daemon says anything
+    assert line == (
+        "ortserve serve: error: no model named, and the store holds 2: name one "
+        "(tiny-llama, tiny-llama:cuda), e.g. `ortserve serve NAME`"
+    )
+
+
+def test_chat_set_show_system_and_multiline_as_in_ollama(home: Path) -> None:
+    env = {**os.environ, **store_env(home)}
+    term = Terminal([*ORTSERVE, "run", "tiny-llama", "--max-new-tokens", "8", "--verbose"], env)
+    term.expect(PROMPT)
+    term.type(b"Hi\r")
+    _, bare = _figures(term.expect(PROMPT))
+    term.type(b"/clear\r")
+    term.expect(PROMPT)
+    term.type(b"/set parameter temperature 0.2\r")
+    assert b"Set parameter 'temperature' to '0.2'" in term.expect(PROMPT)
+    term.type(b"/set parameter num_predict 3\r")
+    term.expect(PROMPT)
+    term.type(b"/set parameter top_p 2\r")
+    assert b"top_p: must be in (0, 1], got 2.0" in term.expect(PROMPT)
+    term.type(b"/set system Answer in French.\r")
+    assert b"Set system message: Answer in French." in term.expect(PROMPT)
+    term.type(b"/show\r")
+    shown = term.expect(PROMPT)
+    assert re.search(rb"model\s+tiny-llama", shown), shown
+    assert re.search(rb"temperature\s+0\.2\r\n", shown), shown
+    assert re.search(rb"num_predict\s+3\r\n", shown), shown
+    assert b"System\r\n  Answer in French." in shown
+    term.type(b"/show parameters\r")
+    assert b"Model" not in term.expect(PROMPT)
+    term.type(b"Hi\r")
+    tokens, with_system = _figures(term.expect(PROMPT))
+    assert tokens <= 3 and with_system > bare  # the options and the system prompt apply
+    # A message of several lines, between triple quotes: answered once it ends.
+    term.type(b'"""Hello\r')
+    assert b"tokens, prompt" not in term.expect(rb"\.\.\. ")
+    term.type(b'there"""\r')
+    _figures(term.expect(PROMPT))
+    term.type(b"/set nothing\r")
+    assert b"usage: /set parameter NAME VALUE" in term.expect(PROMPT)
+    term.type(b"/bye\r")
+    assert term.exit_code() == 0
+
+
+def test_a_triple_quoted_message_is_its_lines_without_the_quotes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines = iter(["second line", "", 'third"""'])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(lines))
+    assert terminal._message('"""first') == "first\nsecond line\n\nthird"
+    assert terminal._message('"""one line"""') == "one line"
+    assert terminal._message("plain") == "plain"
