@@ -455,8 +455,8 @@ def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
     settings, located = locate(settings)
     if located is not None and located.name and "served_name" not in settings.model_fields_set:
         settings = settings.model_copy(update={"served_name": located.name})
-    problem = _model_problem(settings) or port_problem(settings.host, settings.port)
-    if problem is not None:  # said before the daemon starts, not after its first lines
+    problem = port_problem(settings.host, settings.port)
+    if problem is not None:  # with a free port to use, before the daemon starts
         print(f"{command}: error: {problem}", file=sys.stderr)
         return 1
     return serve(settings)
@@ -473,23 +473,3 @@ def _setting_label(loc: tuple[int | str, ...]) -> str:
     env = f"ORTSERVE_{field.upper()}"
     where = f"{_FLAGS[field]} or {env}" if field in _FLAGS else env
     return f"{'.'.join(str(p) for p in loc)} ({where})"
-
-
-def _model_problem(settings: EdgeSettings) -> str | None:
-    """Why the model folder cannot be served, when it is not there at all (unless the
-    daemon is to wait for one): what to do instead; None otherwise (the load says what
-    else is wrong)."""
-    folder = settings.model_dir
-    if settings.wait_for_model or folder.exists():
-        return None
-    if "model_dir" not in settings.model_fields_set:
-        return (
-            f"no model to serve: the store is empty and {folder} does not exist; bake one "
-            "with `ortserve pull SOURCE` (e.g. `ortserve pull builtin:tiny-llama`), or "
-            "give a folder: `ortserve serve FOLDER`"
-        )
-    return (
-        f"model folder {folder} does not exist (moved or removed?): `ortserve list` names "
-        "the stored models (`ortserve serve NAME`); a folder moved elsewhere: give its new "
-        "path"
-    )

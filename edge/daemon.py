@@ -231,11 +231,7 @@ class Daemon:
         engine = self.state.engine
         if engine is None and not self.settings.wait_for_model:
             self.notifier.status(f"model failed to load: {self.state.reason}; exiting")
-            hint = (
-                "no --model-dir or ORTSERVE_MODEL_DIR given"
-                if "model_dir" not in self.settings.model_fields_set
-                else "--wait-for-model: wait for one instead"
-            )
+            hint = _no_model_hint(self.settings)
             log.error("exiting: %s (%s)", self.state.reason, hint)
             return True
         if engine is None:
@@ -289,6 +285,21 @@ class Daemon:
         while True:
             self.notifier.watchdog()
             await asyncio.sleep(interval)
+
+
+def _no_model_hint(settings: EdgeSettings) -> str:
+    """What to do when the model did not load at start (its reason is said apart)."""
+    if "model_dir" not in settings.model_fields_set:
+        return (
+            "no MODEL, --model-dir or ORTSERVE_MODEL_DIR given, and no stored model: "
+            "`ortserve pull SOURCE` bakes one, `ortserve serve FOLDER` serves a folder"
+        )
+    if not settings.model_dir.exists():
+        return (
+            "moved or removed? `ortserve list` names the stored models (`ortserve serve "
+            "NAME`); a folder moved elsewhere: give its new path"
+        )
+    return "--wait-for-model: wait for one instead"
 
 
 def _listen(host: str, port: int) -> socket.socket:

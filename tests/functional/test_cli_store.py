@@ -60,6 +60,12 @@ def test_bare_ortserve_shows_the_commands_and_typos_get_a_suggestion() -> None:
         assert f"unknown command {typo!r}; did you mean {suggestion}" in line, line
     nothing = run_ortserve("zzzz").stderr.strip()
     assert "unknown command 'zzzz'" in nothing and "did you mean" not in nothing
+    # Other tools' words (Ollama's, a shell's) point at ours.
+    for word, command in (("remove", "'rm'"), ("download", "'pull'"), ("status", "'ps'")):
+        proc = run_ortserve(word)
+        assert f"unknown command {word!r}; did you mean {command}" in proc.stderr, proc.stderr
+    helped = run_ortserve("help")  # as `ollama help`
+    assert helped.returncode == 0 and helped.stdout == bare.stdout
 
 
 class _Terminal(io.StringIO):
@@ -93,6 +99,31 @@ def test_rm_deletes_only_an_exact_name_without_asking(
     assert capsys.readouterr().out.splitlines()[-1] == f"removed tiny-llama ({name})"
     name = stored(home, spec())  # the name, in full, is exact too
     assert main(["rm", "tiny-llama"]) == 0 and not (home / "models" / name).exists()
+    name = stored(home, spec())  # in any case, `:latest` or not, as every command takes it
+    assert main(["rm", "Tiny-Llama:latest"]) == 0 and not (home / "models" / name).exists()
+
+
+def test_cp_stores_a_model_again_under_a_new_name(
+    home: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = stored(home, spec(), tiny_model_dir)
+    assert main(["cp", "tiny-llama:latest", "My-Llama:V2"]) == 0
+    copied = store.find(home / "models", "my-llama:v2")
+    assert copied is not None and copied.name != name
+    out = capsys.readouterr().out
+    assert out == f"copied tiny-llama:latest to my-llama:v2 ({copied.name})\n"
+    weights = max(tiny_model_dir.iterdir(), key=lambda p: p.stat().st_size).name
+    # Hard links: no second copy on disk, and removing one leaves the other whole.
+    assert (copied.folder / weights).stat().st_ino == (
+        home / "models" / name / "model" / weights
+    ).stat().st_ino
+    assert main(["rm", "tiny-llama"]) == 0
+    assert main(["show", "my-llama:v2"]) == 0
+    assert "name:       my-llama:v2\n" in capsys.readouterr().out
+    assert main(["cp", "my-llama:v2", "my-llama:v2"]) == 1
+    assert "my-llama:v2 is stored already" in capsys.readouterr().err
+    assert main(["cp", "my-llama:v2", "no/slash"]) == 1
+    assert "'no/slash' is not a model name" in capsys.readouterr().err
 
 
 def test_list_sizes_and_random_weights(
@@ -131,7 +162,14 @@ def test_completion_offers_stored_model_names(home: Path) -> None:
     script = run_ortserve("completion", "bash").stdout
     path = f"{Path(ORTSERVE[0]).parent}:{os.environ['PATH']}"
     env = {**os.environ, **store_env(home), "PATH": path}
-    for before, word in (("rm", "ti"), ("show", ""), ("serve --model-dir", "")):
+    for before, word in (
+        ("rm", "ti"),
+        ("show", ""),
+        ("serve --model-dir", ""),
+        ("generate", "t"),  # MODEL, positional as in `ollama run`
+        ("probe", ""),
+        ("cp", ""),
+    ):
         words = ["ortserve", *before.split(), word]
         probe = (
             f"COMP_WORDS=({' '.join(repr(w) for w in words)}); "
@@ -171,6 +209,44 @@ def test_run_checks_the_port_before_baking(home: Path) -> None:
     assert line.startswith(f"ortserve run: error: cannot listen on 127.0.0.1 port {port}: ")
     assert re.search(r"port (\d+) is free: --port \1$", line), line
     assert "baking" not in proc.stderr and not (home / "models").exists()
+
+
+def test_serve_says_what_to_do_before_starting(home: Path, tiny_model_dir: Path) -> None:
+    """A moved model folder, a busy port, an invalid port, nothing to serve: each says
+    what to do."""
+    moved = run_ortserve("serve", str(home / "moved" / "model"), env=store_env(home))
+    assert moved.returncode == 1
+    (line,) = [x for x in moved.stderr.splitlines() if "exiting:" in x]
+    assert line.endswith(
+        f"exiting: model folder {home}/moved/model does not exist (moved or removed? "
+        "`ortserve list` names the stored models (`ortserve serve NAME`); a folder moved "
+        "elsewhere: give its new path)"
+    ), line
+    with _busy_port() as port:
+        busy = run_ortserve("serve", str(tiny_model_dir), "--port", str(port), env=store_env(home))
+    assert busy.returncode == 1
+    (line,) = busy.stderr.strip().splitlines()
+    assert line.startswith(f"ortserve serve: error: cannot listen on 127.0.0.1 port {port}: ")
+    assert re.search(r"port (\d+) is free: --port \1$", line), line
+    env = {**store_env(home), "ORTSERVE_PORT": "eighty"}
+    invalid = run_ortserve("serve", str(tiny_model_dir), env=env)
+    assert invalid.returncode == 1
+    assert invalid.stderr.startswith(
+        "ortserve serve: error: invalid settings: port (--port or ORTSERVE_PORT): "
+    ), invalid.stderr
+    empty = run_ortserve("serve", "--port", "0", env=store_env(home))
+    assert empty.returncode == 1
+    assert "and no stored model: `ortserve pull SOURCE` bakes one" in empty.stderr
+
+
+def test_pull_is_run_bake_only(home: Path) -> None:
+    name = stored(home, spec())
+    pulled = run_ortserve("pull", TINY, "--target", "edge-x86_64", env=store_env(home))
+    run = run_ortserve("run", TINY, "--target", "edge-x86_64", "--bake-only", env=store_env(home))
+    assert pulled.returncode == run.returncode == 0, pulled.stderr
+    assert (pulled.stdout, pulled.stderr) == (run.stdout, run.stderr)
+    assert pulled.stdout == f"{home / 'models' / name / 'model'}\n"
+    assert "is in the store" in pulled.stderr
 
 
 def test_make_demo_checks_its_port_before_anything(home: Path, tmp_path: Path) -> None:

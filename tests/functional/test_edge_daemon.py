@@ -235,13 +235,15 @@ def test_a_model_that_cannot_load_at_start_exits_1_with_the_reason(
     assert reason in exiting and exiting.endswith("; exiting"), exiting
     log = daemon.stderr()
     assert "ERROR ortserve.edge: exiting: " in log and reason in log, log
-    assert "(--wait-for-model: wait for one instead)" in log, log
+    hint = "(moved or removed? `ortserve list`" if damage == "missing" else "(--wait-for-model:"
+    assert hint in log, log
     assert "Traceback" not in log, log
     assert not any(m.startswith("READY=1") for _, m in daemon.messages)
 
 
 def test_serve_without_a_model_exits_1_at_once(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORTSERVE_")}
+    env["ORTSERVE_HOME"] = str(tmp_path)  # an empty store: else its only model is served
     proc = subprocess.run(
         [*ORTSERVE, "serve", "--port", "0"],
         cwd=tmp_path,
@@ -252,8 +254,8 @@ def test_serve_without_a_model_exits_1_at_once(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 1
-    said = "exiting: model folder models/default/model does not exist (no --model-dir or "
-    assert said + "ORTSERVE_MODEL_DIR given)" in proc.stderr, proc.stderr
+    said = "exiting: model folder models/default/model does not exist (no MODEL, --model-dir "
+    assert said + "or ORTSERVE_MODEL_DIR given, and no stored model: " in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 

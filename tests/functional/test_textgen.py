@@ -62,7 +62,7 @@ def test_generate_stream_and_chat_match_the_http_api(tiny_model_dir: Path) -> No
         gen.stream_chat(messages, x=1)  # type: ignore[call-arg]  # at the call, not on next()
 
 
-def test_the_default_model_is_the_stores_newest(
+def test_the_default_model_is_the_stores_only_one_as_serve_picks_it(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ORTSERVE_HOME", str(tmp_path / "home"))
@@ -75,3 +75,10 @@ def test_the_default_model_is_the_stores_newest(
     assert TextGenerator(providers="cpu").engine.manifest.model_name == (
         "ortserve/tiny-llama-random-weights"
     )
+    other = tmp_path / "home" / "models" / "tiny-cuda-0"
+    shutil.copytree(tiny_model_dir, other / "model")
+    record(other, {"source": "builtin:tiny-llama", "target": "cuda"})
+    with pytest.raises(
+        OrtServeError, match=r"the store holds 2: name one \(tiny-llama, tiny-llama:cuda\)"
+    ):
+        TextGenerator()

@@ -115,6 +115,25 @@ def test_find_matches_names_ids_case_latest_and_parts(tmp_path: Path) -> None:
     model = store.find(tmp_path, "tiny")
     assert model is not None and not store.is_exact(model, "tiny")
     assert store.is_exact(model, "tiny-llama") and store.is_exact(model, tiny)
+    # A name in full is exact in any case and with `:latest`, as every command takes it.
+    assert store.is_exact(model, "Tiny-Llama:latest") and not store.is_exact(model, "tiny:latest")
+
+
+def test_cp_gives_a_stored_model_a_name_of_its_own(tmp_path: Path) -> None:
+    (tiny,) = _store(tmp_path, _spec("builtin:tiny-llama"))
+    copied = store.copy(tmp_path, "tiny-llama", "Mine:Latest")
+    assert copied.short_name == "mine" and copied.name != tiny
+    assert copied.spec == {**_spec("builtin:tiny-llama"), "name": "mine"}
+    assert [m.short_name for m in store.list_models(tmp_path)] == sorted(["tiny-llama", "mine"])
+    assert store.find(tmp_path, "mine:latest") == copied
+    for taken in ("tiny-llama", "TINY-LLAMA:latest", "mine"):
+        with pytest.raises(InvalidRequestError, match="is stored already"):
+            store.copy(tmp_path, "tiny-llama", taken)
+    for bad in ("a b", ":v1", "x:y:z", "../up"):
+        with pytest.raises(InvalidRequestError, match="is not a model name"):
+            store.copy(tmp_path, "tiny-llama", bad)
+    with pytest.raises(InvalidRequestError, match="no folder or stored model 'nothing'"):
+        store.copy(tmp_path, "nothing", "x")
 
 
 def test_two_entries_of_one_name_are_told_apart_by_id(tmp_path: Path) -> None:
