@@ -15,10 +15,14 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from ortserve.core.settings import EngineSettings
 from ortserve.core.settings_args import add_setting_argument
 from ortserve.edge.settings import EdgeSettings
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class Located(Protocol):
@@ -50,25 +54,50 @@ def register(
         ),
         formatter_class=formatter,
     )
-    parser.add_argument(  # completes stored names and folders (shtab's `complete`)
-        "model",
-        nargs="?",
-        metavar="MODEL",
-        help="a name from `ortserve list` (served under that name), or a baked model folder; "
-        "as --model-dir",
-    ).complete = model_completion  # type: ignore[attr-defined]
-    add_setting_argument(
-        parser,
-        EdgeSettings,
-        "model_dir",
-        help="baked model folder, or a name from `ortserve list` (ORTSERVE_MODEL_DIR)",
-        type=Path,  # a stored model's name too: the front locates it
-    ).complete = model_completion  # type: ignore[attr-defined]
+    add_model_args(parser, EdgeSettings, model_completion, "served under that name")
     add_setting_argument(parser, EdgeSettings, "wait_for_model")
     add_listen_args(parser)
     parser.set_defaults(func=functools.partial(run, locate=locate))
     _register_switch(subparsers, formatter)
     _register_local(subparsers, formatter)
+
+
+def add_model_args(
+    parser: argparse.ArgumentParser,
+    settings: type[EngineSettings],
+    completion: object,
+    served: str = "",
+) -> None:
+    """MODEL (positional, optional) and `--model-dir`, its older spelling, as `serve`,
+    `generate` and `probe` take them; `model_dir` then names the one given
+    (`chosen_model`)."""
+    served = f" ({served})" if served else ""
+    parser.add_argument(  # completes stored names and folders (shtab's `complete`)
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help=f"a name from `ortserve list`{served}, or a baked model folder (default: "
+        "ORTSERVE_MODEL_DIR, else the store's only model)",
+    ).complete = completion  # type: ignore[attr-defined]
+    add_setting_argument(
+        parser,
+        settings,
+        "model_dir",
+        help="as MODEL (its older spelling; ORTSERVE_MODEL_DIR)",
+        type=Path,  # a stored model's name too: the front locates it
+    ).complete = completion  # type: ignore[attr-defined]
+
+
+def chosen_model(args: argparse.Namespace) -> str | None:
+    """Put MODEL, when given, in `args.model_dir` (see `add_model_args`); why not when
+    `--model-dir` was given too, else None."""
+    model = getattr(args, "model", None)
+    if model is None:
+        return None
+    if args.model_dir is not None:
+        return "give MODEL or --model-dir, not both"
+    args.model_dir = Path(model)
+    return None
 
 
 def _register_switch(
@@ -174,6 +203,24 @@ def _add_local_address(parser: argparse.ArgumentParser, host: bool = True) -> No
     parser.add_argument("--port", type=int, help="its port (default: ORTSERVE_PORT, else 8000)")
 
 
+def _local_settings(args: argparse.Namespace) -> EdgeSettings:
+    """The server's settings as `ps` and `stop` reach it: --host/--port over
+    ORTSERVE_HOST/PORT (and ORTSERVE_API_KEYS).
+
+    Raises:
+        InvalidRequestError: An ORTSERVE_ variable's value is not one.
+    """
+    from pydantic import ValidationError
+
+    from ortserve.core.errors import InvalidRequestError
+
+    given = {"host": getattr(args, "host", None), "port": args.port}
+    try:
+        return EdgeSettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        raise InvalidRequestError(f"invalid settings: {_problems(exc)}") from None
+
+
 def run_ps(args: argparse.Namespace) -> int:
     """`ortserve ps`: the loaded model of the server on host:port, as `ollama ps` shows it;
     exit 1 when none answers (as `ollama ps` does)."""
@@ -183,14 +230,13 @@ def run_ps(args: argparse.Namespace) -> int:
 
     from ortserve.edge.switch import local_url
 
-    given = {"ORTSERVE_HOST": args.host, "ORTSERVE_PORT": args.port and str(args.port)}
-    url = local_url({**os.environ, **{k: v for k, v in given.items() if v}})
+    settings = _local_settings(args)
+    url = local_url({"ORTSERVE_HOST": settings.host, "ORTSERVE_PORT": str(settings.port)})
     where = url.removeprefix("http://")
     # local_url makes an http:// URL (no file: or custom schemes).
     request = urllib.request.Request(f"{url}/api/ps")  # noqa: S310
-    keys = [k for k in os.environ.get("ORTSERVE_API_KEYS", "").split(",") if k.strip()]
-    if keys:
-        request.add_header("Authorization", f"Bearer {keys[0].strip()}")
+    if settings.api_keys:
+        request.add_header("Authorization", f"Bearer {settings.api_keys[0]}")
     try:
         with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310
             models = json.load(answer)["models"]
@@ -242,7 +288,7 @@ def run_stop(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    port = args.port or int(os.environ.get("ORTSERVE_PORT") or 8000)
+    port = _local_settings(args).port
     pids = listening_pids(port)
     if pids is None:
         print(
@@ -428,12 +474,10 @@ def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
 
     name = getattr(args, "command", "serve")  # serve.py of the Cloud Run image passes none
     command = f"ortserve {name}"
-    model = getattr(args, "model", None)
-    if name == "serve" and model is not None:
-        if args.model_dir is not None:
-            print(f"{command}: error: give MODEL or --model-dir, not both", file=sys.stderr)
-            return 2
-        args.model_dir = Path(model)
+    both = chosen_model(args) if name == "serve" else None
+    if both is not None:
+        print(f"{command}: error: {both}", file=sys.stderr)
+        return 2
     overrides = {
         name: value
         for name in ("model_dir", "host", "port", "wait_for_model", "served_name", "log_format")
@@ -444,10 +488,7 @@ def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
     try:
         settings = EdgeSettings(**overrides)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{_setting_label(e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
-        )
-        print(f"{command}: error: invalid settings: {problems}", file=sys.stderr)
+        print(f"{command}: error: invalid settings: {_problems(exc)}", file=sys.stderr)
         return 1
     # A stored model's name (or a folder): served under the name it was started with.
     if locate is None:
@@ -465,6 +506,13 @@ def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
 # The settings `serve` (and `run`) have a flag for; every one has its ORTSERVE_ variable.
 _FLAGS = {"model_dir": "--model-dir", "host": "--host", "port": "--port"}
 _FLAGS |= {"log_format": "--log-format", "aliases": "--alias"}
+
+
+def _problems(exc: ValidationError) -> str:
+    """What is wrong with the settings, each named as a user sets it."""
+    return "; ".join(
+        f"{_setting_label(e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
+    )
 
 
 def _setting_label(loc: tuple[int | str, ...]) -> str:

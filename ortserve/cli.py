@@ -36,12 +36,13 @@ or generate from it. For example:
 
 
 def _settings(args: argparse.Namespace) -> EngineSettings:
+    from ortserve.edge.cli import chosen_model
+
+    both = chosen_model(args)
+    if both is not None:
+        raise InvalidRequestError(both)
     overrides: dict[str, object] = {}
-    if args.model is not None:
-        if args.model_dir is not None:
-            raise InvalidRequestError("give MODEL or --model-dir, not both")
-        overrides["model_dir"] = Path(args.model)
-    elif args.model_dir is not None:
+    if args.model_dir is not None:
         overrides["model_dir"] = args.model_dir
     if args.providers is not None:
         overrides["providers"] = args.providers
@@ -61,20 +62,9 @@ def _located_settings(args: argparse.Namespace) -> tuple[EngineSettings, str | N
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(  # completes stored names and folders (shtab's `complete`)
-        "model",
-        nargs="?",
-        metavar="MODEL",
-        help="a name from `ortserve list`, or a baked model folder (default: "
-        "ORTSERVE_MODEL_DIR, else the store's only model)",
-    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]
-    add_setting_argument(
-        parser,
-        EngineSettings,
-        "model_dir",
-        help="as MODEL (the older spelling; ORTSERVE_MODEL_DIR)",
-        type=Path,  # a stored model's name too: the store locates it
-    ).complete = MODEL_OR_FOLDER  # type: ignore[attr-defined]
+    from ortserve.edge.cli import add_model_args
+
+    add_model_args(parser, EngineSettings, MODEL_OR_FOLDER)
     add_setting_argument(parser, EngineSettings, "providers")
 
 
