@@ -444,8 +444,7 @@ def _no_route(path: str) -> str:
     base_url lacks /v1 asks for /chat/completions)."""
     if find(f"/v1{path}") is not None:
         return (
-            f"no route {path}: did you mean /v1{path}? (an OpenAI client's base_url ends "
-            "with /v1)"
+            f"no route {path}: did you mean /v1{path}? (an OpenAI client's base_url ends with /v1)"
         )
     return f"no route {path}"
 

@@ -404,7 +404,7 @@ def parse(model: type[_B], body: bytes) -> _B:
             context = first.get("ctx") or {}
             path = _holder(data, loc, context["field"]) or _in_body(data, loc)
             where = ".".join(str(p) for p in [*path, context["field"]])
-            raise InvalidRequestError(f"unknown field {where}{context['hint']}", where)
+            raise InvalidRequestError(f"unknown field {where}{context['hint']}", where) from None
         shared = [e["loc"] for e in errors if e["loc"][: len(loc) - 1] == tuple(loc[:-1])]
         if len(shared) > 1:
             loc = loc[:-1]

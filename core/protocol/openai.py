@@ -23,8 +23,8 @@ from ortserve.core.http import Request, Response, json_response
 from ortserve.core.protocol import (
     IGNORE_EOS_DOC,
     IMAGE_PARTS,
-    NO_IMAGES,
     MIN_TOKENS_DOC,
+    NO_IMAGES,
     NO_MINIMUM,
     NO_MINIMUM_PROPERTIES,
     SEED,
