@@ -80,9 +80,13 @@ class StreamOptions(Body):
 
 
 #: Fields of OpenAI's requests that ask nothing of the generation (bookkeeping, billing,
-#: OpenAI's own storage and caches): accepted, not used.
+#: OpenAI's own storage and caches), and the penalties ortserve does not apply (some
+#: clients send them at 0): accepted, not used.
 OPENAI_ACCEPTED = frozenset(
     {
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
         "user",
         "store",
         "metadata",
