@@ -218,8 +218,14 @@ class TextConfig(Body):
 class ResponsesBody(GenerationBody):
     """POST /v1/responses."""
 
-    # OpenAI's fields that ask nothing of the generation: accepted, not used.
-    accepted = OPENAI_ACCEPTED | {"truncation", "include", "reasoning", "stream_options"}
+    # OpenAI's fields that ask nothing of the generation: accepted, not used (`store`
+    # is a field here: false keeps nothing).
+    accepted = (OPENAI_ACCEPTED - {"store"}) | {
+        "truncation",
+        "include",
+        "reasoning",
+        "stream_options",
+    }
 
     model: str | None = None
     input: str | Annotated[list[InputItem], Field(min_length=1)] = Field(
