@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import jsonschema
 import openai
@@ -283,11 +284,18 @@ def test_responses_tools_round_trip(client: openai.OpenAI) -> None:
         "required": ["city"],
         "additionalProperties": False,
     }
-    tool = {"type": "function", "name": "get_weather", "parameters": schema, "strict": True}
+    from openai.types.responses import FunctionToolParam, ResponseInputItemParam
+
+    tool: FunctionToolParam = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": schema,
+        "strict": True,
+    }
     reply = client.responses.create(
         model=MODEL,
         input="Paris?",
-        tools=[tool],  # type: ignore[list-item]
+        tools=[tool],
         tool_choice="required",
         max_output_tokens=40,
     )
@@ -298,10 +306,10 @@ def test_responses_tools_round_trip(client: openai.OpenAI) -> None:
         model=MODEL,
         input=[
             {"role": "user", "content": "Paris?"},
-            call,  # type: ignore[list-item]
+            cast(ResponseInputItemParam, call.model_dump()),  # the item as it came
             {"type": "function_call_output", "call_id": call.call_id, "output": "18 C"},
         ],
-        tools=[tool],  # type: ignore[list-item]
+        tools=[tool],
         tool_choice="none",
         max_output_tokens=8,
     )
@@ -311,7 +319,7 @@ def test_responses_tools_round_trip(client: openai.OpenAI) -> None:
         model=MODEL,
         previous_response_id=reply.id,
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18 C"}],
-        tools=[tool],  # type: ignore[list-item]
+        tools=[tool],
         tool_choice="none",
         max_output_tokens=8,
     )
@@ -332,5 +340,5 @@ def test_responses_previous_response_id(client: openai.OpenAI) -> None:
     for missing in ("resp_nothing", unkept.id):
         with pytest.raises(openai.BadRequestError) as bad:
             client.responses.create(model=MODEL, input="x", previous_response_id=missing)
-        assert bad.value.param == "previous_response_id"  # type: ignore[attr-defined]
+        assert bad.value.param == "previous_response_id"
         assert "whole conversation" in bad.value.message

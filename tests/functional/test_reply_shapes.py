@@ -51,7 +51,9 @@ BODIES: dict[str, list[dict[str, Any]]] = {
             "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
             "instructions": "Be brief.",
             "max_output_tokens": 24,
-            "tools": [{"type": "function", **TIME["function"]}],
+            "tools": [
+                {"type": "function", "name": "time", "parameters": TIME["function"]["parameters"]}  # type: ignore[index]
+            ],
             "tool_choice": "required",
         },
     ],
