@@ -204,8 +204,9 @@ class Body(BaseModel):
     def _null_means_default(cls, data: Any) -> Any:
         if isinstance(data, dict):
             cls._refuse(data)
-            data = {k: v for k, v in data.items() if v is not None and k not in cls.accepted}
-            cls._known_fields(data)
+            data = {k: v for k, v in data.items() if k not in cls.accepted}
+            cls._known_fields(data)  # null or not: the schema says no other field
+            data = {k: v for k, v in data.items() if v is not None}
         return data
 
     @classmethod

@@ -150,8 +150,9 @@ class FunctionCallOutput(Body):
 
 
 def _item_kind(value: Any) -> str:
-    kind = value.get("type", "message") if isinstance(value, dict) else "message"
-    return str(kind)
+    # A message item's type may be left out, or null (its default).
+    kind = value.get("type") if isinstance(value, dict) else None
+    return str(kind or "message")
 
 
 #: An input item: a message, a function call or a call's output.
