@@ -7,6 +7,7 @@ names; `core.api` routes to them, `core.service` runs what they ask for.
 
 - `native`: POST /generate.
 - `openai`: POST /v1/completions and /v1/chat/completions, GET /v1/models.
+- `responses`: POST /v1/responses (OpenAI's Responses API).
 - `ollama`: POST /api/generate and /api/chat, and the model routes of Ollama's API.
 - `tools`: tool calling (OpenAI's and Ollama's `tools`).
 """
@@ -235,6 +236,16 @@ class Body(BaseModel):
         for name in sorted(cls.accepted):
             target.setdefault("properties", {})[name] = {"description": "accepted; not used"}
         return schema
+
+
+class TextPart(Body):
+    """A message's content part: text only; an image (or audio, or file) part is refused
+    in words (NO_IMAGES) rather than as a type mismatch."""
+
+    @classmethod
+    def _refuse(cls, data: dict[str, Any]) -> None:
+        if data.get("type") in IMAGE_PARTS:
+            raise ValueError(NO_IMAGES)
 
 
 class GenerationBody(Body):

@@ -22,9 +22,7 @@ from ortserve.core.generation import (
 from ortserve.core.http import Request, Response, json_response
 from ortserve.core.protocol import (
     IGNORE_EOS_DOC,
-    IMAGE_PARTS,
     MIN_TOKENS_DOC,
-    NO_IMAGES,
     NO_MINIMUM,
     NO_MINIMUM_PROPERTIES,
     SEED,
@@ -40,6 +38,7 @@ from ortserve.core.protocol import (
     Seed,
     Served,
     Stop,
+    TextPart,
     TokenCount,
     TokenLimit,
     integral,
@@ -355,17 +354,12 @@ class CompletionReply(_OpenAIReply):
 # -- /v1/chat/completions ----------------------------------------------------------------
 
 
-class ContentPart(Body):
+class ContentPart(TextPart):
     """One part of a message's content; only text parts are supported (an image part is
     refused in words)."""
 
     type: Literal["text"]
     text: str
-
-    @classmethod
-    def _refuse(cls, data: dict[str, Any]) -> None:
-        if data.get("type") in IMAGE_PARTS:
-            raise ValueError(NO_IMAGES)
 
 
 class FunctionCallIn(Body):

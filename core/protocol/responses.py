@@ -22,13 +22,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, PrivateAttr, Tag
+from pydantic import ConfigDict, Discriminator, Field, PrivateAttr, Tag
 
 from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.generation import Completion, GenerationRequest, SamplingOptions, TokenLogprob
 from ortserve.core.protocol import (
-    IMAGE_PARTS,
-    NO_IMAGES,
     TEMPERATURE_DOC,
     Body,
     Event,
@@ -36,6 +34,7 @@ from ortserve.core.protocol import (
     JsonSchema,
     Reply,
     Served,
+    TextPart,
     TokenLimit,
     json_guidance,
     public_finish,
@@ -96,7 +95,7 @@ KEPT = _Kept(KEPT_RESPONSES)
 # -- the body ----------------------------------------------------------------------------
 
 
-class InputPart(Body):
+class InputPart(TextPart):
     """A text part of an input message (`output_text`: an earlier answer sent back); an
     image or file part is refused in words."""
 
@@ -104,11 +103,6 @@ class InputPart(Body):
 
     type: Literal["input_text", "output_text"]
     text: str
-
-    @classmethod
-    def _refuse(cls, data: dict[str, Any]) -> None:
-        if data.get("type") in IMAGE_PARTS:
-            raise ValueError(NO_IMAGES)
 
 
 class InputMessage(Body):
@@ -218,6 +212,56 @@ class TextConfig(Body):
 
 class ResponsesBody(GenerationBody):
     """POST /v1/responses."""
+
+    # The schema says the rules between fields: tool_choice needs tools, and a required
+    # or named call takes no constraining text.format.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {
+                        "properties": {"tool_choice": {"not": {"type": "null"}}},
+                        "required": ["tool_choice"],
+                    },
+                    "then": {
+                        "properties": {"tools": {"type": "array", "minItems": 1}},
+                        "required": ["tools"],
+                    },
+                },
+                {
+                    "if": {
+                        "properties": {
+                            "tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}
+                        },
+                        "required": ["tool_choice"],
+                    },
+                    "then": {
+                        "properties": {
+                            "text": {
+                                "anyOf": [
+                                    {"type": "null"},
+                                    {
+                                        "type": "object",
+                                        "properties": {
+                                            "format": {
+                                                "anyOf": [
+                                                    {"type": "null"},
+                                                    {
+                                                        "type": "object",
+                                                        "properties": {"type": {"const": "text"}},
+                                                    },
+                                                ]
+                                            }
+                                        },
+                                    },
+                                ]
+                            }
+                        }
+                    },
+                },
+            ]
+        }
+    )
 
     # OpenAI's fields that ask nothing of the generation: accepted, not used (`store`
     # is a field here: false keeps nothing).

@@ -8,9 +8,9 @@ Exceptions, by nature, each a 400 that names its reason: a `guided_regex` or
 schema-valid and still not a valid regular expression, grammar or JSON schema for the
 guidance, or one this model's tokens cannot follow; and a prompt can be too long for the
 model's context (no JSON Schema counts tokens); a `previous_response_id` can name a
-response this process does not keep (no JSON Schema knows them). And a body over the server's size limit
-is a 413 whatever its content (no JSON Schema counts bytes): 65 generated tools, one more
-than `tools` allows, easily pass 64 KiB.
+response this process does not keep (no JSON Schema knows them). And a body over the
+server's size limit is a 413 whatever its content (no JSON Schema counts bytes): 65
+generated tools, one more than `tools` allows, easily pass 64 KiB.
 
 schemathesis 4.32's pytest plugin fails on pytest 9 (`Function` has no `_nodeid`), so
 the operations' hypothesis strategies are driven directly here.

@@ -306,7 +306,7 @@ def test_responses_tools_round_trip(client: openai.OpenAI) -> None:
         model=MODEL,
         input=[
             {"role": "user", "content": "Paris?"},
-            cast(ResponseInputItemParam, call.model_dump()),  # the item as it came
+            cast(ResponseInputItemParam, call),  # the output item, as users pass it back
             {"type": "function_call_output", "call_id": call.call_id, "output": "18 C"},
         ],
         tools=[tool],
