@@ -248,7 +248,7 @@ class Api:
         route = find(request.path)  # /v1/models/{model}: the id may hold slashes
         methods = self._routes.get(request.path if route is None else route.path)
         if methods is None:
-            raise NotFoundError(f"no route {request.path}")
+            raise NotFoundError(_no_route(request.path))
         # HEAD wherever GET is (RFC 9110), OPTIONS everywhere (with Allow; CORS preflight).
         allowed = tuple(sorted({*methods, *(["HEAD"] if "GET" in methods else []), "OPTIONS"}))
         if request.method == "OPTIONS":
@@ -437,6 +437,16 @@ class Api:
         assert self._scrape is not None  # the route exists only with a scrape
         content_type, body = self._scrape()
         return Response(200, [("content-type", content_type)], body)
+
+
+def _no_route(path: str) -> str:
+    """A 404's words: a path that exists under /v1 says so (an OpenAI client whose
+    base_url lacks /v1 asks for /chat/completions)."""
+    if find(f"/v1{path}") is not None:
+        return (
+            f"no route {path}: did you mean /v1{path}? (an OpenAI client's base_url ends with /v1)"
+        )
+    return f"no route {path}"
 
 
 def _reason(exc: OrtServeError) -> str:

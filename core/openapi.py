@@ -12,6 +12,7 @@ from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
 from ortserve.core.protocol.openai import ChatBody, CompletionBody
 from ortserve.core.protocol.replies import REPLIES
+from ortserve.core.protocol.responses import ResponsesBody
 
 if TYPE_CHECKING:  # core.routes imports this module (its /openapi.json answer)
     from ortserve.core.routes import Route
@@ -110,6 +111,7 @@ _TOKEN_LIMITS = {
     "GenerateBody": ("max_new_tokens", "min_tokens"),
     "CompletionBody": ("max_tokens", "min_tokens"),
     "ChatBody": ("max_tokens", "max_completion_tokens", "min_tokens"),
+    "ResponsesBody": ("max_output_tokens",),
     "OllamaOptions": ("num_predict",),
 }
 
@@ -179,6 +181,7 @@ def openapi_document(routes: tuple[Route, ...], max_new_tokens: int) -> dict[str
                 GenerateBody,
                 CompletionBody,
                 ChatBody,
+                ResponsesBody,
                 OllamaGenerateBody,
                 OllamaChatBody,
                 OllamaShowBody,

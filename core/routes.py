@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ortserve.core import health, playground
 from ortserve.core.http import Request, Response, json_response
-from ortserve.core.protocol import native, ollama, openai
+from ortserve.core.protocol import native, ollama, openai, responses
 from ortserve.core.settings import MAX_TOKENS_BOUND
 
 if TYPE_CHECKING:  # core.api imports this module
@@ -134,6 +134,22 @@ TABLE: tuple[Route, ...] = (
         body="ChatBody",
         reply="ChatCompletion",
         events=("ChatCompletionChunk",),
+    ),
+    Route(
+        "/v1/responses",
+        "POST",
+        responses.responses,
+        "OpenAI-compatible response (the Responses API)",
+        body="ResponsesBody",
+        reply="ResponseObject",
+        events=(
+            "ResponseLifecycleEvent",
+            "ResponseItemEvent",
+            "ResponsePartEvent",
+            "ResponseTextEvent",
+            "ResponseArgumentsEvent",
+            "ResponseErrorEvent",
+        ),
     ),
     Route("/v1/models", "GET", openai.models, "the served model", reply="ModelList"),
     Route(

@@ -7,18 +7,20 @@ names; `core.api` routes to them, `core.service` runs what they ask for.
 
 - `native`: POST /generate.
 - `openai`: POST /v1/completions and /v1/chat/completions, GET /v1/models.
+- `responses`: POST /v1/responses (OpenAI's Responses API).
 - `ollama`: POST /api/generate and /api/chat, and the model routes of Ollama's API.
 - `tools`: tool calling (OpenAI's and Ollama's `tools`).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -30,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.config import JsonDict
+from pydantic_core import PydanticCustomError
 
 from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.generation import Completion, GenerationRequest, Guidance, TokenLogprob
@@ -169,25 +172,80 @@ class MultiChoiceReply(Reply):
         """The whole answer with every choice."""
 
 
+#: What a body that takes no images says of an image (OpenAI's `image_url` and
+#: `input_image` content parts, Ollama's `images`).
+NO_IMAGES = "this model takes no images"
+#: Content parts that hold an image (or audio, or a file): refused with NO_IMAGES.
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image", "input_audio", "file", "input_file"})
+
+
 class Body(BaseModel):
     """A request body: OpenAI's conventions for every API.
 
-    Unknown fields are ignored, `null` for an optional field means its default (the
-    openai client sends `temperature=None` when asked), and values are not coerced
-    (`"max_tokens": "5"`, `"stream": "yes"` are errors: strict validation). The bounds are
-    the ones the server keeps, so the OpenAPI document advertises only what it accepts.
+    An unknown field is a 400 that names the nearest known one (`max_token`: did you mean
+    `max_tokens`?), as OpenAI answers; `accepted` names the fields real clients send that
+    this server does not use, which are accepted and dropped. `null` for an optional field
+    means its default (the openai client sends `temperature=None` when asked), and values
+    are not coerced (`"max_tokens": "5"`, `"stream": "yes"` are errors: strict
+    validation). The bounds are the ones the server keeps, so the OpenAPI document
+    advertises only what it accepts.
     """
 
     # defer_build: a model's validator is built on first use, not at import: a Lambda cold
-    # start that answers /generate builds one, not all of them.
-    model_config = ConfigDict(extra="ignore", defer_build=True, strict=True)
+    # start that answers /generate builds one, not all of them. extra="forbid": the
+    # document says `additionalProperties: false` (the check itself is `_known_fields`).
+    model_config = ConfigDict(extra="forbid", defer_build=True, strict=True)
+
+    #: Fields real clients send that this server does not use: accepted, then dropped
+    #: (the OpenAPI document lists them).
+    accepted: ClassVar[frozenset[str]] = frozenset()
 
     @model_validator(mode="before")
     @classmethod
     def _null_means_default(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
+            cls._refuse(data)
+            data = {k: v for k, v in data.items() if k not in cls.accepted}
+            cls._known_fields(data)  # null or not: the schema says no other field
+            data = {k: v for k, v in data.items() if v is not None}
         return data
+
+    @classmethod
+    def _refuse(cls, data: dict[str, Any]) -> None:
+        """Refuse, in words, what the body cannot take, before its fields are read.
+
+        Raises:
+            ValueError: What it cannot take (the field's 400).
+        """
+
+    @classmethod
+    def _known_fields(cls, data: dict[str, Any]) -> None:
+        known = [f.alias or name for name, f in cls.model_fields.items()]
+        for key in data:
+            if key not in known:
+                near = difflib.get_close_matches(str(key), known, n=1)
+                hint = f": did you mean {near[0]}?" if near else ""
+                raise PydanticCustomError(
+                    "unknown_field", "unknown field {field}", {"field": key, "hint": hint}
+                )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> Any:
+        schema = handler(core_schema)
+        target = handler.resolve_ref_schema(schema)
+        for name in sorted(cls.accepted):
+            target.setdefault("properties", {})[name] = {"description": "accepted; not used"}
+        return schema
+
+
+class TextPart(Body):
+    """A message's content part: text only; an image (or audio, or file) part is refused
+    in words (NO_IMAGES) rather than as a type mismatch."""
+
+    @classmethod
+    def _refuse(cls, data: dict[str, Any]) -> None:
+        if data.get("type") in IMAGE_PARTS:
+            raise ValueError(NO_IMAGES)
 
 
 class GenerationBody(Body):
@@ -347,12 +405,18 @@ def parse(model: type[_B], body: bytes) -> _B:
         return model.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
-        # A validator's own words (a bound, a rule) say more than a union's other members'
-        # "Input should be ...".
-        first = next((e for e in errors if e["type"] == "value_error"), errors[0])
+        # A validator's own words (a bound, a rule, an unknown field) say more than a
+        # union's other members' "Input should be ...".
+        words = ("value_error", "unknown_field")
+        first = next((e for e in errors if e["type"] in words), errors[0])
         # A union reports one error per member, each under the member's tag
         # (`messages.0.content.str`): name the field they share instead.
         loc = list(first["loc"])
+        if first["type"] == "unknown_field":
+            context = first.get("ctx") or {}
+            path = _holder(data, loc, context["field"]) or _in_body(data, loc)
+            where = ".".join(str(p) for p in [*path, context["field"]])
+            raise InvalidRequestError(f"unknown field {where}{context['hint']}", where) from None
         shared = [e["loc"] for e in errors if e["loc"][: len(loc) - 1] == tuple(loc[:-1])]
         if len(shared) > 1:
             loc = loc[:-1]
@@ -361,6 +425,21 @@ def parse(model: type[_B], body: bytes) -> _B:
         raise InvalidRequestError(
             f"{where}: {message}" if where else message, where or None
         ) from None
+
+
+def _holder(data: Any, loc: list[int | str], key: str) -> list[int | str] | None:
+    """The path in the body, along `loc` (its union tags left out), of the object that
+    holds `key`; None: none does."""
+    if not loc:
+        return [] if isinstance(data, dict) and key in data else None
+    part, rest = loc[0], loc[1:]
+    keyed = isinstance(data, dict) and part in data
+    indexed = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+    if keyed or indexed:
+        inner = _holder(data[part], rest, key)
+        if inner is not None:
+            return [part, *inner]
+    return _holder(data, rest, key)  # a union member's tag
 
 
 def _in_body(data: Any, loc: list[int | str]) -> list[int | str]:

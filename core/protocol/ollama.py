@@ -11,8 +11,9 @@ What differs from Ollama, on purpose: the one served model answers (another name
 404, as on the OpenAI routes) and stays loaded: an unload request unloads nothing, and
 /api/ps lists the model as Ollama lists one kept with `keep_alive: -1`; `images` and
 `suffix` get a clear 400; `repeat_penalty` defaults to 1.0 (onnxruntime-genai penalizes
-the whole sequence, where Ollama's 1.1 looks at the last 64 tokens); other options
-(`num_ctx`, `mirostat`, ...) are ignored, as unknown fields are everywhere.
+the whole sequence, where Ollama's 1.1 looks at the last 64 tokens); Ollama's other
+options (`num_ctx`, `mirostat`, ...) and fields (`template`, `context`, `logprobs`) are
+accepted and not used, and any other field is a 400 (core.protocol.Body).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ortserve.core.generation import (
 )
 from ortserve.core.http import Request, Response, json_response
 from ortserve.core.protocol import (
+    NO_IMAGES,
     SEED,
     TEMPERATURE_DOC,
     TOP_K_DOC,
@@ -96,7 +98,7 @@ _GPU_PROVIDERS = frozenset({"cuda", "dml", "webgpu"})
 
 def _no_images(images: list[str]) -> list[str]:
     if images:
-        raise ValueError("this model takes no images")
+        raise ValueError(NO_IMAGES)
     return images
 
 
@@ -106,7 +108,7 @@ NoImages = Annotated[
     WithJsonSchema({"type": "array", "items": {"type": "string"}, "maxItems": 0}),
     AfterValidator(_no_images),
 ]
-_IMAGES_DOC = "none: this model takes no images"
+_IMAGES_DOC = f"none: {NO_IMAGES}"
 
 
 def unloads(keep_alive: float | str | None) -> bool:
@@ -121,7 +123,37 @@ def unloads(keep_alive: float | str | None) -> bool:
 
 
 class OllamaOptions(Body):
-    """`options`: the sampling parameters ortserve has (Ollama's defaults)."""
+    """`options`: the sampling parameters ortserve has (Ollama's defaults); Ollama's
+    others are accepted, not used."""
+
+    accepted = frozenset(
+        {
+            "numa",
+            "num_ctx",
+            "num_batch",
+            "num_gpu",
+            "main_gpu",
+            "low_vram",
+            "f16_kv",
+            "logits_all",
+            "vocab_only",
+            "use_mmap",
+            "use_mlock",
+            "embedding_only",
+            "num_thread",
+            "num_keep",
+            "tfs_z",
+            "typical_p",
+            "min_p",
+            "repeat_last_n",
+            "presence_penalty",
+            "frequency_penalty",
+            "mirostat",
+            "mirostat_tau",
+            "mirostat_eta",
+            "penalize_newline",
+        }
+    )
 
     temperature: float = Field(default=0.8, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
     top_p: float = Field(default=0.9, gt=0.0, le=1.0)
@@ -144,6 +176,9 @@ def model_not_found(name: str, served: Served) -> ModelNotFoundError:
 
 
 class _OllamaBody(GenerationBody):
+    # Sent by Ollama's clients when asked; ortserve has no log probabilities here.
+    accepted = frozenset({"logprobs", "top_logprobs"})
+
     # Any of the served model's names, or "" (the one model; Ollama asks for one).
     model: str
     format: Literal["json"] | JsonSchema | None = Field(
@@ -208,6 +243,9 @@ class OllamaGenerateBody(_OllamaBody):
     """POST /api/generate: the prompt goes through the model's chat template as a user
     turn (after `system`), unless `raw` is true or the model has no template. No prompt:
     load the model (Ollama's convention)."""
+
+    # Ollama's template override and old-style context: accepted, not used.
+    accepted = _OllamaBody.accepted | {"template", "context"}
 
     prompt: str = Field(default="", description="none: load the model")
     system: str | None = None

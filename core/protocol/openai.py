@@ -38,6 +38,7 @@ from ortserve.core.protocol import (
     Seed,
     Served,
     Stop,
+    TextPart,
     TokenCount,
     TokenLimit,
     integral,
@@ -77,7 +78,40 @@ class StreamOptions(Body):
     include_usage: bool = False
 
 
+#: Fields of OpenAI's requests that ask nothing of the generation (bookkeeping, billing,
+#: OpenAI's own storage and caches), and the penalties ortserve does not apply (some
+#: clients send them at 0): accepted, not used.
+OPENAI_ACCEPTED = frozenset(
+    {
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "user",
+        "store",
+        "metadata",
+        "service_tier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+    }
+)
+
+
+def check_model(served: Served, model: str | None) -> None:
+    """Refuse a model other than the served one.
+
+    Raises:
+        ModelNotFoundError: `model` names another model.
+    """
+    if served.named(model) is None:
+        raise ModelNotFoundError(
+            f"the model {model!r} does not exist; this server has {served.model!r}"
+        )
+
+
 class _OpenAIBody(GenerationBody):
+    accepted = OPENAI_ACCEPTED
+
     model: str | None = None
     max_tokens: TokenLimit | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
@@ -105,10 +139,7 @@ class _OpenAIBody(GenerationBody):
     def _options(self, served: Served, default_limit: int) -> tuple[SamplingOptions, str]:
         """Sampling options (OpenAI's default limit when none is given) and the limit's
         field name; refuses a model other than the served one."""
-        if served.named(self.model) is None:
-            raise ModelNotFoundError(
-                f"the model {self.model!r} does not exist; this server has {served.model!r}"
-            )
+        check_model(served, self.model)
         max_tokens, field = self._limit()
         if max_tokens is None:
             limit = max(default_limit, min(self.min_tokens, served.max_new_tokens))
@@ -323,8 +354,9 @@ class CompletionReply(_OpenAIReply):
 # -- /v1/chat/completions ----------------------------------------------------------------
 
 
-class ContentPart(Body):
-    """One part of a message's content; only text parts are supported."""
+class ContentPart(TextPart):
+    """One part of a message's content; only text parts are supported (an image part is
+    refused in words)."""
 
     type: Literal["text"]
     text: str
@@ -346,7 +378,10 @@ class ToolCallIn(Body):
 
 
 class ChatMessage(Body):
-    """One chat message."""
+    """One chat message (an assistant reply sent back as it came, `refusal` and
+    `annotations` included, is accepted)."""
+
+    accepted = frozenset({"refusal", "annotations"})
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
@@ -392,7 +427,9 @@ class NamedToolChoice(Body):
 
 
 class JsonSchemaFormat(Body):
-    """response_format.json_schema."""
+    """response_format.json_schema (its `description` is accepted, not used)."""
+
+    accepted = frozenset({"description"})
 
     name: str = Field(min_length=1, max_length=64)
     schema_: JsonSchema = Field(default_factory=dict, alias="schema")

@@ -187,6 +187,161 @@ class ModelList(TypedDict):
     data: list[ModelCard]
 
 
+# -- /v1/responses ----------------------------------------------------------------------------
+
+
+class OutputText(TypedDict):
+    """The text of an output message (no annotations or log probabilities here)."""
+
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+    logprobs: list[Any]
+
+
+#: An output item's state: `in_progress` while a stream writes it.
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class OutputMessage(TypedDict):
+    """An output item: the model's text."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    status: ItemStatus
+    content: list[OutputText]
+
+
+class OutputFunctionCall(TypedDict):
+    """An output item: a call the model made (`arguments` is a JSON object as a string;
+    the result comes back as a `function_call_output` input item with its `call_id`)."""
+
+    id: str
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    status: ItemStatus
+
+
+class InputTokensDetails(TypedDict):
+    cached_tokens: int
+
+
+class OutputTokensDetails(TypedDict):
+    reasoning_tokens: int
+
+
+class ResponseUsage(TypedDict):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class IncompleteDetails(TypedDict):
+    reason: Literal["max_output_tokens", "content_filter"]
+
+
+class TextFormatConfig(TypedDict):
+    format: dict[str, Any]
+
+
+class ResponseObject(TypedDict):
+    """POST /v1/responses: the whole answer, and (status `in_progress`, no output yet)
+    what a stream's first events carry."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete"]
+    error: None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: int | None
+    model: str
+    output: list[OutputMessage | OutputFunctionCall]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    store: bool
+    temperature: float | None
+    top_p: float | None
+    text: TextFormatConfig
+    tool_choice: Any
+    tools: list[dict[str, Any]]
+    truncation: Literal["disabled"]
+    metadata: dict[str, Any]
+    usage: ResponseUsage | None
+
+
+class ResponseLifecycleEvent(TypedDict):
+    """A stream's `response.created`, `response.in_progress`, and its last event:
+    `response.completed`, or `response.incomplete` (at the token limit)."""
+
+    type: Literal[
+        "response.created", "response.in_progress", "response.completed", "response.incomplete"
+    ]
+    sequence_number: int
+    response: ResponseObject
+
+
+class ResponseItemEvent(TypedDict):
+    """`response.output_item.added` (the item in progress) and `.done` (the item whole)."""
+
+    type: Literal["response.output_item.added", "response.output_item.done"]
+    sequence_number: int
+    output_index: int
+    item: OutputMessage | OutputFunctionCall
+
+
+class ResponsePartEvent(TypedDict):
+    """`response.content_part.added` (empty) and `.done` (the whole text)."""
+
+    type: Literal["response.content_part.added", "response.content_part.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+class ResponseTextEvent(TypedDict):
+    """`response.output_text.delta` (`delta`) and `response.output_text.done` (`text`)."""
+
+    type: Literal["response.output_text.delta", "response.output_text.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: NotRequired[str]
+    text: NotRequired[str]
+    logprobs: list[Any]
+
+
+class ResponseArgumentsEvent(TypedDict):
+    """`response.function_call_arguments.delta` (`delta`) and `.done` (`arguments`)."""
+
+    type: Literal["response.function_call_arguments.delta", "response.function_call_arguments.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: NotRequired[str]
+    name: NotRequired[str]
+    arguments: NotRequired[str]
+
+
+class ResponseErrorEvent(TypedDict):
+    """The event that ends a stream an error cut."""
+
+    type: Literal["error"]
+    sequence_number: int
+    code: str
+    message: str
+    param: str | None
+
+
 # -- /generate (native) ----------------------------------------------------------------------
 
 #: How a native answer ended (`cancelled`: its client left, or it was stopped).
@@ -337,6 +492,13 @@ REPLIES: tuple[type, ...] = (
     ChatCompletionChunk,
     ModelCard,
     ModelList,
+    ResponseObject,
+    ResponseLifecycleEvent,
+    ResponseItemEvent,
+    ResponsePartEvent,
+    ResponseTextEvent,
+    ResponseArgumentsEvent,
+    ResponseErrorEvent,
     Generated,
     GeneratedText,
     GeneratedEnd,

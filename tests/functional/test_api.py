@@ -1015,13 +1015,114 @@ def test_json_array_body(target: Target) -> None:
     _error(target.call("POST", "/generate", [1, 2]), 400, "invalid_request")
 
 
-def test_unknown_fields_are_ignored(target: Target) -> None:
+def test_fields_the_clients_send_are_accepted(target: Target) -> None:
+    """Fields of OpenAI's and Ollama's clients that ortserve does not use are accepted."""
+    openai_fields = {"frequency_penalty": 0, "user": "u", "store": True, "metadata": {"a": "b"}}
+    reply = target.call(
+        "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2, **openai_fields}
+    )
+    assert reply.status == 200, reply.body
+    reply = target.call(
+        "POST", "/v1/responses", {"input": "x", "max_output_tokens": 2, **openai_fields}
+    )
+    assert reply.status == 200, reply.body
+    options = {"num_predict": 2, "num_ctx": 4096, "mirostat": 0}
+    ollama = {"model": "", "prompt": "x", "stream": False, "keep_alive": "5m", "options": options}
+    reply = target.call("POST", "/api/generate", ollama)
+    assert reply.status == 200, reply.body
+
+
+_CHAT_IN = {"messages": [{"role": "user", "content": "Hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        (
+            "/generate",
+            {"prompt": "x", "max_new_token": 5},
+            "max_new_token: did you mean max_new_tokens?",
+        ),
+        ("/v1/completions", {"prompt": "x", "max_token": 5}, "max_token: did you mean max_tokens?"),
+        (
+            "/v1/chat/completions",
+            {**_CHAT_IN, "max_token": 5},
+            "max_token: did you mean max_tokens?",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "contents": "Hi"}]},
+            "messages.0.contents: did you mean content?",
+        ),
+        (
+            "/v1/responses",
+            {"input": "x", "max_tokens": 5},
+            "max_tokens: did you mean max_output_tokens?",
+        ),
+        (
+            "/api/generate",
+            {"model": "", "prompt": "x", "options": {"num_predcit": 5}},
+            "options.num_predcit: did you mean num_predict?",
+        ),
+        ("/api/chat", {"model": "", **_CHAT_IN, "whatever": 1}, "unknown field whatever"),
+    ],
+)
+def test_an_unknown_field_is_a_400_that_names_the_nearest(
+    target: Target, path: str, body: object, says: str
+) -> None:
+    reply = target.call("POST", path, body)
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    message = error if path.startswith("/api/") else error["message"]
+    assert message.startswith("unknown field ") and message.endswith(says), message
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+                ]
+            },
+            "messages.0.content.0",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "x"},
+                            {"type": "input_image", "image_url": "x"},
+                        ],
+                    }
+                ]
+            },
+            "messages.0.content.1",
+        ),
+        (
+            "/v1/responses",
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input.0.content.0",
+        ),
+    ],
+)
+def test_an_image_is_one_clear_400_on_every_route(
+    target: Target, path: str, body: dict[str, object], param: str
+) -> None:
+    error = _error(target.call("POST", path, body), 400, "invalid_request")
+    assert error["message"] == f"{param}: this model takes no images"
+    assert error["param"] == param
     reply = target.call(
         "POST",
-        "/v1/completions",
-        {"prompt": "x", "max_tokens": 2, "frequency_penalty": 0, "user": "u", "whatever": {"x": 1}},
+        "/api/chat",
+        {"model": "", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
     )
-    assert reply.status == 200
+    assert reply.status == 400 and reply.json()["error"].endswith("this model takes no images")
 
 
 def test_unknown_model(target: Target) -> None:
@@ -1050,7 +1151,14 @@ def test_a_path_is_matched_as_sent(target: Target) -> None:
 
 
 def test_unknown_route_and_method(target: Target) -> None:
-    _error(target.call("GET", "/v2/nothing"), 404, "not_found")
+    error = _error(target.call("GET", "/v2/nothing"), 404, "not_found")
+    assert error["message"] == "no route /v2/nothing"
+    # An OpenAI client whose base_url lacks /v1: the 404 says where the route is.
+    error = _error(target.call("POST", "/chat/completions", _CHAT), 404, "not_found")
+    assert error["message"] == (
+        "no route /chat/completions: did you mean /v1/chat/completions? "
+        "(an OpenAI client's base_url ends with /v1)"
+    )
     reply = target.call("GET", "/v1/chat/completions")
     _error(reply, 405, "method_not_allowed")
     assert reply.headers["allow"] == "OPTIONS, POST"

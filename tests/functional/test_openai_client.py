@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import jsonschema
 import openai
@@ -209,3 +210,135 @@ def test_tool_calls_with_the_client(client: openai.OpenAI) -> None:
         model=MODEL, messages=follow, tools=tools, tool_choice="none", max_tokens=8
     )
     assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+
+# -- the Responses API -------------------------------------------------------------------
+
+
+def test_responses_create_and_output_text(client: openai.OpenAI) -> None:
+    reply = client.responses.create(
+        model=MODEL, input="Hi", instructions="Be brief.", max_output_tokens=8, temperature=0
+    )
+    assert reply.object == "response" and reply.model == MODEL
+    assert reply.output[0].type == "message"
+    assert reply.output_text == reply.output[0].content[0].text  # type: ignore[union-attr]
+    assert reply.usage is not None and 0 < reply.usage.output_tokens <= 8
+    assert reply.usage.total_tokens == reply.usage.input_tokens + reply.usage.output_tokens
+    assert reply.usage.input_tokens_details.cached_tokens >= 0
+    # Message items with input_text parts are the same conversation as the string.
+    items = client.responses.create(
+        model=MODEL,
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
+        instructions="Be brief.",
+        max_output_tokens=8,
+        temperature=0,
+    )
+    assert items.output_text == reply.output_text
+
+
+def test_responses_at_the_token_limit_are_incomplete(client: openai.OpenAI) -> None:
+    reply = client.responses.create(model=MODEL, input="Tell a long story", max_output_tokens=1)
+    assert reply.status == "incomplete"
+    assert reply.incomplete_details is not None
+    assert reply.incomplete_details.reason == "max_output_tokens"
+
+
+def test_responses_stream_events_in_order(client: openai.OpenAI) -> None:
+    whole = client.responses.create(model=MODEL, input="Hi", max_output_tokens=8, temperature=0)
+    events = list(
+        client.responses.create(
+            model=MODEL, input="Hi", max_output_tokens=8, temperature=0, stream=True
+        )
+    )
+    kinds = [e.type for e in events]
+    deltas = kinds.count("response.output_text.delta")
+    last = "response.completed" if whole.status == "completed" else "response.incomplete"
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * deltas,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        last,
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text
+    # The SDK's stream helper reads the same events.
+    with client.responses.stream(
+        model=MODEL, input="Hi", max_output_tokens=8, temperature=0
+    ) as stream:
+        helped = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+    assert helped == text
+
+
+def test_responses_tools_round_trip(client: openai.OpenAI) -> None:
+    """A required call comes out as a function_call item; its output goes back as a
+    function_call_output item (beside the call) and the model answers in text."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 10}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    from openai.types.responses import FunctionToolParam, ResponseInputItemParam
+
+    tool: FunctionToolParam = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": schema,
+        "strict": True,
+    }
+    reply = client.responses.create(
+        model=MODEL,
+        input="Paris?",
+        tools=[tool],
+        tool_choice="required",
+        max_output_tokens=40,
+    )
+    call = reply.output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), schema)
+    follow = client.responses.create(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": "Paris?"},
+            cast(ResponseInputItemParam, call),  # the output item, as users pass it back
+            {"type": "function_call_output", "call_id": call.call_id, "output": "18 C"},
+        ],
+        tools=[tool],
+        tool_choice="none",
+        max_output_tokens=8,
+    )
+    assert follow.output[0].type == "message" and follow.output_text
+    # Or by previous_response_id: the call comes from the kept conversation.
+    chained = client.responses.create(
+        model=MODEL,
+        previous_response_id=reply.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18 C"}],
+        tools=[tool],
+        tool_choice="none",
+        max_output_tokens=8,
+    )
+    assert chained.usage is not None and follow.usage is not None
+    assert chained.usage.input_tokens == follow.usage.input_tokens
+
+
+def test_responses_previous_response_id(client: openai.OpenAI) -> None:
+    first = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
+    second = client.responses.create(
+        model=MODEL, input="And then?", previous_response_id=first.id, max_output_tokens=4
+    )
+    alone = client.responses.create(model=MODEL, input="And then?", max_output_tokens=4)
+    assert second.previous_response_id == first.id
+    assert second.usage is not None and alone.usage is not None
+    assert second.usage.input_tokens > alone.usage.input_tokens  # the first turn came too
+    unkept = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, store=False)
+    for missing in ("resp_nothing", unkept.id):
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.responses.create(model=MODEL, input="x", previous_response_id=missing)
+        assert bad.value.param == "previous_response_id"
+        assert "whole conversation" in bad.value.message

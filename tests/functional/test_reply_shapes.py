@@ -44,6 +44,19 @@ BODIES: dict[str, list[dict[str, Any]]] = {
             "tool_choice": "required",
         },
     ],
+    "/v1/responses": [
+        {"model": "m", "input": "Hello", "max_output_tokens": 4},
+        {
+            "model": "m",
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
+            "instructions": "Be brief.",
+            "max_output_tokens": 24,
+            "tools": [
+                {"type": "function", "name": "time", "parameters": TIME["function"]["parameters"]}  # type: ignore[index]
+            ],
+            "tool_choice": "required",
+        },
+    ],
     "/api/generate": [{"model": "m", "prompt": "Hello", "options": {"num_predict": 4}}],
     "/api/chat": [
         {"model": "m", "messages": CHAT, "options": {"num_predict": 4}},
@@ -84,7 +97,7 @@ def _stream_objects(route: Route, body: bytes) -> list[Any]:
     if route.ollama:
         return [json.loads(line) for line in body.splitlines() if line]
     events = [b.removeprefix(b"data: ") for b in body.split(b"\n\n") if b]
-    assert events[-1] == b"[DONE]" or route.path == "/generate"
+    assert events[-1] == b"[DONE]" or route.path in ("/generate", "/v1/responses")
     return [json.loads(e) for e in events if e != b"[DONE]"]
 
 
@@ -110,12 +123,13 @@ def test_every_answer_and_every_event_has_the_published_shape(
         assert whole.status == 200, whole.body
         _validate(document, whole_ref, whole.json())
         streamed = {**body, "stream": True}
-        if path.startswith("/v1/"):
+        if path.startswith("/v1/") and path != "/v1/responses":
             streamed["stream_options"] = {"include_usage": True}
         stream = core.call("POST", path, streamed)
         assert stream.status == 200, stream.body
         if body.get("tool_choice") == "required":  # the calls' shapes are checked too
-            assert b'"tool_calls"' in whole.body and b'"tool_calls"' in stream.body
+            call = b'"function_call"' if path == "/v1/responses" else b'"tool_calls"'
+            assert call in whole.body and call in stream.body
         objects = _stream_objects(route, stream.body)
         assert len(objects) >= 2
         validator = jsonschema.Draft202012Validator(_events_schema(document, route))

@@ -39,6 +39,7 @@ def test_each_generation_route_parses_the_body_its_document_names() -> None:
         "/generate",
         "/v1/completions",
         "/v1/chat/completions",
+        "/v1/responses",
         "/api/generate",
         "/api/chat",
     }

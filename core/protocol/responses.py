@@ -1,0 +1,618 @@
+"""OpenAI's Responses API: POST /v1/responses, its body and its answers (the `response`
+object, and the stream's `response.*` events, each with its `sequence_number`).
+
+A request becomes a chat generation, as /v1/chat/completions makes one: `instructions`
+is a system message, the input items are the conversation (`function_call` and
+`function_call_output` items are the calls and results of core.protocol.tools), and
+function tools go through the same tool plan.
+
+`previous_response_id` continues a conversation this process answered: the last
+KEPT_RESPONSES responses (those with `store` true, the default) are kept in memory, each
+as its conversation in text (input items and output, not the instructions, which
+OpenAI does not carry over either); an older one, or one another instance answered, is
+a 400 that says to send the whole conversation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import ConfigDict, Discriminator, Field, PrivateAttr, Tag
+
+from ortserve.core.errors import InvalidRequestError, OrtServeError
+from ortserve.core.generation import Completion, GenerationRequest, SamplingOptions, TokenLogprob
+from ortserve.core.protocol import (
+    TEMPERATURE_DOC,
+    Body,
+    Event,
+    GenerationBody,
+    JsonSchema,
+    Reply,
+    Served,
+    TextPart,
+    TokenLimit,
+    json_guidance,
+    public_finish,
+)
+from ortserve.core.protocol.openai import (
+    OPENAI_ACCEPTED,
+    JsonObjectFormat,
+    TextFormat,
+    check_model,
+)
+from ortserve.core.protocol.replies import (
+    IncompleteDetails,
+    ItemStatus,
+    OutputFunctionCall,
+    OutputMessage,
+    OutputText,
+    ResponseErrorEvent,
+    ResponseObject,
+    ResponseUsage,
+)
+from ortserve.core.protocol.tools import MAX_TOOLS, FunctionDef, Tool, ToolPlan, plan_tools
+
+if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
+    from ortserve.core.api import Api, Context
+    from ortserve.core.http import Request, Response
+    from ortserve.core.protocol.tools import ToolCall
+
+#: How many responses each process keeps for `previous_response_id` (the most recent).
+KEPT_RESPONSES = 32
+
+
+class _Kept:
+    """The conversations of the last `size` responses, by response id (an LRU)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+
+    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._items[response_id] = messages
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def get(self, response_id: str) -> list[dict[str, Any]] | None:
+        with self._lock:
+            messages = self._items.get(response_id)
+            if messages is not None:
+                self._items.move_to_end(response_id)
+            return messages
+
+
+#: This process's kept responses.
+KEPT = _Kept(KEPT_RESPONSES)
+
+
+# -- the body ----------------------------------------------------------------------------
+
+
+class InputPart(TextPart):
+    """A text part of an input message (`output_text`: an earlier answer sent back); an
+    image or file part is refused in words."""
+
+    accepted = frozenset({"annotations", "logprobs"})
+
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class InputMessage(Body):
+    """A message item (its `type` may be left out); an output message sent back as it
+    came (`id`, `status`) is accepted."""
+
+    accepted = frozenset({"id", "status"})
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputPart]
+
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as chat templates take it (`developer` is `system`)."""
+        content = self.content
+        text = content if isinstance(content, str) else "".join(p.text for p in content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class FunctionCallItem(Body):
+    """A call the model made, sent back with its result."""
+
+    accepted = frozenset({"id", "status"})
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutput(Body):
+    """A call's result, for its `call_id`."""
+
+    accepted = frozenset({"id", "status"})
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+
+
+def _item_kind(value: Any) -> str:
+    # A message item's type may be left out, or null (its default).
+    kind = value.get("type") if isinstance(value, dict) else None
+    return str(kind or "message")
+
+
+#: An input item: a message, a function call or a call's output.
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")],
+    Discriminator(_item_kind),
+]
+
+
+class FunctionTool(Body):
+    """A function tool, in the Responses API's flat shape."""
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: JsonSchema | None = None
+    strict: bool | None = None
+
+    def as_tool(self) -> Tool:
+        """The chat API's tool (core.protocol.tools)."""
+        function = FunctionDef(
+            name=self.name,
+            description=self.description,
+            parameters=self.parameters,
+            strict=self.strict,
+        )
+        return Tool(type="function", function=function)
+
+
+class NamedFunctionChoice(Body):
+    """`tool_choice` naming one function: the model must call it."""
+
+    type: Literal["function"]
+    name: str
+
+
+class JsonSchemaText(Body):
+    """text.format `json_schema`: JSON valid against the schema."""
+
+    accepted = frozenset({"description"})
+
+    type: Literal["json_schema"]
+    name: str = Field(min_length=1, max_length=64)
+    schema_: JsonSchema = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+    def guidance(self) -> Any:
+        """JSON valid against the schema (as chat's response_format json_schema)."""
+        return json_guidance(dict(self.schema_), "text.format.schema", self.strict is not False)
+
+
+class TextConfig(Body):
+    """`text`: the output's format."""
+
+    accepted = frozenset({"verbosity"})
+
+    format: Annotated[
+        TextFormat | JsonObjectFormat | JsonSchemaText, Field(discriminator="type")
+    ] = Field(default_factory=lambda: TextFormat(type="text"))
+
+
+class ResponsesBody(GenerationBody):
+    """POST /v1/responses."""
+
+    # The schema says the rules between fields: tool_choice needs tools, and a required
+    # or named call takes no constraining text.format.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {
+                        "properties": {"tool_choice": {"not": {"type": "null"}}},
+                        "required": ["tool_choice"],
+                    },
+                    "then": {
+                        "properties": {"tools": {"type": "array", "minItems": 1}},
+                        "required": ["tools"],
+                    },
+                },
+                {
+                    "if": {
+                        "properties": {
+                            "tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}
+                        },
+                        "required": ["tool_choice"],
+                    },
+                    "then": {
+                        "properties": {
+                            "text": {
+                                "anyOf": [
+                                    {"type": "null"},
+                                    {
+                                        "type": "object",
+                                        "properties": {
+                                            "format": {
+                                                "anyOf": [
+                                                    {"type": "null"},
+                                                    {
+                                                        "type": "object",
+                                                        "properties": {"type": {"const": "text"}},
+                                                    },
+                                                ]
+                                            }
+                                        },
+                                    },
+                                ]
+                            }
+                        }
+                    },
+                },
+            ]
+        }
+    )
+
+    # OpenAI's fields that ask nothing of the generation: accepted, not used (`store`
+    # is a field here: false keeps nothing).
+    accepted = (OPENAI_ACCEPTED - {"store"}) | {
+        "truncation",
+        "include",
+        "reasoning",
+        "stream_options",
+    }
+
+    model: str | None = None
+    input: str | Annotated[list[InputItem], Field(min_length=1)] = Field(
+        description="a user message, or the conversation's items"
+    )
+    instructions: str | None = Field(default=None, description="a system message")
+    max_output_tokens: TokenLimit | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    tools: list[FunctionTool] | None = Field(
+        default=None, max_length=MAX_TOOLS, description="function tools (others are refused)"
+    )
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    text: TextConfig | None = None
+    previous_response_id: str | None = Field(
+        default=None,
+        description=f"continue one of the last {KEPT_RESPONSES} responses this process "
+        "answered (kept in memory; others are a 400)",
+    )
+    store: bool = Field(default=True, description="false: not kept for previous_response_id")
+    parallel_tool_calls: bool = Field(
+        default=True, description="accepted; a constrained call is one call per turn"
+    )
+
+    _conversation: list[dict[str, Any]] | None = PrivateAttr(default=None)
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """The conversation as chat templates take it, the instructions left out: the
+        previous response's, then the input items.
+
+        Raises:
+            InvalidRequestError: previous_response_id names a response not kept here.
+        """
+        if self._conversation is not None:
+            return self._conversation
+        messages: list[dict[str, Any]] = []
+        if self.previous_response_id is not None:
+            kept = KEPT.get(self.previous_response_id)
+            if kept is None:
+                raise InvalidRequestError(
+                    f"previous_response_id {self.previous_response_id!r} is not kept here: "
+                    f"each process keeps its last {KEPT_RESPONSES} responses in memory; "
+                    "send the whole conversation as input instead",
+                    "previous_response_id",
+                )
+            messages = list(kept)
+        items = (
+            [InputMessage(role="user", content=self.input)]
+            if isinstance(self.input, str)
+            else self.input
+        )
+        for item in items:
+            if isinstance(item, InputMessage):
+                messages.append(item.as_template_input())
+            elif isinstance(item, FunctionCallOutput):
+                messages.append(
+                    {"role": "tool", "tool_call_id": item.call_id, "content": item.output}
+                )
+            else:
+                call = {
+                    "id": item.call_id,
+                    "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments},
+                }
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                    last["tool_calls"] = [*last["tool_calls"], call]
+                else:
+                    messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        self._conversation = messages
+        return messages
+
+    def tool_plan(self, served: Served) -> ToolPlan | None:
+        """How this request's tools are prompted, constrained and read (None: no tools,
+        or tool_choice none).
+
+        Raises:
+            InvalidRequestError: tool_choice without tools, or naming another function.
+        """
+        choice = self.tool_choice
+        if choice is not None and not self.tools:
+            raise InvalidRequestError("tool_choice needs tools", "tool_choice")
+        if not self.tools or choice == "none":
+            return None
+        if isinstance(choice, NamedFunctionChoice):
+            if choice.name not in [t.name for t in self.tools]:
+                raise InvalidRequestError(
+                    f"tool_choice names {choice.name!r}, which is not one of the tools",
+                    "tool_choice",
+                )
+            chosen = choice.name
+        else:
+            chosen = choice or "auto"
+        plan = plan_tools([t.as_tool() for t in self.tools], chosen, served)
+        constrained = self.text is not None and not isinstance(self.text.format, TextFormat)
+        if plan.guidance() is not None and constrained:
+            where = "text.format"
+            raise InvalidRequestError(
+                f"{where} cannot be combined with a required tool call", where
+            )
+        return plan
+
+    def to_generation(self, served: Served) -> GenerationRequest:
+        check_model(served, self.model)
+        limit = self.max_output_tokens or served.default_new_tokens
+        # Unsent sampling fields: OpenAI's defaults, as the chat body's.
+        options = SamplingOptions(
+            max_new_tokens=limit,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+        )
+        messages = self.conversation()
+        if self.instructions is not None:
+            messages = [{"role": "system", "content": self.instructions}, *messages]
+        guidance = self.text.format.guidance() if self.text is not None else None
+        plan = self.tool_plan(served)
+        if plan is not None:
+            messages = plan.messages(messages)
+            guidance = plan.guidance() or guidance
+        return GenerationRequest(
+            messages=messages,
+            options=options,
+            guidance=guidance,
+            limit_field="max_output_tokens",
+            tools=plan.template_tools() if plan is not None else None,
+        )
+
+    def reply(self, request_id: str, served: Served) -> Reply:
+        tools = [t.model_dump(exclude_none=True, by_alias=True) for t in self.tools or []]
+        choice = self.tool_choice
+        echo: ResponseObject = {
+            "id": f"resp_{uuid.uuid4().hex}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "in_progress",
+            "error": None,
+            "incomplete_details": None,
+            "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens,
+            "model": served.model,
+            "output": [],
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "previous_response_id": self.previous_response_id,
+            "store": self.store,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "text": {"format": self.text.format.model_dump() if self.text else {"type": "text"}},
+            "tool_choice": choice.model_dump() if isinstance(choice, Body) else choice or "auto",
+            "tools": tools,
+            "truncation": "disabled",
+            "metadata": {},
+            "usage": None,
+        }
+        kept = self.conversation() if self.store else None
+        return ResponsesReply(echo, self.tool_plan(served), kept)
+
+
+# -- the answer --------------------------------------------------------------------------
+
+
+def _usage(done: Completion) -> ResponseUsage:
+    return {
+        "input_tokens": done.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": done.cached_tokens},
+        "output_tokens": done.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+    }
+
+
+def _text(text: str) -> OutputText:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+class ResponsesReply(Reply):
+    """A `response` object, or its stream of `response.*` events (no `[DONE]`). With
+    tools, the text is read for calls once it is whole: a stream holds it back and sends
+    the calls (or the text) as whole items at the end. `kept`: the conversation to keep
+    for `previous_response_id`, with the answer added (None: store false)."""
+
+    done_marker = False
+
+    def __init__(
+        self, echo: ResponseObject, tools: ToolPlan | None, kept: list[dict[str, Any]] | None
+    ) -> None:
+        self.echo = echo
+        self.tools = tools
+        self.kept = kept
+        self.message_id = f"msg_{uuid.uuid4().hex}"
+        self._sequence = 0
+
+    def _event(self, kind: str, **fields: Any) -> Event:
+        event = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return event
+
+    def _message(self, text: str, status: ItemStatus) -> OutputMessage:
+        content = [_text(text)] if status != "in_progress" else []
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": content,
+        }
+
+    def _output(self, done: Completion) -> tuple[list[OutputMessage | OutputFunctionCall], str]:
+        """The answer's output items and its status."""
+        calls = self.tools.parse(done.text) if self.tools is not None else []
+        if calls:
+            return [_function_call(c) for c in calls], "completed"
+        status: ItemStatus = "completed" if public_finish(done) == "stop" else "incomplete"
+        return [self._message(done.text, status)], status
+
+    def _whole(self, done: Completion) -> ResponseObject:
+        output, status = self._output(done)
+        whole: ResponseObject = {**self.echo, "output": output, "usage": _usage(done)}
+        if status == "incomplete":
+            finish = public_finish(done)
+            reason: IncompleteDetails = {
+                "reason": "content_filter" if finish == "content_filter" else "max_output_tokens"
+            }
+            whole["status"], whole["incomplete_details"] = "incomplete", reason
+        else:
+            whole["status"] = "completed"
+        if self.kept is not None:
+            KEPT.put(whole["id"], [*self.kept, _as_message(output)])
+        return whole
+
+    def body(self, done: Completion) -> Event:
+        return self._whole(done)
+
+    def first_events(self) -> Sequence[Event]:
+        events = [
+            self._event("response.created", response=self.echo),
+            self._event("response.in_progress", response=self.echo),
+        ]
+        if self.tools is None:
+            events += self._message_opening()
+        return events
+
+    def _message_opening(self) -> list[Event]:
+        return [
+            self._event(
+                "response.output_item.added",
+                output_index=0,
+                item=self._message("", "in_progress"),
+            ),
+            self._event("response.content_part.added", **self._where(0), part=_text("")),
+        ]
+
+    def _where(self, index: int) -> dict[str, Any]:
+        return {"item_id": self.message_id, "output_index": index, "content_index": 0}
+
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> Event | None:
+        if self.tools is not None:
+            return None  # held back until the whole text says whether it is a call
+        return self._event("response.output_text.delta", **self._where(0), delta=text, logprobs=[])
+
+    def final_events(self, done: Completion) -> Sequence[Event]:
+        whole = self._whole(done)
+        events: list[Event] = []
+        for index, item in enumerate(whole["output"]):
+            if item["type"] == "function_call":
+                events += self._call_events(index, item)
+                continue
+            text = item["content"][0]["text"]
+            if self.tools is not None:  # held back: sent whole now
+                events += self._message_opening()
+                events.append(
+                    self._event(
+                        "response.output_text.delta", **self._where(index), delta=text, logprobs=[]
+                    )
+                )
+            events += [
+                self._event(
+                    "response.output_text.done", **self._where(index), text=text, logprobs=[]
+                ),
+                self._event("response.content_part.done", **self._where(index), part=_text(text)),
+                self._event("response.output_item.done", output_index=index, item=item),
+            ]
+        last = "response.completed" if whole["status"] == "completed" else "response.incomplete"
+        return [*events, self._event(last, response=whole)]
+
+    def _call_events(self, index: int, item: OutputFunctionCall) -> list[Event]:
+        opened: OutputFunctionCall = {**item, "arguments": "", "status": "in_progress"}
+        where = {"item_id": item["id"], "output_index": index}
+        return [
+            self._event("response.output_item.added", output_index=index, item=opened),
+            self._event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
+            self._event(
+                "response.function_call_arguments.done",
+                **where,
+                name=item["name"],
+                arguments=item["arguments"],
+            ),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def error_event(self, exc: OrtServeError) -> ResponseErrorEvent:
+        event: ResponseErrorEvent = {
+            "type": "error",
+            "sequence_number": self._sequence,
+            "code": exc.code,
+            "message": exc.message,
+            "param": getattr(exc, "param", None),
+        }
+        self._sequence += 1
+        return event
+
+
+def _function_call(call: ToolCall) -> OutputFunctionCall:
+    return {
+        "id": f"fc_{call.id.removeprefix('call_')}",
+        "type": "function_call",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": "completed",
+    }
+
+
+def _as_message(output: list[OutputMessage | OutputFunctionCall]) -> dict[str, Any]:
+    """The output as the kept conversation's assistant turn: its text, or its calls."""
+    calls = [
+        {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
+        for item in output
+        if item["type"] == "function_call"
+    ]
+    if calls:
+        return {"role": "assistant", "content": "", "tool_calls": calls}
+    text = "".join(i["content"][0]["text"] for i in output if i["type"] == "message")
+    return {"role": "assistant", "content": text}
+
+
+# -- the route's answer (core.routes) ----------------------------------------------------
+
+
+def responses(api: Api, request: Request, ctx: Context) -> Response:
+    """POST /v1/responses."""
+    return api.generate(ResponsesBody, request, ctx)
