@@ -13,7 +13,7 @@ from ortserve.bake.context import DEFAULT_CONTEXT
 from ortserve.bake.errors import BakeError
 from ortserve.bake.recipes import DEFAULT_RECIPE, RECIPES
 from ortserve.bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
-from ortserve.cli_kit import DefaultsFormatter, at_least
+from ortserve.cli_kit import MODEL_DEFAULT, DefaultsFormatter, at_least
 
 if TYPE_CHECKING:
     from ortserve.bake.pipeline import BakeRequest
@@ -245,7 +245,7 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         help="most tokens an answer may have (default: the server's, "
         "ORTSERVE_MAX_NEW_TOKENS or 512)",
     )
-    answers.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    answers.add_argument("--temperature", type=float, help=f"0 is greedy ({MODEL_DEFAULT})")
     answers.add_argument("--seed", type=int, help="same seed, same answer")
     answers.add_argument(
         "--verbose", action="store_true", help="each answer's tokens, TTFT and tokens/s on stderr"

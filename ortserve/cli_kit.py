@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+# What a sampling flag left out means (the engine fills it: core.generation).
+MODEL_DEFAULT = "default: the model's, as `ortserve show` states it"
+
 
 class DefaultsFormatter(argparse.HelpFormatter):
     """Help that shows each option's default where it has a real one (not None, an empty
