@@ -22,6 +22,7 @@ from ortserve.cli_kit import (
     DefaultsFormatter,
     at_least,
     human_size,
+    sampling_options,
 )
 from ortserve.core.errors import OrtServeError
 from ortserve.core.settings import EngineSettings, disable_telemetry
@@ -93,20 +94,13 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ortserve.core.generation import GenerationRequest, SamplingOptions
+    from ortserve.core.generation import GenerationRequest
     from ortserve.core.service import Service
 
     settings, name = _located_settings(args)
     service = Service.load(settings)
     engine = service.engine
-    options = SamplingOptions(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-    )
+    options = sampling_options(args, args.max_new_tokens)
     if args.chat:
         request = GenerationRequest(
             messages=[{"role": "user", "content": args.prompt}],
