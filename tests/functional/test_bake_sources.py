@@ -46,7 +46,7 @@ def test_a_checkpoints_sampling_defaults_reach_the_manifest_the_engine_and_show(
     checkpoint = shutil.copytree(tiny_hf_dir, tmp_path / "ckpt")
     qwen = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20}
     add_generation_config(checkpoint, {**qwen, "repetition_penalty": 1.1})
-    manifest = bake_ok("--model", str(checkpoint), *ONLY, out=tmp_path / "m")
+    manifest = bake_ok("--model", str(checkpoint), "--target", "gcf", *ONLY, out=tmp_path / "m")
     expected = SamplingDefaults(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.1)
     assert manifest.sampling == expected
     folder = tmp_path / "m" / "model"
