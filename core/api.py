@@ -431,6 +431,7 @@ class Api:
             token_bytes=engine.text.token_bytes,
             aliases=tuple(aliases),
             also_known_as=(engine.model_name,),
+            sampling=engine.sampling_defaults,
         )
 
     def _metrics(self, request: Request, ctx: Context) -> Response:

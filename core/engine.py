@@ -28,6 +28,7 @@ from ortserve.core.errors import (
     ProviderUnavailableError,
 )
 from ortserve.core.generation import (
+    HOUSE_SAMPLING,
     Cached,
     Decoding,
     Finish,
@@ -418,6 +419,8 @@ class Engine:
         vocab_size: The model's vocabulary size (a larger top_k keeps every token).
         eos_ids: Token ids that end a sequence.
         pad_id: The id a batch pads shorter prompts with.
+        sampling_defaults: What the sampling fields a request leaves out become: the
+            manifest's (the model's own), else the house profile.
     """
 
     def __init__(
@@ -442,6 +445,7 @@ class Engine:
         self.pad_id = (_token_ids(model_config.get("pad_token_id")) or [*self.eos_ids, 0])[0]
         self.context_length = int(model_config.get("context_length", 0) or 0)
         self.vocab_size = int(model_config.get("vocab_size", 0) or 0)
+        self.sampling_defaults = manifest.sampling or HOUSE_SAMPLING
         room = min(self.context_length or _CACHE_ROOM, _CACHE_ROOM)
         self.prompt_cache = (
             PromptCache(settings.prompt_cache_slots, room)
@@ -576,8 +580,9 @@ class Engine:
             )
 
     def sampling(self, options: SamplingOptions) -> Sampling:
-        """How `options` pick tokens, as og does it (equal ones may share a batch)."""
-        return Sampling.of(options, self.vocab_size)
+        """How `options` pick tokens, as og does it (equal ones may share a batch): the one
+        place where the fields they leave out become the model's defaults."""
+        return Sampling.of(options, self.sampling_defaults, self.vocab_size)
 
     def decode(
         self,
@@ -646,7 +651,7 @@ class Engine:
             "do_sample": False,
             "length_penalty": options.length_penalty,
             "early_stopping": options.early_stopping,
-            "repetition_penalty": options.repetition_penalty,
+            "repetition_penalty": self.sampling(options).repetition_penalty,
         }
         try:
             generator = self._model.generator(search, None, (_tag(input_ids),))

@@ -15,8 +15,68 @@ GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]
 
 
 @dataclass(frozen=True)
+class SamplingDefaults:
+    """What the sampling fields a request leaves out (None) become: the model's own
+    (its generation_config.json, recorded in the manifest at bake), else `HOUSE_SAMPLING`.
+
+    Attributes:
+        temperature: 0 means greedy decoding; above 0 samples.
+        top_p: Nucleus sampling mass.
+        top_k: Keep the k best tokens (0: no limit).
+        repetition_penalty: 1.0 means none.
+        origin: Where they come from, as `/v1/models`, `/api/show` and `ortserve show` say.
+    """
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    origin: str = "generation_config.json"
+
+    def summary(self) -> str:
+        """One line for people: `greedy, repetition_penalty 1.2 (ortserve's default)`."""
+        how = (
+            "greedy"
+            if self.temperature == 0
+            else f"temperature {self.temperature}, top_p {self.top_p}, top_k {self.top_k}"
+        )
+        return f"{how}, repetition_penalty {self.repetition_penalty} ({self.origin})"
+
+
+# The profile of a model that records no sampling defaults of its own (SmolLM2's GGUF, a
+# checkpoint whose generation_config.json names none): measured on SmolLM2-135M-Instruct
+# over the docs' example prompts (docs/measurements.md; why this one: docs/api.md).
+HOUSE_SAMPLING = SamplingDefaults(
+    temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.2, origin="ortserve's default"
+)
+
+# transformers' GenerationConfig defaults of the keys `sampling_defaults` reads.
+_HF_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "repetition_penalty": 1.0}
+
+
+def sampling_defaults(config: dict[str, Any]) -> SamplingDefaults | None:
+    """The sampling defaults a generation_config.json states, as transformers' generate()
+    applies them (`do_sample` true samples with its temperature, top_p and top_k; else
+    greedy), or None when it names none of do_sample, temperature, top_p, top_k and
+    repetition_penalty."""
+    if not config.keys() & {"do_sample", *_HF_SAMPLING}:
+        return None
+    given = {**_HF_SAMPLING, **{k: config[k] for k in _HF_SAMPLING if config.get(k) is not None}}
+    penalty = float(given["repetition_penalty"])
+    if not config.get("do_sample") or float(given["temperature"]) == 0:
+        return SamplingDefaults(temperature=0.0, repetition_penalty=penalty)
+    return SamplingDefaults(
+        temperature=float(given["temperature"]),
+        top_p=float(given["top_p"]),
+        top_k=int(given["top_k"]),
+        repetition_penalty=penalty,
+    )
+
+
+@dataclass(frozen=True)
 class SamplingOptions:
-    """How to pick tokens.
+    """How to pick tokens; a sampling field left None is the model's default
+    (`SamplingDefaults`), filled where the engine turns these into og's `Sampling`.
 
     Attributes:
         max_new_tokens: Upper bound of new tokens (capped by the context window).
@@ -34,10 +94,10 @@ class SamplingOptions:
 
     max_new_tokens: int = 64
     min_new_tokens: int = 0
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
     seed: int | None = None
     num_beams: int = 1
     length_penalty: float = 1.0
@@ -276,13 +336,22 @@ class Sampling:
     repetition_penalty: float
 
     @classmethod
-    def of(cls, options: SamplingOptions, vocab_size: int) -> Sampling:
-        if options.temperature == 0:  # greedy: the sampling knobs do not matter
-            return cls(0.0, 1.0, 0, options.repetition_penalty)
+    def of(cls, options: SamplingOptions, defaults: SamplingDefaults, vocab_size: int) -> Sampling:
+        """`options`, their fields left None taken from `defaults` (each on its own: an
+        explicit value always wins, temperature 0 stays greedy)."""
+
+        def pick(value: float | None, default: float) -> float:
+            return default if value is None else value
+
+        temperature = pick(options.temperature, defaults.temperature)
+        penalty = pick(options.repetition_penalty, defaults.repetition_penalty)
+        if temperature == 0:  # greedy: the sampling knobs do not matter
+            return cls(0.0, 1.0, 0, penalty)
+        top_k = int(pick(options.top_k, defaults.top_k))
         # og rejects a top_k above the vocabulary size; keeping every token is what such a
         # top_k means, and 0 says that to og.
-        top_k = 0 if vocab_size and options.top_k >= vocab_size else options.top_k
-        return cls(options.temperature, options.top_p, top_k, options.repetition_penalty)
+        top_k = 0 if vocab_size and top_k >= vocab_size else top_k
+        return cls(temperature, pick(options.top_p, defaults.top_p), top_k, penalty)
 
     def search(self) -> dict[str, Any]:
         """The og search options for these (`top_k` 0: no limit)."""

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from ortserve.core.errors import ModelIntegrityError
+from ortserve.core.generation import SamplingDefaults
 
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 1 << 20
@@ -106,6 +107,9 @@ class Manifest(BaseModel):
             exactly (None: not a GGUF source, or `--requantize`).
         arch: The CPU architecture the target runs on (`x86_64`, `aarch64`; None: baked
             before the manifest said).
+        sampling: The model's own sampling defaults, from the source's
+            generation_config.json (a catalog entry's written there); None: it states
+            none, or baked before the manifest said (the house profile applies).
     """
 
     schema_version: Literal[1] = 1
@@ -125,6 +129,7 @@ class Manifest(BaseModel):
     inferred: list[str] = Field(default_factory=list)
     quality: QualityCheck | None = None
     gguf_import: GgufImport | None = None
+    sampling: SamplingDefaults | None = None
     files: list[ManifestFile]
 
 

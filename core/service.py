@@ -468,7 +468,7 @@ class Service:
         options = request.options
         return (
             self.engine.prompt_cache is not None
-            and options.temperature == 0
+            and self.engine.sampling(options).temperature == 0
             and request.guidance is None
             and options.min_new_tokens == 0
             and options.num_beams == 1

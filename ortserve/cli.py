@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ortserve.cli_kit import MODEL_OR_FOLDER, STORED_MODEL, DefaultsFormatter, at_least, human_size
+from ortserve.cli_kit import (
+    MODEL_DEFAULT,
+    MODEL_OR_FOLDER,
+    STORED_MODEL,
+    DefaultsFormatter,
+    at_least,
+    human_size,
+    sampling_options,
+)
 from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.settings import EngineSettings, disable_telemetry
 from ortserve.core.settings_args import add_setting_argument
@@ -88,20 +96,13 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ortserve.core.generation import GenerationRequest, SamplingOptions
+    from ortserve.core.generation import GenerationRequest
     from ortserve.core.service import Service
 
     settings, name = _located_settings(args)
     service = Service.load(settings)
     engine = service.engine
-    options = SamplingOptions(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-    )
+    options = sampling_options(args, args.max_new_tokens)
     if args.chat:
         request = GenerationRequest(
             messages=[{"role": "user", "content": args.prompt}],
@@ -211,6 +212,7 @@ def _quality_cell(manifest: Manifest | None) -> str:
 
 def _show(args: argparse.Namespace) -> int:
     from ortserve import store
+    from ortserve.core.generation import HOUSE_SAMPLING
     from ortserve.core.manifest import read_manifest
 
     located = store.locate(_store(), args.model)
@@ -231,6 +233,7 @@ def _show(args: argparse.Namespace) -> int:
         ("baked", manifest.created_at),
         ("quality", quality.summary() if quality else "not run"),
         ("gguf", manifest.gguf_import.summary() if manifest.gguf_import else "-"),
+        ("sampling", (manifest.sampling or HOUSE_SAMPLING).summary()),
         ("files", f"{len(manifest.files)}, {human_size(sum(f.size for f in manifest.files))}"),
     ):
         print(f"{label + ':':<11} {value}")
@@ -296,10 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--max-new-tokens", type=at_least(1), default=64, help="most tokens to generate"
     )
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    gen.add_argument("--top-k", type=at_least(0), default=0, help="0: no limit")
-    gen.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0: none")
+    # Left out, each sampling flag is the model's default (`ortserve show` states them).
+    gen.add_argument("--temperature", type=float, help=f"0 is greedy ({MODEL_DEFAULT})")
+    gen.add_argument("--top-p", type=float, help=f"nucleus sampling mass ({MODEL_DEFAULT})")
+    gen.add_argument("--top-k", type=at_least(0), help=f"0: no limit ({MODEL_DEFAULT})")
+    gen.add_argument("--repetition-penalty", type=float, help=f"1.0: none ({MODEL_DEFAULT})")
     gen.add_argument("--seed", type=int, help="same seed, same output")
     gen.add_argument("--stop", action="append", default=[], help="stop string (up to 4)")
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")

@@ -14,7 +14,7 @@ from ortserve.bake.context import DEFAULT_CONTEXT
 from ortserve.bake.errors import BakeError
 from ortserve.bake.recipes import DEFAULT_RECIPE, RECIPES
 from ortserve.bake.targets import DEFAULT_MAX_PPL_RATIO, PRECISIONS, TARGETS
-from ortserve.cli_kit import DefaultsFormatter, at_least
+from ortserve.cli_kit import MODEL_DEFAULT, DefaultsFormatter, at_least, sampling_options
 
 if TYPE_CHECKING:
     from ortserve.bake.pipeline import BakeRequest
@@ -246,7 +246,7 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         help="most tokens an answer may have (default: the server's, "
         "ORTSERVE_MAX_NEW_TOKENS or 512)",
     )
-    answers.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    answers.add_argument("--temperature", type=float, help=f"0 is greedy ({MODEL_DEFAULT})")
     answers.add_argument("--seed", type=int, help="same seed, same answer")
     answers.add_argument(
         "--verbose", action="store_true", help="each answer's tokens, TTFT and tokens/s on stderr"
@@ -403,7 +403,6 @@ def _baked(args: argparse.Namespace, check_port: bool) -> tuple[Path, str] | Non
 def _talk(args: argparse.Namespace, folder: Path, name: str | None, mode: str) -> int:
     """Load the model here and answer the prompt (`answer`) or chat (`chat`)."""
     from ortserve import terminal
-    from ortserve.core.generation import SamplingOptions
     from ortserve.core.settings import EngineSettings
 
     prompt: str = args.prompt or ""
@@ -411,7 +410,7 @@ def _talk(args: argparse.Namespace, folder: Path, name: str | None, mode: str) -
         prompt = sys.stdin.read()
     service = terminal.load(EngineSettings(model_dir=folder))
     limit = args.max_new_tokens or service.default_new_tokens
-    options = SamplingOptions(max_new_tokens=limit, temperature=args.temperature, seed=args.seed)
+    options = sampling_options(args, limit)
     session = terminal.Session(service, name or service.engine.model_name, options, args.verbose)
     if mode == "answer":
         return terminal.answer_once(session, prompt)

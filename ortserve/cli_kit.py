@@ -1,10 +1,33 @@
 """What the front's commands share (ortserve.cli and ortserve.cli_bake): the help
-formatter, argument types, shell completion of a model's name, sizes for people."""
+formatter, argument types, the sampling flags, shell completion of a model's name, sizes
+for people."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without core
+    from ortserve.core.generation import SamplingOptions
+
+# What a sampling flag left out means (the engine fills it: core.generation).
+MODEL_DEFAULT = "default: the model's, as `ortserve show` states it"
+
+
+def sampling_options(args: argparse.Namespace, max_new_tokens: int) -> SamplingOptions:
+    """The sampling flags of `generate` or `run` (`run` has temperature and seed alone);
+    one left out is None: the model's default."""
+    from ortserve.core.generation import SamplingOptions
+
+    return SamplingOptions(
+        max_new_tokens=max_new_tokens,
+        temperature=args.temperature,
+        top_p=getattr(args, "top_p", None),
+        top_k=getattr(args, "top_k", None),
+        repetition_penalty=getattr(args, "repetition_penalty", None),
+        seed=args.seed,
+    )
 
 
 class DefaultsFormatter(argparse.HelpFormatter):

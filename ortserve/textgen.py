@@ -48,12 +48,14 @@ def _figures(done: Completion) -> dict[str, Any]:
 
 
 class _Options(TypedDict, total=False):
-    """SamplingOptions fields, with their defaults there (but 128 new tokens)."""
+    """SamplingOptions fields, with their defaults there (but 128 new tokens): the sampling
+    ones left out are the model's defaults, as on every other route."""
 
     max_new_tokens: int
     temperature: float
     top_p: float
     top_k: int
+    repetition_penalty: float
     seed: int | None
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ortserve.bake.catalog import add_generation_config
 from ortserve.bake.errors import BakeError
 
 # A small English corpus to train the byte-level BPE tokenizer on; any UTF-8 text still
@@ -193,6 +194,10 @@ def write_builtin(name: str, out: Path, seed: int = 0) -> BuiltinShape:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # upstream
     model.save_pretrained(str(out), safe_serialization=True)
+    # Random weights sample nothing worth reading: their own defaults are greedy with no
+    # repetition penalty, the same text every time (transformers' greedy, which the
+    # benchmarks and the parity tests compare with), recorded at bake as any model's.
+    add_generation_config(out, {"do_sample": False, "repetition_penalty": 1.0})
     (out / "ortserve-builtin.json").write_text(
         json.dumps({"builtin": name, "seed": seed, "description": shape.description}),
         encoding="utf-8",

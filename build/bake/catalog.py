@@ -181,15 +181,21 @@ def _recorded(record: Path) -> str | None:
 
 
 def write_generation_config(entry: Entry, checkpoint: Path) -> None:
-    """Put the entry's sampling defaults in `checkpoint`'s generation_config.json (kept
-    keys the entry does not name)."""
-    if not entry.generation:
+    """Put the entry's sampling defaults in `checkpoint`'s generation_config.json (the
+    bake records them in the manifest)."""
+    add_generation_config(checkpoint, entry.generation)
+
+
+def add_generation_config(checkpoint: Path, keys: dict[str, Any]) -> None:
+    """Set `keys` in `checkpoint`'s generation_config.json (kept: the keys they do not
+    name; transformers leaves out those at its defaults, so they are written here)."""
+    if not keys:
         return
     path = checkpoint / "generation_config.json"
     have: dict[str, Any] = {}
     if path.is_file():
         have = json.loads(path.read_text(encoding="utf-8"))
-    merged = {**have, **entry.generation}
+    merged = {**have, **keys}
     if merged != have:
         path.write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
 

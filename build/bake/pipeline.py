@@ -30,7 +30,7 @@ from ortserve.bake.settings import builder_environment
 from ortserve.bake.source_files import PROCESSING_FILES
 from ortserve.bake.sources import OnnxChoice, ResolvedSource, resolve
 from ortserve.bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
-from ortserve.bake.text import record_text
+from ortserve.bake.text import record_text, recorded_sampling
 from ortserve.bake.upstream import BUILDER_MODULE, builder_input
 from ortserve.core.manifest import GgufImport, Manifest, QualityCheck, list_files, write_manifest
 from ortserve.core.settings import disable_telemetry
@@ -707,5 +707,6 @@ def _manifest(
         onnxruntime_genai_version=og_version,
         builder_version=builder_version,
         inferred=inferred,
+        sampling=recorded_sampling(source.folder),
         files=list_files(folder),
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.bake.errors import BakeError, say
+from ortserve.core.generation import SamplingDefaults, sampling_defaults
 from ortserve.core.text import WRAP_PROBE, TextRecord, wrapping
 
 
@@ -76,3 +77,16 @@ def _add_eos_ids(source: Path, genai_config: Path) -> None:
         model["eos_token_id"] = merged
         genai_config.write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8")
         say(f"end-of-sequence ids (generation_config.json included): {merged}")
+
+
+def recorded_sampling(source: Path) -> SamplingDefaults | None:
+    """The sampling defaults `source`'s generation_config.json states (a catalog entry's
+    are written there), for the manifest; None: it has none (the house profile applies)."""
+    path = source / "generation_config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text(encoding="utf-8"))
+    found = sampling_defaults(config) if isinstance(config, dict) else None
+    if found is not None:
+        say(f"sampling defaults: {found.summary()}")
+    return found

@@ -35,7 +35,14 @@ from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
 from ortserve.core.errors import InvalidRequestError, OrtServeError
-from ortserve.core.generation import Completion, GenerationRequest, Guidance, TokenLogprob
+from ortserve.core.generation import (
+    HOUSE_SAMPLING,
+    Completion,
+    GenerationRequest,
+    Guidance,
+    SamplingDefaults,
+    TokenLogprob,
+)
 from ortserve.core.http import error_payload
 from ortserve.core.names import same_name
 from ortserve.core.protocol.bounds import check_grammar, check_regex, check_schema
@@ -44,6 +51,7 @@ from ortserve.core.settings import MAX_TOKENS_BOUND
 from ortserve.core.stops import MAX_STOP_STRINGS
 
 if TYPE_CHECKING:  # core.protocol.tools imports this module
+    from ortserve.core.protocol.replies import SamplingCard
     from ortserve.core.protocol.tools import ToolPlan
 
 
@@ -67,6 +75,7 @@ class Served:
         aliases: Its other names, listed after the id (/v1/models, /api/tags).
         also_known_as: Names it answers to but that are not listed (the manifest's model
             name, where the model is served under another).
+        sampling: What a request that sends no sampling fields samples with.
     """
 
     model: str
@@ -81,6 +90,18 @@ class Served:
     token_bytes: Callable[[int], bytes] = field(default=lambda token_id: b"", repr=False)
     aliases: tuple[str, ...] = ()
     also_known_as: tuple[str, ...] = ()
+    sampling: SamplingDefaults = HOUSE_SAMPLING
+
+    def sampling_card(self) -> SamplingCard:
+        """The sampling defaults, as /v1/models states them."""
+        d = self.sampling
+        return {
+            "temperature": d.temperature,
+            "top_p": d.top_p,
+            "top_k": d.top_k,
+            "repetition_penalty": d.repetition_penalty,
+            "origin": d.origin,
+        }
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -323,8 +344,16 @@ Stop = Annotated[
 # The bounds come before the validator, so that the JSON schema says them.
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), BeforeValidator(integral)]
 SEED = Field(default=None, description="same seed, same output")
-TEMPERATURE_DOC = "0 is greedy; higher samples more freely"
-TOP_K_DOC = "keep the k most likely tokens; 0, or k at or above the vocabulary size: keep all"
+# The sampling fields: left out (or null), each is the model's default, as /v1/models,
+# /api/show and `ortserve show` state it (the engine fills them: core.generation).
+MODEL_DEFAULT = "left out: the model's default (its `sampling` in /v1/models)"
+TEMPERATURE_DOC = f"0 is greedy; higher samples more freely; {MODEL_DEFAULT}"
+TOP_P_DOC = f"nucleus sampling mass; {MODEL_DEFAULT}"
+TOP_K_DOC = (
+    "keep the k most likely tokens; 0, or k at or above the vocabulary size: keep all; "
+    + MODEL_DEFAULT
+)
+REPETITION_PENALTY_DOC = f"above 1 makes repeating a token less likely (1: none); {MODEL_DEFAULT}"
 #: A token limit (the OpenAPI document's maximum is the server's own).
 TokenLimit = Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND), BeforeValidator(integral)]
 #: A count of tokens that may be 0.

@@ -18,9 +18,11 @@ from ortserve.core.protocol import (
     IGNORE_EOS_DOC,
     MIN_TOKENS_DOC,
     NO_MINIMUM,
+    REPETITION_PENALTY_DOC,
     SEED,
     TEMPERATURE_DOC,
     TOP_K_DOC,
+    TOP_P_DOC,
     GenerationBody,
     Grammar,
     Int,
@@ -78,9 +80,12 @@ class GenerateBody(GenerationBody):
         default=None,
         description=f"default {DEFAULT_MAX_NEW_TOKENS}, or the server's limit if lower",
     )
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: Int = Field(default=0, ge=0, le=100000, description=TOP_K_DOC)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description=TOP_P_DOC)
+    top_k: Int | None = Field(default=None, ge=0, le=100000, description=TOP_K_DOC)
+    repetition_penalty: float | None = Field(
+        default=None, gt=0.0, le=2.0, description=REPETITION_PENALTY_DOC
+    )
     seed: Seed | None = SEED
     stop: Stop = None
     min_tokens: TokenCount = Field(default=0, description=MIN_TOKENS_DOC)
@@ -138,6 +143,7 @@ class GenerateBody(GenerationBody):
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
+            repetition_penalty=self.repetition_penalty,
             seed=self.seed,
             min_new_tokens=minimum,
             num_beams=self.num_beams,

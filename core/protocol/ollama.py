@@ -37,9 +37,11 @@ from ortserve.core.generation import (
 from ortserve.core.http import Request, Response, json_response
 from ortserve.core.protocol import (
     NO_IMAGES,
+    REPETITION_PENALTY_DOC,
     SEED,
     TEMPERATURE_DOC,
     TOP_K_DOC,
+    TOP_P_DOC,
     Body,
     GenerationBody,
     Int,
@@ -123,8 +125,8 @@ def unloads(keep_alive: float | str | None) -> bool:
 
 
 class OllamaOptions(Body):
-    """`options`: the sampling parameters ortserve has (Ollama's defaults); Ollama's
-    others are accepted, not used."""
+    """`options`: the sampling parameters ortserve has (left out: the model's defaults);
+    Ollama's others are accepted, not used."""
 
     accepted = frozenset(
         {
@@ -155,9 +157,9 @@ class OllamaOptions(Body):
         }
     )
 
-    temperature: float = Field(default=0.8, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
-    top_p: float = Field(default=0.9, gt=0.0, le=1.0)
-    top_k: Int = Field(default=40, ge=0, le=100000, description=TOP_K_DOC)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description=TOP_P_DOC)
+    top_k: Int | None = Field(default=None, ge=0, le=100000, description=TOP_K_DOC)
     num_predict: Annotated[int, Field(ge=-2, le=MAX_TOKENS_BOUND), BeforeValidator(integral)] = (
         Field(
             default=-1,
@@ -165,7 +167,9 @@ class OllamaOptions(Body):
             "MAX_NEW_TOKENS if set); more than fits after the prompt is cut to the context",
         )
     )
-    repeat_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    repeat_penalty: float | None = Field(
+        default=None, gt=0.0, le=2.0, description=REPETITION_PENALTY_DOC
+    )
     seed: Seed | None = SEED
     stop: Stop = None
 
@@ -474,9 +478,16 @@ def _show(body: OllamaShowBody, served: Served) -> OllamaShow:
         capabilities.append("tools")
     if served.chat_template is not None and "enable_thinking" in served.chat_template:
         capabilities.append("thinking")
-    # Ollama's `parameters` text (a name and a value a line): the context, and the new
-    # tokens a request without num_predict gets; model_info has the limit.
-    parameters = [("num_predict", served.default_new_tokens)]
+    # Ollama's `parameters` text (a name and a value a line): the context, the new tokens
+    # a request without num_predict gets, and the sampling defaults; model_info has the limit.
+    sampling = served.sampling
+    parameters: list[tuple[str, object]] = [
+        ("num_predict", served.default_new_tokens),
+        ("temperature", sampling.temperature),
+        ("top_p", sampling.top_p),
+        ("top_k", sampling.top_k),
+        ("repeat_penalty", sampling.repetition_penalty),
+    ]
     model_info: dict[str, Any] = {"general.architecture": "onnx"}
     if served.context_length:
         parameters.insert(0, ("num_ctx", served.context_length))

@@ -25,9 +25,11 @@ from ortserve.core.protocol import (
     MIN_TOKENS_DOC,
     NO_MINIMUM,
     NO_MINIMUM_PROPERTIES,
+    REPETITION_PENALTY_DOC,
     SEED,
     TEMPERATURE_DOC,
     TOP_K_DOC,
+    TOP_P_DOC,
     Body,
     Event,
     GenerationBody,
@@ -114,10 +116,19 @@ class _OpenAIBody(GenerationBody):
 
     model: str | None = None
     max_tokens: TokenLimit | None = None
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: Int = Field(
-        default=0, ge=0, le=100000, description=f"extension (vLLM's, llama-server's): {TOP_K_DOC}"
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description=TOP_P_DOC)
+    top_k: Int | None = Field(
+        default=None,
+        ge=0,
+        le=100000,
+        description=f"extension (vLLM's, llama-server's): {TOP_K_DOC}",
+    )
+    repetition_penalty: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=2.0,
+        description=f"extension (vLLM's): {REPETITION_PENALTY_DOC}",
     )
     seed: Seed | None = SEED
     stop: Stop = None
@@ -152,6 +163,7 @@ class _OpenAIBody(GenerationBody):
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
+            repetition_penalty=self.repetition_penalty,
             seed=self.seed,
             min_new_tokens=minimum,
         )
@@ -792,8 +804,8 @@ def model(api: Api, request: Request, ctx: Context) -> Response:
 
 def _model_card(served: Served, name: str) -> ModelCard:
     """An OpenAI model object for the served model's `name`, with vLLM's `max_model_len`
-    (the context; omitted where unknown) and `max_tokens`: the most new tokens a request
-    may ask for."""
+    (the context; omitted where unknown), `max_tokens`: the most new tokens a request
+    may ask for, and the sampling defaults."""
     if served.context_length:
         return {
             "id": name,
@@ -802,6 +814,7 @@ def _model_card(served: Served, name: str) -> ModelCard:
             "owned_by": "ortserve",
             "max_model_len": served.context_length,
             "max_tokens": served.max_new_tokens,
+            "sampling": served.sampling_card(),
         }
     return {
         "id": name,
@@ -809,4 +822,5 @@ def _model_card(served: Served, name: str) -> ModelCard:
         "created": served.created,
         "owned_by": "ortserve",
         "max_tokens": served.max_new_tokens,
+        "sampling": served.sampling_card(),
     }

@@ -168,9 +168,21 @@ class ChatCompletionChunk(TypedDict):
     usage: NotRequired[Usage]
 
 
+class SamplingCard(TypedDict):
+    """The sampling a request that leaves these fields out gets, and where it comes from
+    (the model's generation_config.json, or ortserve's default)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    origin: str
+
+
 class ModelCard(TypedDict):
     """An OpenAI model object, with vLLM's `max_model_len` (the context; left out where
-    unknown) and `max_tokens`: the most new tokens a request may ask for."""
+    unknown), `max_tokens`: the most new tokens a request may ask for, and `sampling`:
+    the model's sampling defaults."""
 
     id: str
     object: Literal["model"]
@@ -178,6 +190,7 @@ class ModelCard(TypedDict):
     owned_by: str
     max_model_len: NotRequired[int]
     max_tokens: int
+    sampling: SamplingCard
 
 
 class ModelList(TypedDict):

@@ -28,6 +28,7 @@ from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.generation import Completion, GenerationRequest, SamplingOptions, TokenLogprob
 from ortserve.core.protocol import (
     TEMPERATURE_DOC,
+    TOP_P_DOC,
     Body,
     Event,
     GenerationBody,
@@ -279,7 +280,7 @@ class ResponsesBody(GenerationBody):
     instructions: str | None = Field(default=None, description="a system message")
     max_output_tokens: TokenLimit | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description=TOP_P_DOC)
     tools: list[FunctionTool] | None = Field(
         default=None, max_length=MAX_TOOLS, description="function tools (others are refused)"
     )
@@ -376,11 +377,9 @@ class ResponsesBody(GenerationBody):
     def to_generation(self, served: Served) -> GenerationRequest:
         check_model(served, self.model)
         limit = self.max_output_tokens or served.default_new_tokens
-        # Unsent sampling fields: OpenAI's defaults, as the chat body's.
+        # Unsent sampling fields (None): the model's defaults, as on every route.
         options = SamplingOptions(
-            max_new_tokens=limit,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
+            max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p
         )
         messages = self.conversation()
         if self.instructions is not None:

@@ -225,6 +225,14 @@ def test_models(target: Target) -> None:
     assert body["data"][0]["object"] == "model"
     # The context (vLLM's max_model_len) and the operator's limit (MAX_NEW_TOKENS 2000).
     assert (body["data"][0]["max_model_len"], body["data"][0]["max_tokens"]) == (2048, 2000)
+    # The sampling a request that sends none gets: the random model's own (greedy).
+    assert body["data"][0]["sampling"] == {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "repetition_penalty": 1.0,
+        "origin": "generation_config.json",
+    }
 
 
 def test_completion(target: Target) -> None:
@@ -791,12 +799,16 @@ def test_the_default_limit_is_the_context(unlimited: Target) -> None:
     assert error["param"] == "min_tokens" and f"limit of {CONTEXT}" in str(error["message"])
 
 
+# /api/show's sampling defaults of the random model (its own: greedy, no penalty).
+GREEDY_PARAMETERS = {"temperature": "0.0", "top_p": "1.0", "top_k": "0", "repeat_penalty": "1.0"}
+
+
 def test_ollama_show_says_the_context_and_the_limit(unlimited: Target) -> None:
     show = unlimited.call("POST", "/api/show", {"model": MODEL}).json()
     assert show["model_info"]["onnx.context_length"] == CONTEXT
     assert show["model_info"]["ortserve.max_new_tokens"] == CONTEXT
     parameters = dict(line.split() for line in show["parameters"].splitlines())
-    assert parameters == {"num_ctx": str(CONTEXT), "num_predict": "512"}
+    assert parameters == {"num_ctx": str(CONTEXT), "num_predict": "512", **GREEDY_PARAMETERS}
 
 
 def test_the_operators_limit_is_a_clear_400(target: Target) -> None:
@@ -815,7 +827,7 @@ def test_the_operators_limit_is_a_clear_400(target: Target) -> None:
     show = target.call("POST", "/api/show", {"model": MODEL}).json()
     assert show["model_info"]["ortserve.max_new_tokens"] == 2000
     parameters = dict(line.split() for line in show["parameters"].splitlines())
-    assert parameters == {"num_ctx": str(CONTEXT), "num_predict": "2000"}
+    assert parameters == {"num_ctx": str(CONTEXT), "num_predict": "2000", **GREEDY_PARAMETERS}
 
 
 # -- errors, auth, limits ---------------------------------------------------------------

@@ -34,6 +34,35 @@ def test_local_checkpoint_folder(tiny_hf_dir: Path, tiny_model_dir: Path, tmp_pa
 
 
 @pytest.mark.slow
+def test_a_checkpoints_sampling_defaults_reach_the_manifest_the_engine_and_show(
+    tiny_hf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """generation_config.json's sampling (Qwen2.5's here) is recorded at bake, and is what
+    a request that sends no sampling field gets (#39)."""
+    from ortserve.bake.catalog import add_generation_config
+    from ortserve.cli import main
+    from ortserve.core.generation import SamplingDefaults
+
+    checkpoint = shutil.copytree(tiny_hf_dir, tmp_path / "ckpt")
+    qwen = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    add_generation_config(checkpoint, {**qwen, "repetition_penalty": 1.1})
+    manifest = bake_ok("--model", str(checkpoint), "--target", "gcf", *ONLY, out=tmp_path / "m")
+    expected = SamplingDefaults(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.1)
+    assert manifest.sampling == expected
+    folder = tmp_path / "m" / "model"
+    engine = Engine.load(EngineSettings(model_dir=folder, providers="cpu"))
+    assert engine.sampling_defaults == expected
+    left_out = engine.sampling(SamplingOptions(16))
+    assert (left_out.temperature, left_out.top_p, left_out.top_k) == (0.7, 0.8, 20)
+    assert left_out.repetition_penalty == 1.1
+    assert main(["show", str(folder)]) == 0
+    assert (
+        "sampling:   temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.1 "
+        "(generation_config.json)"
+    ) in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_onnx_folder_without_genai_config_is_inferred(
     tiny_hf_dir: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -136,6 +136,7 @@ def test_run_bakes_once_into_the_store_then_list_show_serve_rm(tmp_path: Path) -
     assert "int4" in row and "random weights" in row
     shown = run_ortserve("show", "tiny-llama", env=env)
     assert shown.returncode == 0 and "quality:" in shown.stdout, shown.stderr
+    assert "sampling:   greedy, repetition_penalty 1.0 (generation_config.json)" in shown.stdout
     serve = [*ORTSERVE, "serve", "--model-dir", name, "--port", str(port)]
     _run_until_ready(serve, env, port)
     assert run_ortserve("rm", name, env=env).stdout.strip() == f"removed {short} ({name})"

@@ -16,8 +16,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from benchmarks.sampling_profiles import looped
 from ortserve.core.engine import Engine, SamplingOptions
-from ortserve.core.generation import GenerationRequest
+from ortserve.core.generation import HOUSE_SAMPLING, GenerationRequest
 from ortserve.core.manifest import read_manifest
 from ortserve.core.service import Service
 from ortserve.core.settings import EngineSettings
@@ -61,6 +62,12 @@ PROMPTS = [
 ]
 
 
+def _greedy(new_tokens: int) -> SamplingOptions:
+    """Plain greedy decoding, as transformers' reference does (not the house profile's
+    repetition penalty, which this model gets by default)."""
+    return SamplingOptions(new_tokens, temperature=0.0, repetition_penalty=1.0)
+
+
 def _engine(model_dir: Path) -> Engine:
     return Engine.load(EngineSettings(model_dir=model_dir, providers="cpu"))
 
@@ -81,7 +88,7 @@ def _answers(engine: Engine, question: str, answer: str) -> bool:
     """
     ids = engine.encode(engine.apply_chat_template([{"role": "user", "content": question}]))
     text = ""
-    for piece in engine.detokenize(engine.stream_tokens(ids, SamplingOptions(40))):
+    for piece in engine.detokenize(engine.stream_tokens(ids, _greedy(40))):
         text += piece
         if re.search(answer, text, re.I):
             return True
@@ -102,7 +109,7 @@ def test_fp32_bake_equals_transformers_greedy(real_hf_dir: Path, real_fp32_dir: 
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
         expected = [int(t) for t in out[0, len(ids) :] if int(t) not in eos]
-        assert list(engine.stream_tokens(ids, SamplingOptions(32))) == expected, prompt
+        assert list(engine.stream_tokens(ids, _greedy(32))) == expected, prompt
 
 
 def test_logprobs_equal_transformers_log_softmax(real_hf_dir: Path, real_fp32_dir: Path) -> None:
@@ -115,9 +122,7 @@ def test_logprobs_equal_transformers_log_softmax(real_hf_dir: Path, real_fp32_di
     model.eval()  # type: ignore[no-untyped-call]  # untyped upstream
     service = Service.load(EngineSettings(model_dir=real_fp32_dir, providers="cpu"))
     messages = [{"role": "user", "content": PROMPTS[2]}]
-    done = service.generate(
-        GenerationRequest(messages=messages, options=SamplingOptions(12), logprobs=3)
-    )
+    done = service.generate(GenerationRequest(messages=messages, options=_greedy(12), logprobs=3))
     assert done.logprobs is not None and len(done.logprobs) == done.completion_tokens == 12
     prompt = service.engine.prompt_ids(GenerationRequest(messages=messages))
     generated = [entry.token_id for entry in done.logprobs]
@@ -140,6 +145,50 @@ def test_default_bake_answers_factual_questions_as_fp32_does(
         assert _answers(fp32, question, answer), ("fp32", question)
     wrong = [q for q, a in FACTS if not _answers(default, q, a)]
     assert len(FACTS) - len(wrong) >= MIN_RIGHT, f"the default int4 bake gets these wrong: {wrong}"
+
+
+# The README's, the docs' and `ortserve --help`'s example questions, with what a sensible
+# answer holds (docs/measurements.md: every one at the house profile, which is greedy, so
+# one run is every run).
+EXAMPLES = [
+    ("What is the capital of France?", "Paris"),
+    ("What is the capital of Germany?", "Berlin"),
+    ("Why is the sky blue?", "scatter|wavelength|light"),
+    ("Name three fruits.", "banana|orange|grape|apple"),
+    ("Hi", "hello|help"),
+]
+
+
+def test_the_docs_examples_answer_sensibly_at_the_defaults(real_model_dir: Path) -> None:
+    """#39: with no sampling field sent, every entry point answers the examples without a
+    loop (greedy alone loops on France: "L'Étoile, la Marsebeau, la France, la France…")."""
+    service = Service.load(EngineSettings(model_dir=real_model_dir, providers="cpu"))
+    assert service.engine.sampling_defaults == HOUSE_SAMPLING  # the GGUF states none
+    for question, answer in EXAMPLES:
+        messages = [{"role": "user", "content": question}]
+        text = service.generate(
+            GenerationRequest(messages=messages, options=SamplingOptions(256))
+        ).text
+        assert re.search(answer, text, re.I) and not looped(text), (question, text)
+    # The CLI's `--help` example, and the docs' first OpenAI example, as they are written.
+    cli = run_ortserve(
+        "generate",
+        "--model-dir",
+        str(real_model_dir),
+        "--chat",
+        "--max-new-tokens",
+        "256",
+        EXAMPLES[0][0],
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "Paris" in cli.stdout and not looped(cli.stdout), cli.stdout
+    with edge_server(real_model_dir) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
+        hi = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=32
+        )
+        text = hi.choices[0].message.content or ""
+        assert re.search("hello|help", text, re.I) and not looped(text), text
 
 
 def test_the_gate_is_recorded_and_shown(real_model_dir: Path) -> None:

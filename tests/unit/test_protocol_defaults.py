@@ -29,7 +29,7 @@ def test_openai_chat_defaults_to_as_many_as_fit_and_null_means_default() -> None
     ).to_generation(SERVED)
     assert left_out == nulls
     assert left_out.options.max_new_tokens == SERVED.default_new_tokens
-    assert left_out.options.temperature == 1.0  # OpenAI's default
+    assert left_out.options.temperature is None  # the model's default (core.generation)
     assert left_out.limit_field == "max_tokens" and left_out.logprobs is None
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from ortserve.core.errors import ClientClosedError
 from ortserve.core.generation import (
+    HOUSE_SAMPLING,
     Cached,
     Decoding,
     Finish,
@@ -48,7 +49,7 @@ class _Engine:
         pass
 
     def sampling(self, options: SamplingOptions) -> Sampling:
-        return Sampling.of(options, 0)
+        return Sampling.of(options, HOUSE_SAMPLING, 0)
 
     def decode(
         self,

@@ -1,0 +1,124 @@
+"""One sampling default for every entry point (#39): a request that sends no sampling field
+gets the model's defaults, filled in one place (`Sampling.of`, through `Engine.sampling`),
+whichever route, the Python API or the CLI it came by; an explicit value always wins."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ortserve.cli import build_parser
+from ortserve.cli_kit import sampling_options
+from ortserve.core.generation import (
+    HOUSE_SAMPLING,
+    Sampling,
+    SamplingDefaults,
+    SamplingOptions,
+    sampling_defaults,
+)
+from ortserve.core.protocol import Served, parse
+from ortserve.core.protocol.native import GenerateBody
+from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
+from ortserve.core.protocol.openai import ChatBody, CompletionBody
+from ortserve.textgen import _request
+
+SERVED = Served("m", "0" * 64, "2026-01-01T00:00:00Z", 2000, 512, context_length=4096)
+CHAT = [{"role": "user", "content": "hi"}]
+# Qwen2.5's published defaults: unlike the house profile, every field differs from greedy.
+QWEN = SamplingDefaults(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.1)
+VOCAB = 1000
+
+
+def _body(body_type: Any, **fields: Any) -> Any:
+    return parse(body_type, json.dumps(fields).encode())
+
+
+def _entry_points(**sent: Any) -> dict[str, SamplingOptions]:
+    """Each entry point's SamplingOptions for a request that sends `sent` (temperature and
+    seed only: the fields every one of them takes) and nothing else."""
+    ollama = {"options": sent} if sent else {}
+    flags = [f"--{name}={value}" for name, value in sent.items()]
+    return {
+        "native": _body(GenerateBody, prompt="x", **sent).to_generation(SERVED).options,
+        "openai completions": _body(CompletionBody, model="m", prompt="x", **sent)
+        .to_generation(SERVED)
+        .options,
+        "openai chat": _body(ChatBody, model="m", messages=CHAT, **sent)
+        .to_generation(SERVED)
+        .options,
+        "ollama generate": _body(OllamaGenerateBody, model="m", prompt="x", **ollama)
+        .to_generation(SERVED)
+        .options,
+        "ollama chat": _body(OllamaChatBody, model="m", messages=CHAT, **ollama)
+        .to_generation(SERVED)
+        .options,
+        "TextGenerator": _request("generate", {**sent}, prompt="x").options,  # type: ignore[typeddict-item]  # temperature and seed
+        "ortserve generate": sampling_options(
+            build_parser().parse_args(["generate", "--model-dir", "m", "x", *flags]), 8
+        ),
+        "ortserve run": sampling_options(build_parser().parse_args(["run", "m", "x", *flags]), 8),
+    }
+
+
+@pytest.mark.parametrize("defaults", [QWEN, HOUSE_SAMPLING], ids=["model's", "house"])
+def test_every_entry_point_left_alone_gets_the_models_defaults(defaults: SamplingDefaults) -> None:
+    resolved = {
+        name: Sampling.of(options, defaults, VOCAB) for name, options in _entry_points().items()
+    }
+    expected = Sampling.of(SamplingOptions(), defaults, VOCAB)
+    assert resolved == dict.fromkeys(resolved, expected)
+    want = (defaults.temperature, defaults.top_p, defaults.top_k, defaults.repetition_penalty)
+    if defaults.temperature == 0:  # greedy: the sampling knobs are moot
+        want = (0.0, 1.0, 0, defaults.repetition_penalty)
+    assert (expected.temperature, expected.top_p, expected.top_k) == want[:3]
+    assert expected.repetition_penalty == want[3]
+
+
+def test_an_explicit_value_wins_field_by_field() -> None:
+    for name, options in _entry_points(temperature=0).items():
+        # Greedy stays greedy; the penalty nobody sent is still the model's.
+        assert Sampling.of(options, QWEN, VOCAB) == Sampling(0.0, 1.0, 0, 1.1), name
+    for name, options in _entry_points(temperature=1.5, seed=3).items():
+        assert Sampling.of(options, QWEN, VOCAB) == Sampling(1.5, 0.8, 20, 1.1), name
+        assert options.seed == 3, name
+    # The fields only some entry points have: each still wins alone.
+    native = _body(GenerateBody, prompt="x", top_k=5, repetition_penalty=1.0)
+    assert Sampling.of(native.to_generation(SERVED).options, QWEN, VOCAB) == Sampling(
+        0.7, 0.8, 5, 1.0
+    )
+    ollama = _body(OllamaGenerateBody, model="m", prompt="x", options={"repeat_penalty": 1.3})
+    assert Sampling.of(ollama.to_generation(SERVED).options, QWEN, VOCAB).repetition_penalty == 1.3
+    flags = ["--top-p", "0.5", "--top-k", "7", "--repetition-penalty", "1.0"]
+    args = build_parser().parse_args(["generate", "--model-dir", "m", "x", *flags])
+    assert Sampling.of(sampling_options(args, 8), QWEN, VOCAB) == Sampling(0.7, 0.5, 7, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"eos_token_id": 2, "bos_token_id": 1}, None),  # names no sampling: the house's
+        ({"do_sample": False}, SamplingDefaults(0.0)),
+        ({"do_sample": False, "repetition_penalty": 1.3}, SamplingDefaults(0.0, 1.0, 0, 1.3)),
+        # transformers samples only with do_sample: a temperature alone is greedy there
+        ({"temperature": 0.6, "top_p": 0.9}, SamplingDefaults(0.0)),
+        (
+            {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
+            SamplingDefaults(0.7, 0.8, 20, 1.0),
+        ),
+        ({"do_sample": True}, SamplingDefaults(1.0, 1.0, 50, 1.0)),  # transformers' own
+        ({"do_sample": True, "temperature": 0.0}, SamplingDefaults(0.0)),
+    ],
+)
+def test_generation_config_reads_as_transformers_applies_it(
+    config: dict[str, Any], expected: SamplingDefaults | None
+) -> None:
+    assert sampling_defaults(config) == expected
+
+
+def test_the_summary_says_where_the_defaults_come_from() -> None:
+    assert HOUSE_SAMPLING.summary() == "greedy, repetition_penalty 1.2 (ortserve's default)"
+    assert QWEN.summary() == (
+        "temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.1 (generation_config.json)"
+    )
