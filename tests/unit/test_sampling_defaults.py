@@ -22,6 +22,7 @@ from ortserve.core.protocol import Served, parse
 from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
 from ortserve.core.protocol.openai import ChatBody, CompletionBody
+from ortserve.core.protocol.responses import ResponsesBody
 from ortserve.textgen import _request
 
 SERVED = Served("m", "0" * 64, "2026-01-01T00:00:00Z", 2000, 512, context_length=4096)
@@ -37,8 +38,10 @@ def _body(body_type: Any, **fields: Any) -> Any:
 
 def _entry_points(**sent: Any) -> dict[str, SamplingOptions]:
     """Each entry point's SamplingOptions for a request that sends `sent` (temperature and
-    seed only: the fields every one of them takes) and nothing else."""
+    seed only: the fields every one of them takes, but the Responses API's seed) and
+    nothing else."""
     ollama = {"options": sent} if sent else {}
+    unseeded = {k: v for k, v in sent.items() if k != "seed"}  # OpenAI's Responses has none
     flags = [f"--{name}={value}" for name, value in sent.items()]
     return {
         "native": _body(GenerateBody, prompt="x", **sent).to_generation(SERVED).options,
@@ -52,6 +55,9 @@ def _entry_points(**sent: Any) -> dict[str, SamplingOptions]:
         .to_generation(SERVED)
         .options,
         "ollama chat": _body(OllamaChatBody, model="m", messages=CHAT, **ollama)
+        .to_generation(SERVED)
+        .options,
+        "openai responses": _body(ResponsesBody, model="m", input="x", **unseeded)
         .to_generation(SERVED)
         .options,
         "TextGenerator": _request("generate", {**sent}, prompt="x").options,  # type: ignore[typeddict-item]  # temperature and seed
@@ -82,7 +88,7 @@ def test_an_explicit_value_wins_field_by_field() -> None:
         assert Sampling.of(options, QWEN, VOCAB) == Sampling(0.0, 1.0, 0, 1.1), name
     for name, options in _entry_points(temperature=1.5, seed=3).items():
         assert Sampling.of(options, QWEN, VOCAB) == Sampling(1.5, 0.8, 20, 1.1), name
-        assert options.seed == 3, name
+        assert options.seed == (None if name == "openai responses" else 3), name
     # The fields only some entry points have: each still wins alone.
     native = _body(GenerateBody, prompt="x", top_k=5, repetition_penalty=1.0)
     assert Sampling.of(native.to_generation(SERVED).options, QWEN, VOCAB) == Sampling(
