@@ -96,9 +96,16 @@ try {
   result.model = await page.locator("#model").textContent();
   result.ep = await page.locator("#ep").textContent();
 
-  await page.getByLabel("Temperature").fill("0"); // greedy: the tiny model runs to the limit
-  await page.getByLabel("Max tokens").fill(process.env.MAX_TOKENS || "48");
+  // FIRST_ONLY: a new user's first question, at the page's defaults (the model's), and no
+  // more. Otherwise greedy: the tiny model runs to the limit.
+  const firstOnly = Boolean(process.env.FIRST_ONLY);
+  if (!firstOnly) {
+    await page.getByLabel("Temperature").fill("0");
+    await page.getByLabel("Max tokens").fill(process.env.MAX_TOKENS || "48");
+  }
+  result.firstBody = null;
   await send(page, message);
+  result.firstBody = page.bodies.at(-1);
   Object.assign(result, await page.evaluate(() => ({
     text: document.querySelector(".assistant .text").textContent,
     stats: document.querySelector(".assistant .stats").textContent,
@@ -109,6 +116,12 @@ try {
   check(result.text, "the reply is empty");
   check(/tokens\/s/.test(result.stats), `no tokens/s in "${result.stats}"`);
   check(result.user === message, `the message shown is "${result.user}"`);
+  if (firstOnly) {
+    result.problems = problems;
+    console.log(JSON.stringify(result));
+    await browser.close();
+    process.exit(problems.length ? 1 : 0);
+  }
 
   // New chat while a long reply streams (in the chat so far): the page is free at once and
   // empty, the next request carries the new chat alone.

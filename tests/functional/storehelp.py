@@ -55,9 +55,12 @@ def store_env(home: Path) -> dict[str, str]:
     }
 
 
-def make_demo(home: Path, port: int, venv: Path, model: str = TINY) -> ServerProcess:
+def make_demo(
+    home: Path, port: int, venv: Path, model: str = TINY, prompt: str | None = "Hi"
+) -> ServerProcess:
     """`make demo` of `model` on `port`, with `venv` standing for the project's: started,
-    in a session of its own (signals reach what make starts), not yet waited for."""
+    in a session of its own (signals reach what make starts), not yet waited for; it asks
+    `prompt` first (None: its own question)."""
     (venv / "bin").mkdir(parents=True, exist_ok=True)
     for tool in ("python", "ortserve"):
         link = venv / "bin" / tool
@@ -76,15 +79,17 @@ def make_demo(home: Path, port: int, venv: Path, model: str = TINY) -> ServerPro
         f"MODEL={model}",
         "TARGET=edge-x86_64",
         f"PORT={port}",
-        "PROMPT=Hi",
+        *([f"PROMPT={prompt}"] if prompt is not None else []),
     ]
     return ServerProcess(cmd, {**os.environ, **store_env(home)}, port, group=True)
 
 
 @contextlib.contextmanager
-def demo(home: Path, venv: Path, model: str = TINY) -> Iterator[ServerProcess]:
+def demo(
+    home: Path, venv: Path, model: str = TINY, prompt: str | None = "Hi"
+) -> Iterator[ServerProcess]:
     """`make demo` of `model` while it serves; SIGTERM to it all after."""
-    with make_demo(home, free_port(), venv, model) as server:
+    with make_demo(home, free_port(), venv, model, prompt) as server:
         server.wait_ready(300)
         yield server
         server.stop(60)

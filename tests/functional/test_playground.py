@@ -146,11 +146,16 @@ def _node_modules() -> None:
 
 
 def run_browser(
-    base: str, key: str, shots: Path, message: str | None = None, max_tokens: int = 48
+    base: str,
+    key: str,
+    shots: Path,
+    message: str | None = None,
+    max_tokens: int = 48,
+    first_only: bool = False,
 ) -> dict[str, Any]:
     """Run tests/browser/playground.mjs against the page at `base` (screenshots into the
     folder `shots`) and return what the page showed; fails with the script's output if it
-    failed."""
+    failed. `first_only`: the first question alone, at the page's own defaults."""
     node = tool("node")
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y --no-install-recommends chromium")
@@ -165,6 +170,8 @@ def run_browser(
         *([message] if message else []),
     ]
     env = {**os.environ, "MAX_TOKENS": str(max_tokens), "CHROMIUM": CHROMIUM}
+    if first_only:
+        env["FIRST_ONLY"] = "1"
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, f"playground.mjs failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])

