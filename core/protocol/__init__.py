@@ -356,6 +356,9 @@ TOP_K_DOC = (
 REPETITION_PENALTY_DOC = f"above 1 makes repeating a token less likely (1: none); {MODEL_DEFAULT}"
 #: A token limit (the OpenAPI document's maximum is the server's own).
 TokenLimit = Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND), BeforeValidator(integral)]
+#: top_k (0: every token). Its bounds inside the type: on an optional field, pydantic wrote
+#: them into the schema as `ge`/`le`, which JSON Schema does not know.
+TopK = Annotated[int, Field(ge=0, le=100000), BeforeValidator(integral)]
 #: A count of tokens that may be 0.
 TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS_BOUND), BeforeValidator(integral)]
 

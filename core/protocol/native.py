@@ -34,6 +34,7 @@ from ortserve.core.protocol import (
     Stop,
     TokenCount,
     TokenLimit,
+    TopK,
     json_guidance,
 )
 from ortserve.core.protocol.patterns import ecma_classes
@@ -82,7 +83,7 @@ class GenerateBody(GenerationBody):
     )
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, description=TOP_P_DOC)
-    top_k: Int | None = Field(default=None, ge=0, le=100000, description=TOP_K_DOC)
+    top_k: TopK | None = Field(default=None, description=TOP_K_DOC)
     repetition_penalty: float | None = Field(
         default=None, gt=0.0, le=2.0, description=REPETITION_PENALTY_DOC
     )

@@ -44,12 +44,12 @@ from ortserve.core.protocol import (
     TOP_P_DOC,
     Body,
     GenerationBody,
-    Int,
     JsonSchema,
     Reply,
     Seed,
     Served,
     Stop,
+    TopK,
     integral,
     json_guidance,
     parse,
@@ -159,7 +159,7 @@ class OllamaOptions(Body):
 
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, description=TOP_P_DOC)
-    top_k: Int | None = Field(default=None, ge=0, le=100000, description=TOP_K_DOC)
+    top_k: TopK | None = Field(default=None, description=TOP_K_DOC)
     num_predict: Annotated[int, Field(ge=-2, le=MAX_TOKENS_BOUND), BeforeValidator(integral)] = (
         Field(
             default=-1,

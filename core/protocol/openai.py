@@ -43,6 +43,7 @@ from ortserve.core.protocol import (
     TextPart,
     TokenCount,
     TokenLimit,
+    TopK,
     integral,
     json_guidance,
     public_finish,
@@ -118,11 +119,8 @@ class _OpenAIBody(GenerationBody):
     max_tokens: TokenLimit | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, description=TOP_P_DOC)
-    top_k: Int | None = Field(
-        default=None,
-        ge=0,
-        le=100000,
-        description=f"extension (vLLM's, llama-server's): {TOP_K_DOC}",
+    top_k: TopK | None = Field(
+        default=None, description=f"extension (vLLM's, llama-server's): {TOP_K_DOC}"
     )
     repetition_penalty: float | None = Field(
         default=None,

@@ -38,7 +38,10 @@ def test_list_show_and_version(client: ollama.Client) -> None:
     # The context and the limit, where Ollama's clients read them.
     assert shown.modelinfo and shown.modelinfo["onnx.context_length"] == 2048
     assert shown.modelinfo["ortserve.max_new_tokens"] == 2000
-    assert (shown.parameters or "").split() == ["num_ctx", "2048", "num_predict", "2000"]
+    assert (shown.parameters or "").split() == [
+        *("num_ctx", "2048", "num_predict", "2000"),
+        *("temperature", "0.0", "top_p", "1.0", "top_k", "0", "repeat_penalty", "1.0"),
+    ]
     with pytest.raises(ollama.ResponseError) as info:
         client.show("llama3:8b")
     assert info.value.status_code == 404 and "not found" in info.value.error

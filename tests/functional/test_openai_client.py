@@ -39,9 +39,20 @@ def test_an_empty_or_case_changed_model_name_is_the_served_model(client: openai.
 def test_models(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL
-    # vLLM's max_model_len (the context) and the limit (the harness's MAX_NEW_TOKENS).
+    # vLLM's max_model_len (the context), the limit (the harness's MAX_NEW_TOKENS), and the
+    # sampling a request that sends none gets (the tiny model's: greedy, no penalty).
     card = client.models.retrieve(MODEL)
-    assert (card.model_extra or {}) == {"max_model_len": 2048, "max_tokens": 2000}
+    assert (card.model_extra or {}) == {
+        "max_model_len": 2048,
+        "max_tokens": 2000,
+        "sampling": {
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "repetition_penalty": 1.0,
+            "origin": "generation_config.json",
+        },
+    }
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4")
     # Asked for a null temperature, the client sends `"temperature": null`: the default.

@@ -61,10 +61,12 @@ def test_ollama_num_predict_minus_one_is_as_many_as_fit() -> None:
     assert body.to_generation(SERVED).options.max_new_tokens == SERVED.default_new_tokens
 
 
-def test_unknown_fields_are_ignored_and_a_bad_one_is_named() -> None:
-    # Clients send fields of newer API versions: ignored, as OpenAI's server does.
-    body = _body(GenerateBody, prompt="x", some_new_field=5)
-    assert body.to_generation(SERVED).prompt == "x"
+def test_an_unknown_field_names_the_nearest_and_a_bad_value_is_named() -> None:
+    # A typo is a 400, as OpenAI answers (#39: `max_token` was ignored: 512 tokens).
+    with pytest.raises(InvalidRequestError) as caught:
+        _body(GenerateBody, prompt="x", max_new_token=5)
+    assert caught.value.param == "max_new_token"
+    assert "did you mean max_new_tokens?" in caught.value.message
     with pytest.raises(InvalidRequestError) as caught:
         _body(GenerateBody, prompt="x", temperature="hot")
     assert caught.value.param == "temperature"

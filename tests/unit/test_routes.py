@@ -80,3 +80,24 @@ def test_a_path_finds_its_route_and_its_metric_label() -> None:
     assert label("/wp-admin/login.php") == "other"  # unknown paths: no unbounded labels
     assert label(METRICS_ROUTE) == METRICS_ROUTE
     assert METRICS_ROUTE not in ROUTES  # only the daemon has it
+
+
+def test_the_document_holds_json_schema_keywords_only() -> None:
+    """pydantic wrote an optional field's bounds as `ge`/`le` (no JSON Schema keyword: a
+    client, and the fuzz test, saw no bound at all); they are `minimum`/`maximum`."""
+    leaked: list[str] = []
+
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, dict):
+            leaked.extend(f"{where}.{k}" for k in node.keys() & {"ge", "le", "gt", "lt"})
+            for key, value in node.items():
+                walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}.{i}")
+
+    schemas = openapi_document(TABLE, 100)["components"]["schemas"]
+    walk(schemas, "schemas")
+    assert leaked == []
+    top_k = schemas["GenerateBody"]["properties"]["top_k"]["anyOf"][0]
+    assert (top_k["minimum"], top_k["maximum"]) == (0, 100000)
