@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ortserve.bake.errors import BakeError, say
+from ortserve.bake.errors import BakeError, heartbeat, say
 from ortserve.bake.gguf_blocks import MAPPED_TYPES, Array, decode
 from ortserve.core.manifest import sha256_file
 
@@ -64,7 +64,8 @@ def checkpoint_from_gguf(gguf: Path, cache: Path) -> Path:
     tmp = cache / f".gguf-{digest[:16]}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _convert(gguf, tmp, digest)
+        with heartbeat(f"GGUF {gguf.name}: converting"):  # in-process, silent for long
+            _convert(gguf, tmp, digest)
         _give_back_memory()
     except BaseException:  # an error, Ctrl-C or SIGTERM (core.cli): no half checkpoint left
         shutil.rmtree(tmp, ignore_errors=True)
