@@ -18,15 +18,18 @@ PORT   ?= 8000
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# pip's own output is its progress (torch alone is hundreds of MB): not silenced.
+# pip's own output is its progress: not silenced. It says nothing while it unpacks what it
+# fetched (torch alone is thousands of files): a line every 10 s says it still runs.
+HEARTBEAT := $(BIN)/python -P build/bake/errors.py "make: pip install"
+
 $(VENV)/.bake-installed: pyproject.toml | $(BIN)/python
 	@echo "make: installing ortserve with its bake and edge extras into $(VENV) (pip; minutes the first time)"
-	$(BIN)/pip install -e '.[bake,edge]'
+	$(HEARTBEAT) $(BIN)/pip install -e '.[bake,edge]'
 	touch $@
 
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	@echo "make: installing ortserve with its test tools into $(VENV) (pip; minutes the first time)"
-	$(BIN)/pip install -e '.[dev]'
+	$(HEARTBEAT) $(BIN)/pip install -e '.[dev]'
 	touch $@ $(VENV)/.bake-installed
 
 # The port is checked before the bake (minutes), the store entry reused when there.

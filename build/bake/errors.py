@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import IO, Protocol
 
@@ -24,8 +25,9 @@ class BakeError(Exception):
     """The bake cannot go on; the message is one line a user can act on."""
 
 
-# How often a long step says it is still running.
-HEARTBEAT_S = 15.0
+# How often a long step says it is still running: a line at least every 15 s (docs/
+# getting-started.md), with the tick's second of slack.
+HEARTBEAT_S = 10.0
 # How often a running step's progress is asked to move on (a bar's clock, a report).
 _TICK_S = 1.0
 
@@ -118,18 +120,37 @@ class _SignalsHeld:
             signal.raise_signal(signum)
 
 
+@contextlib.contextmanager
+def heartbeat(what: str, tell: Callable[[str], None] = say) -> Iterator[None]:
+    """While the block runs, `WHAT: still running (N s)` every HEARTBEAT_S seconds (a
+    thread; for a step that says nothing for long: a subprocess without progress, the
+    GGUF conversion, the quality gate). `tell` writes the line."""
+    start = time.monotonic()
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            tell(f"{what}: still running ({time.monotonic() - start:.0f} s)")
+
+    thread = threading.Thread(target=beat, name=f"heartbeat: {what}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _wait(
     proc: subprocess.Popen[bytes],
-    what: str,
     start: float,
     timeout: float | None,
     progress: StepProgress | None,
 ) -> None:
-    """Wait for a step's end: its progress moved on each tick, or a heartbeat line every
-    HEARTBEAT_S seconds; `subprocess.TimeoutExpired` past `timeout`."""
-    last_beat = start
+    """Wait for a step's end, its progress moved on each tick;
+    `subprocess.TimeoutExpired` past `timeout`."""
     while True:
-        wait = min(_TICK_S, HEARTBEAT_S)
+        wait = _TICK_S
         if timeout is not None:
             wait = min(wait, max(0.0, start + timeout - time.monotonic()))
         try:
@@ -141,9 +162,6 @@ def _wait(
                 raise subprocess.TimeoutExpired(proc.args, timeout) from None
             if progress is not None:
                 progress.beat()
-            elif now - last_beat >= HEARTBEAT_S:
-                last_beat = now
-                say(f"{what}: still running ({now - start:.0f} s)")
 
 
 def run_step(
@@ -181,7 +199,8 @@ def run_step(
             for reader in readers:
                 reader.start()
             held.release()  # a Ctrl-C or SIGTERM that came while it started: stop it now
-            _wait(proc, what, start, timeout, progress)
+            with heartbeat(what) if progress is None else contextlib.nullcontext():
+                _wait(proc, start, timeout, progress)
             for reader in readers:
                 reader.join()
         except BaseException:
@@ -199,3 +218,20 @@ def run_step(
             if progress is not None:
                 progress.close()
     return subprocess.CompletedProcess(cmd, proc.returncode, readers[0].text(), readers[1].text())
+
+
+def _main(argv: list[str]) -> int:
+    """`python -P build/bake/errors.py WHAT CMD...`: CMD, its output as it is, with WHAT's
+    heartbeat on stdout (the Makefile's pip install: silent for minutes while it unpacks
+    torch). A script, as the package is not installed yet; -P keeps build/bake off
+    sys.path (its gguf.py would hide the `gguf` package)."""
+    what, *cmd = argv
+    with heartbeat(what, lambda line: print(line, flush=True)):
+        try:
+            return subprocess.call(cmd)
+        except KeyboardInterrupt:  # the terminal's Ctrl-C reached the command too
+            return 130
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ortserve.bake.errors import BakeError, say
+from ortserve.bake.errors import BakeError, heartbeat, say
 from ortserve.bake.gguf_blocks import MAPPED_TYPES, Array, decode
 from ortserve.core.manifest import sha256_file
 
@@ -64,7 +64,8 @@ def checkpoint_from_gguf(gguf: Path, cache: Path) -> Path:
     tmp = cache / f".gguf-{digest[:16]}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _convert(gguf, tmp, digest)
+        with heartbeat(f"GGUF {gguf.name}: converting"):  # in-process, silent for long
+            _convert(gguf, tmp, digest)
         _give_back_memory()
     except BaseException:  # an error, Ctrl-C or SIGTERM (core.cli): no half checkpoint left
         shutil.rmtree(tmp, ignore_errors=True)
@@ -143,11 +144,13 @@ def _state_dict(gguf: Path, config: Any) -> dict[str, Any]:
 def _fast_gguf() -> Iterator[None]:
     """transformers' GGUF loading, with the file's metadata parsed once (the tokenizer,
     the config and the tensors each parse it again: 151,936 token strings read one numpy
-    call at a time) and the formats bake.gguf_blocks knows dequantized by it. Both are
-    what load_gguf_checkpoint imports from `gguf` at its call (transformers 5.25)."""
+    call at a time), the tensor name map built once (transformers builds it again for
+    each module of the model: 397 times for SmolLM2-135M, 2 s) and the formats
+    bake.gguf_blocks knows dequantized by it. All are what load_gguf_checkpoint and
+    get_gguf_hf_weights_map import from `gguf` at their call (transformers 5.25)."""
     import gguf as gguf_py
 
-    original = gguf_py.GGUFReader, gguf_py.dequantize
+    original = gguf_py.GGUFReader, gguf_py.dequantize, gguf_py.get_tensor_name_map
     parsed = functools.lru_cache(maxsize=1)(original[0])
 
     def reader(path: str | Path, mode: str = "r") -> Any:
@@ -155,11 +158,13 @@ def _fast_gguf() -> Iterator[None]:
 
     gguf_py.GGUFReader = reader  # type: ignore[assignment,misc]  # a factory in its place
     gguf_py.dequantize = _dequantize
+    gguf_py.get_tensor_name_map = functools.lru_cache(maxsize=1)(original[2])
     try:
         yield
     finally:
         gguf_py.GGUFReader = original[0]  # type: ignore[misc]  # put back
         gguf_py.dequantize = original[1]
+        gguf_py.get_tensor_name_map = original[2]
 
 
 def _dequantize(data: Array, qtype: Any) -> Array:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortserve.bake.errors import BakeError, run_step, say
+from ortserve.bake.errors import BakeError, heartbeat, run_step, say
 from ortserve.bake.genai_config import infer_genai_config, set_session_options
 from ortserve.bake.onnx_source import (
     BAKED_GRAPH,
@@ -619,7 +619,8 @@ def _import_gguf(source: ResolvedSource, staging: Path) -> GgufImport:
     assert source.gguf is not None
     config = json.loads((staging / "genai_config.json").read_text(encoding="utf-8"))
     graph = str(config["model"]["decoder"]["filename"])
-    report = import_exact(source.gguf, staging, source.folder, graph)
+    with heartbeat("GGUF import"):
+        report = import_exact(source.gguf, staging, source.folder, graph)
     return GgufImport(
         file=source.gguf.name,
         sha256=sha256_file(source.gguf),

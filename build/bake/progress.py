@@ -28,8 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-# How often a plain-line report says where the builder is.
-REPORT_S = 15.0
+from ortserve.bake.errors import HEARTBEAT_S
+
+# How often a plain-line report says where the builder is (as often as a heartbeat).
+REPORT_S = HEARTBEAT_S
 
 _LOADING = re.compile(r"^Loading weights:.*?\|\s*(\d+)/(\d+)\b")
 _LAYER = re.compile(r"^Reading layer (\d+)\s*$")

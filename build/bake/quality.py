@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortserve.bake.errors import BakeError, say
+from ortserve.bake.errors import BakeError, heartbeat, say
 from ortserve.core.manifest import QualityCheck
 
 if TYPE_CHECKING:  # numpy is imported where it is used: `ortserve --help` stays fast
@@ -153,14 +153,16 @@ def check(
     Raises:
         BakeError: The ratio is above `max_ppl_ratio` (never for random weights).
     """
-    ids = _gate_ids(checkpoint)
-    if baked.context_length:
-        ids = ids[: baked.context_length - 1]
-    say(
-        f"quality gate: scoring {len(ids) - 1} tokens of a fixed text with {reference} "
-        "and with the baked model"
-    )
-    ppl_ref, ppl, top1, kl = compare(_reference_logits(checkpoint, ids), baked.logits(ids), ids)
+    with heartbeat("quality gate"):  # transformers' load and forward say nothing for long
+        ids = _gate_ids(checkpoint)
+        if baked.context_length:
+            ids = ids[: baked.context_length - 1]
+        say(
+            f"quality gate: scoring {len(ids) - 1} tokens of a fixed text with {reference} "
+            "and with the baked model"
+        )
+        ref_logits = _reference_logits(checkpoint, ids)
+        ppl_ref, ppl, top1, kl = compare(ref_logits, baked.logits(ids), ids)
     ratio = ppl / ppl_ref
     passed = ratio <= max_ppl_ratio
     status = "passed" if passed else "failed"

@@ -106,7 +106,8 @@ def test_the_bake_says_where_it_is_and_how_long_each_step_took(tiny_model_dir: P
         line.startswith("the model builder: quantizing: 11 weights done in ") for line in builder
     ), builder
     assert any(line.startswith("the model builder: saving tensors: ") for line in builder)
-    assert not any("still running" in line for line in said), said
+    # The in-process steps' heartbeat (the gate's) may come on a busy machine; not the builder's.
+    assert not any("still running" in line for line in builder), builder
     assert any(
         line.startswith("quality gate: scoring 928 tokens of a fixed text with transformers fp32")
         for line in said

@@ -1,6 +1,6 @@
 """A long bake step says it is alive, and still returns (or times out) like subprocess.run;
 the model builder's output becomes progress: layers done of the total, a percentage and the
-time left (#27 item 5)."""
+time left (#27 item 5); the steps that run in-process have the same heartbeat (#39)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from ortserve.bake import errors
@@ -210,3 +214,79 @@ def test_a_pip_steps_heartbeat_names_the_step_not_its_failure(
     monkeypatch.setattr(package_edge, "run_step", lambda cmd, what, **kw: real(failing, what, **kw))
     with pytest.raises(BakeError, match=r"^cannot download the x86_64 wheels: no such wheel; hint"):
         package_edge._pip(["download", "x"], "cannot download the x86_64 wheels", "hint")
+
+
+def _beats(text: str, what: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(f"{what}: still running (")]
+
+
+def test_an_in_process_step_has_the_same_heartbeat_and_it_stops_with_the_step(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(errors, "HEARTBEAT_S", 0.05)
+    with errors.heartbeat("GGUF x.gguf: converting"):
+        time.sleep(0.3)
+    beats = _beats(capsys.readouterr().err, "[bake] GGUF x.gguf: converting")
+    assert 2 <= len(beats) <= 6, beats
+    time.sleep(0.2)
+    assert capsys.readouterr().err == ""  # no beat once the step is over
+
+
+def test_the_gguf_conversion_has_a_heartbeat(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """#39: the conversion (transformers, in-process) said nothing for 78 s."""
+    from ortserve.bake import gguf
+
+    def slow_convert(source: Path, out: Path, digest: str) -> None:
+        time.sleep(0.3)
+        out.mkdir(parents=True)
+        for name in (*gguf._NEEDED, gguf.CHECKPOINT_WEIGHTS[0]):
+            (out / name).write_text("{}")
+
+    monkeypatch.setattr(errors, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(gguf, "_convert", slow_convert)
+    source = tmp_path / "m.gguf"
+    source.write_bytes(b"GGUF")
+    out = gguf.checkpoint_from_gguf(source, tmp_path / "cache")
+    assert (out / "config.json").is_file()
+    assert _beats(capsys.readouterr().err, "[bake] GGUF m.gguf: converting")
+
+
+def test_the_quality_gate_has_a_heartbeat(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """#39: the gate (transformers' load and forward, in-process) said nothing for 44 s."""
+    from ortserve.bake import quality
+
+    ids = [1, 2, 3, 4]
+    logits = np.random.default_rng(0).normal(size=(len(ids), 8))
+
+    def slow_reference(checkpoint: Path, scored: list[int]) -> np.ndarray[Any, Any]:
+        time.sleep(0.3)
+        return logits
+
+    class Baked:
+        context_length = 0
+
+        def logits(self, scored: list[int]) -> np.ndarray[Any, Any]:
+            return logits
+
+    monkeypatch.setattr(errors, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(quality, "_gate_ids", lambda checkpoint: ids)
+    monkeypatch.setattr(quality, "_reference_logits", slow_reference)
+    result = quality.check(tmp_path, Baked(), 1.25, random_weights=False)
+    assert result.status == "passed" and result.ppl_ratio == 1.0
+    assert _beats(capsys.readouterr().err, "[bake] quality gate")
+
+
+def test_the_makefiles_heartbeat_runs_the_command_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make demo`'s pip install goes through errors.py as a script (tests/unit/
+    test_make_install.py): its exit status, its output untouched, a beat on stdout."""
+    monkeypatch.setattr(errors, "HEARTBEAT_S", 0.05)
+    code = "import time; time.sleep(0.3); print('Successfully installed'); raise SystemExit(3)"
+    assert errors._main(["make: pip install", sys.executable, "-c", code]) == 3
+    out = capsys.readouterr().out
+    assert _beats(out, "make: pip install"), out

@@ -1,4 +1,5 @@
-"""`make demo`'s install shows pip's own progress (#27 item 5: it said nothing for minutes)."""
+"""`make demo`'s install shows pip's own progress (#27 item 5: it said nothing for minutes),
+and a heartbeat while pip is silent (#39: 173 s without a line while it unpacked torch)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def test_the_install_says_what_it_does_and_pip_is_not_silenced(tmp_path: Path, s
     assert pips, lines
     for line in pips:
         words = line.split()
+        # errors.py's heartbeat as a script (tests/unit/test_bake_progress.py runs it).
+        assert words[:3] == [f"{venv}/bin/python", "-P", "build/bake/errors.py"], line
         assert "--quiet" not in words and "-q" not in words and "-qq" not in words, line
         assert "--progress-bar" not in words or "off" not in words, line
     assert any(line.startswith("echo") and "installing ortserve" in line for line in lines), lines
