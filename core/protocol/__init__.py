@@ -356,6 +356,24 @@ TOP_K_DOC = (
 REPETITION_PENALTY_DOC = f"above 1 makes repeating a token less likely (1: none); {MODEL_DEFAULT}"
 #: A token limit (the OpenAPI document's maximum is the server's own).
 TokenLimit = Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND), BeforeValidator(integral)]
+UNAPPLIED = (
+    "not applied by this server: leave it out (or send 0, or an empty logit_bias); "
+    "repetition_penalty is the penalty it applies"
+)
+
+
+def _unapplied(value: Any) -> Any:
+    """A field taken at its no-op value only (0, empty): anything else is refused in words,
+    never silently ignored."""
+    if value:
+        raise ValueError(UNAPPLIED)
+    return value
+
+
+#: OpenAI's frequency_penalty and presence_penalty: 0 only (clients send 0 by default).
+NoPenalty = Annotated[float, Field(ge=0.0, le=0.0), BeforeValidator(_unapplied)]
+#: OpenAI's logit_bias: empty only.
+NoBias = Annotated[dict[str, float], Field(max_length=0), BeforeValidator(_unapplied)]
 #: top_k (0: every token). Its bounds inside the type: on an optional field, pydantic wrote
 #: them into the schema as `ge`/`le`, which JSON Schema does not know.
 TopK = Annotated[int, Field(ge=0, le=100000), BeforeValidator(integral)]

@@ -30,12 +30,15 @@ from ortserve.core.protocol import (
     TEMPERATURE_DOC,
     TOP_K_DOC,
     TOP_P_DOC,
+    UNAPPLIED,
     Body,
     Event,
     GenerationBody,
     Int,
     JsonSchema,
     MultiChoiceReply,
+    NoBias,
+    NoPenalty,
     Reply,
     Seed,
     Served,
@@ -82,13 +85,10 @@ class StreamOptions(Body):
 
 
 #: Fields of OpenAI's requests that ask nothing of the generation (bookkeeping, billing,
-#: OpenAI's own storage and caches), and the penalties ortserve does not apply (some
-#: clients send them at 0): accepted, not used.
+#: OpenAI's own storage and caches): accepted, not used. The penalties ortserve does not
+#: apply are fields taken at 0 only (`NoPenalty`): never ignored when they ask for more.
 OPENAI_ACCEPTED = frozenset(
     {
-        "frequency_penalty",
-        "presence_penalty",
-        "logit_bias",
         "user",
         "store",
         "metadata",
@@ -128,6 +128,9 @@ class _OpenAIBody(GenerationBody):
         le=2.0,
         description=f"extension (vLLM's): {REPETITION_PENALTY_DOC}",
     )
+    frequency_penalty: NoPenalty | None = Field(default=None, description=f"0 only: {UNAPPLIED}")
+    presence_penalty: NoPenalty | None = Field(default=None, description=f"0 only: {UNAPPLIED}")
+    logit_bias: NoBias | None = Field(default=None, description=f"empty only: {UNAPPLIED}")
     seed: Seed | None = SEED
     stop: Stop = None
     n: Int = Field(

@@ -1029,9 +1029,11 @@ def test_json_array_body(target: Target) -> None:
 
 def test_fields_the_clients_send_are_accepted(target: Target) -> None:
     """Fields of OpenAI's and Ollama's clients that ortserve does not use are accepted."""
-    openai_fields = {"frequency_penalty": 0, "user": "u", "store": True, "metadata": {"a": "b"}}
+    openai_fields = {"user": "u", "store": True, "metadata": {"a": "b"}}
+    # The penalties at 0, as clients send them by default (Responses has none).
+    penalties = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}}
     reply = target.call(
-        "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2, **openai_fields}
+        "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2, **openai_fields, **penalties}
     )
     assert reply.status == 200, reply.body
     reply = target.call(

@@ -70,3 +70,25 @@ def test_an_unknown_field_names_the_nearest_and_a_bad_value_is_named() -> None:
     with pytest.raises(InvalidRequestError) as caught:
         _body(GenerateBody, prompt="x", temperature="hot")
     assert caught.value.param == "temperature"
+
+
+@pytest.mark.parametrize("body_type", [ChatBody, CompletionBody])
+def test_openais_penalties_are_taken_at_zero_and_refused_in_words_above(body_type: Any) -> None:
+    """ortserve applies neither frequency/presence penalty nor logit_bias: their no-op
+    values (what clients send by default) are taken, anything else is a 400 that says so,
+    never silently ignored."""
+    asked = {"messages": [{"role": "user", "content": "x"}]} if body_type is ChatBody else {}
+    prompt = {} if body_type is ChatBody else {"prompt": "x"}
+    fields = {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}}
+    body = _body(body_type, model="m", **asked, **prompt, **fields)
+    assert body.to_generation(SERVED).options.repetition_penalty is None  # the model's
+    for name, value in (
+        ("frequency_penalty", 0.5),
+        ("presence_penalty", -1),
+        ("logit_bias", {"50256": -100}),
+    ):
+        with pytest.raises(InvalidRequestError) as caught:
+            _body(body_type, model="m", **asked, **prompt, **{name: value})
+        assert caught.value.param == name
+        assert "not applied by this server" in caught.value.message
+        assert "repetition_penalty" in caught.value.message
