@@ -388,6 +388,23 @@ NO_MINIMUM_PROPERTIES: JsonDict = {
     "ignore_eos": {"anyOf": [{"const": False}, {"type": "null"}]},
 }
 NO_MINIMUM: JsonDict = {"properties": NO_MINIMUM_PROPERTIES}
+#: The OpenAPI rule of both chat APIs (chat completions, Responses): a tool_choice needs tools.
+TOOL_CHOICE_NEEDS_TOOLS: JsonDict = {
+    "if": {"properties": {"tool_choice": {"not": {"type": "null"}}}, "required": ["tool_choice"]},
+    "then": {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]},
+}
+
+
+def when_a_call_is_forced(then: JsonDict) -> JsonDict:
+    """The OpenAPI rule: with tool_choice `required` or a named function (the call is
+    constrained already), `then` holds (no other constrained output beside it)."""
+    forced: JsonDict = {"anyOf": [{"const": "required"}, {"type": "object"}]}
+    return {
+        "if": {"properties": {"tool_choice": forced}, "required": ["tool_choice"]},
+        "then": then,
+    }
+
+
 MIN_TOKENS_DOC = (
     "extension (vLLM's): generate at least this many tokens, EOS held back until then "
     "(never more than the token limit; without one, the default limit rises to it)"

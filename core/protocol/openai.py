@@ -28,6 +28,7 @@ from ortserve.core.protocol import (
     REPETITION_PENALTY_DOC,
     SEED,
     TEMPERATURE_DOC,
+    TOOL_CHOICE_NEEDS_TOOLS,
     TOP_K_DOC,
     TOP_P_DOC,
     UNAPPLIED,
@@ -50,6 +51,7 @@ from ortserve.core.protocol import (
     integral,
     json_guidance,
     public_finish,
+    when_a_call_is_forced,
 )
 from ortserve.core.protocol.replies import (
     AssistantMessage,
@@ -506,31 +508,11 @@ class ChatBody(_OpenAIBody):
                     },
                     "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
                 },
-                {
-                    "if": {
-                        "properties": {"tool_choice": {"not": {"type": "null"}}},
-                        "required": ["tool_choice"],
-                    },
-                    "then": {
-                        "properties": {"tools": {"type": "array", "minItems": 1}},
-                        "required": ["tools"],
-                    },
-                },
+                TOOL_CHOICE_NEEDS_TOOLS,
                 # A required or named call is constrained already: no response_format beside it.
-                {
-                    "if": {
-                        "properties": {
-                            "tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}
-                        },
-                        "required": ["tool_choice"],
-                    },
-                    "then": {
-                        "properties": {
-                            "response_format": {"type": "null"},
-                            **NO_MINIMUM_PROPERTIES,
-                        }
-                    },
-                },
+                when_a_call_is_forced(
+                    {"properties": {"response_format": {"type": "null"}, **NO_MINIMUM_PROPERTIES}}
+                ),
                 # Constrained output takes no minimum length.
                 {
                     "if": {

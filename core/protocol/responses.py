@@ -23,11 +23,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, PrivateAttr, Tag
+from pydantic.config import JsonDict
 
 from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.generation import Completion, GenerationRequest, SamplingOptions, TokenLogprob
 from ortserve.core.protocol import (
     TEMPERATURE_DOC,
+    TOOL_CHOICE_NEEDS_TOOLS,
     TOP_P_DOC,
     Body,
     Event,
@@ -39,6 +41,7 @@ from ortserve.core.protocol import (
     TokenLimit,
     json_guidance,
     public_finish,
+    when_a_call_is_forced,
 )
 from ortserve.core.protocol.openai import (
     OPENAI_ACCEPTED,
@@ -211,6 +214,25 @@ class TextConfig(Body):
     ] = Field(default_factory=lambda: TextFormat(type="text"))
 
 
+#: `text` with no format, or the plain text one: what a forced call leaves it.
+_PLAIN_TEXT: JsonDict = {
+    "anyOf": [
+        {"type": "null"},
+        {
+            "type": "object",
+            "properties": {
+                "format": {
+                    "anyOf": [
+                        {"type": "null"},
+                        {"type": "object", "properties": {"type": {"const": "text"}}},
+                    ]
+                }
+            },
+        },
+    ]
+}
+
+
 class ResponsesBody(GenerationBody):
     """POST /v1/responses."""
 
@@ -219,47 +241,8 @@ class ResponsesBody(GenerationBody):
     model_config = ConfigDict(
         json_schema_extra={
             "allOf": [
-                {
-                    "if": {
-                        "properties": {"tool_choice": {"not": {"type": "null"}}},
-                        "required": ["tool_choice"],
-                    },
-                    "then": {
-                        "properties": {"tools": {"type": "array", "minItems": 1}},
-                        "required": ["tools"],
-                    },
-                },
-                {
-                    "if": {
-                        "properties": {
-                            "tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}
-                        },
-                        "required": ["tool_choice"],
-                    },
-                    "then": {
-                        "properties": {
-                            "text": {
-                                "anyOf": [
-                                    {"type": "null"},
-                                    {
-                                        "type": "object",
-                                        "properties": {
-                                            "format": {
-                                                "anyOf": [
-                                                    {"type": "null"},
-                                                    {
-                                                        "type": "object",
-                                                        "properties": {"type": {"const": "text"}},
-                                                    },
-                                                ]
-                                            }
-                                        },
-                                    },
-                                ]
-                            }
-                        }
-                    },
-                },
+                TOOL_CHOICE_NEEDS_TOOLS,
+                when_a_call_is_forced({"properties": {"text": _PLAIN_TEXT}}),
             ]
         }
     )
