@@ -453,6 +453,9 @@ def json_guidance(schema: dict[str, Any], field: str, closed: bool = True) -> Gu
 _B = TypeVar("_B", bound=Body)
 
 
+_NAME_SHOWN = 64  # characters of an unknown field's name an error repeats
+
+
 def parse(model: type[_B], body: bytes) -> _B:
     """Validate a raw request body as `model`.
 
@@ -482,7 +485,11 @@ def parse(model: type[_B], body: bytes) -> _B:
         if first["type"] == "unknown_field":
             context = first.get("ctx") or {}
             path = _holder(data, loc, context["field"]) or _in_body(data, loc)
-            where = ".".join(str(p) for p in [*path, context["field"]])
+            # The name as sent, but never more of it than a name needs: the 400 (and the
+            # request's log line) would repeat a megabyte-long key.
+            name = str(context["field"])
+            shown = name if len(name) <= _NAME_SHOWN else f"{name[:_NAME_SHOWN]}…"
+            where = ".".join(str(p) for p in [*path, shown])
             raise InvalidRequestError(f"unknown field {where}{context['hint']}", where) from None
         shared = [e["loc"] for e in errors if e["loc"][: len(loc) - 1] == tuple(loc[:-1])]
         if len(shared) > 1:

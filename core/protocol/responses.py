@@ -271,6 +271,7 @@ class ResponsesBody(GenerationBody):
     text: TextConfig | None = None
     previous_response_id: str | None = Field(
         default=None,
+        max_length=128,  # ids are resp_ and 32 hex digits; the 400 repeats the id it names
         description=f"continue one of the last {KEPT_RESPONSES} responses this process "
         "answered (kept in memory; others are a 400)",
     )

@@ -13,6 +13,7 @@ from ortserve.core.protocol import Served, parse
 from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaGenerateBody
 from ortserve.core.protocol.openai import ChatBody, CompletionBody
+from ortserve.core.protocol.responses import ResponsesBody
 
 SERVED = Served("m", "0" * 64, "2026-01-01T00:00:00Z", 2000, 512, context_length=4096)
 CHAT = [{"role": "user", "content": "hi"}]
@@ -92,3 +93,16 @@ def test_openais_penalties_are_taken_at_zero_and_refused_in_words_above(body_typ
         assert caught.value.param == name
         assert "not applied by this server" in caught.value.message
         assert "repetition_penalty" in caught.value.message
+
+
+def test_an_error_never_repeats_a_huge_name_or_id() -> None:
+    """Hostile input: a megabyte-long unknown key, or previous_response_id, is named in
+    the 400 by its first characters only (the reply and the log line stay small)."""
+    with pytest.raises(InvalidRequestError) as caught:
+        parse(ChatBody, json.dumps({"messages": [], "x" * 1_000_000: 1}).encode())
+    assert len(caught.value.message) < 200 and caught.value.param == "x" * 64 + "…"
+    with pytest.raises(InvalidRequestError) as caught:
+        parse(
+            ResponsesBody, json.dumps({"input": "x", "previous_response_id": "r" * 10**6}).encode()
+        )
+    assert caught.value.param == "previous_response_id" and len(caught.value.message) < 200
