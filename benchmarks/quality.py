@@ -116,6 +116,7 @@ class Variant:
     # The --model GGUF itself: og bakes it with the exact import (bake.gguf_import),
     # llama.cpp runs the file as it is. Skipped for a source that is not a GGUF.
     from_gguf: bool = False
+    flags: tuple[str, ...] = ()  # more `ortserve bake` flags (a from_gguf variant's)
 
 
 def _og(
@@ -260,6 +261,22 @@ VARIANTS: dict[str, Variant] = {
             from_gguf=True,
             note="the --model GGUF's own quantized weights imported bit for bit (the "
             "default bake of a GGUF source)",
+        ),
+        Variant(
+            "og-gguf-compact",
+            "og",
+            from_gguf=True,
+            flags=("--compact",),
+            note="the --model GGUF imported with --compact: 4-bit formats exact, the 8-bit "
+            "forms (Q5_x, Q6_K, Q8_0) made 4-bit blocks of 32",
+        ),
+        Variant(
+            "og-gguf-exact-kv8",
+            "og",
+            from_gguf=True,
+            flags=("--kv-cache", "int8"),
+            note="the exact import with --kv-cache int8 (keys and values cached as int8, "
+            "calibrated scales; scored through the cache)",
         ),
         Variant(
             "llama.cpp-gguf",
@@ -564,6 +581,7 @@ def bake_command(variant: Variant, hf_dir: Path, out: Path, model: str = "") -> 
             "--no-smoke",
             "--out",
             str(out),
+            *variant.flags,
         ]
         return [*command, "--no-quality-check"] if _has_quality_gate() else command
     command = [

@@ -119,9 +119,10 @@ _BETWEEN_PARTS_S = 0.002
 _CACHE_ROOM = 4096
 
 
-def _kv_bytes_per_token(model_config: dict[str, Any]) -> int:
-    """Bytes of KV cache one token takes (keys and values, every layer; fp32, as og 0.18's
-    CPU models keep it); 0 when genai_config does not say."""
+def _kv_bytes_per_token(model_config: dict[str, Any], element_bytes: int) -> int:
+    """Bytes of KV cache one token takes (keys and values, every layer; `element_bytes`
+    each: 4 for og 0.18's fp32 cache on CPU, 1 for an int8 one); 0 when genai_config does
+    not say."""
     decoder = model_config.get("decoder", {})
     try:
         layers = int(decoder["num_hidden_layers"])
@@ -129,7 +130,7 @@ def _kv_bytes_per_token(model_config: dict[str, Any]) -> int:
         size = int(decoder["head_size"])
     except (KeyError, TypeError, ValueError):
         return 0
-    return 2 * layers * heads * size * 4
+    return 2 * layers * heads * size * element_bytes
 
 
 def _first_line(exc: BaseException) -> str:
@@ -452,7 +453,7 @@ class Engine:
             if (settings.prompt_cache_slots > 0)
             else None
         )
-        self.kv_bytes_per_token = _kv_bytes_per_token(model_config)
+        self.kv_bytes_per_token = _kv_bytes_per_token(model_config, manifest.kv_cache_element_bytes)
         if self.prompt_cache is not None:  # its generators went with a faulted engine
             model.on_restart(self.prompt_cache.clear)
 

@@ -75,12 +75,15 @@ class GgufImport(BaseModel):
         sha256: Its sha256.
         exact: GGUF tensor → its type, for the weights imported bit for bit.
         requantized: GGUF tensor → why the builder's quantization of it was kept.
+        compacted: GGUF tensor → its type, for the 8-bit forms a compact import made
+            4-bit (`--gguf-import compact`).
     """
 
     file: str
     sha256: str
     exact: dict[str, str] = Field(default_factory=dict)
     requantized: dict[str, str] = Field(default_factory=dict)
+    compacted: dict[str, str] = Field(default_factory=dict)
 
     def summary(self) -> str:
         """One line for people: which types came over exactly, and what did not."""
@@ -89,6 +92,8 @@ class GgufImport(BaseModel):
             counts[kind] = counts.get(kind, 0) + 1
         types = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
         line = f"{len(self.exact)} weights exact from {self.file} ({types or 'none'})"
+        if self.compacted:
+            line += f"; {len(self.compacted)} made 4-bit (compact)"
         if self.requantized:
             line += f"; {len(self.requantized)} requantized by the builder"
         return line
@@ -131,6 +136,13 @@ class Manifest(BaseModel):
     gguf_import: GgufImport | None = None
     sampling: SamplingDefaults | None = None
     files: list[ManifestFile]
+
+    @property
+    def kv_cache_element_bytes(self) -> int:
+        """Bytes one cached key or value element takes: 1 for an int8 cache
+        (`--kv-cache int8`), else 4 (fp32, og 0.18's CPU default)."""
+        scheme = self.builder_options.get("kv_cache_quant_scheme", "none")
+        return 1 if scheme.startswith(("int8", "fp8")) else 4
 
 
 _MACHINES = {"arm64": "aarch64", "amd64": "x86_64"}  # platform.machine()'s other names

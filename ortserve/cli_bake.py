@@ -147,6 +147,27 @@ def _add_bake_choices(parser: argparse.ArgumentParser, *, run: bool) -> None:
         ),
     )
     parser.add_argument(
+        "--compact",
+        action="store_true",
+        help=helps(
+            "a GGUF source: import its 4-bit formats exactly but make the formats MatMulNBits "
+            "holds exactly only as 8 bits (Q5_0/Q5_1/Q5_K, Q6_K, Q8_0) 4-bit blocks of 32: a "
+            "smaller, faster folder, no longer bit for bit (docs/bake.md)",
+            "a GGUF source: the compact import, as `ortserve bake --compact`",
+        ),
+    )
+    parser.add_argument(
+        "--kv-cache",
+        dest="kv_cache",
+        choices=("fp32", "int8"),
+        default="fp32",
+        help=helps(
+            "how keys and values are cached: fp32 (the default), or int8 with scales "
+            "calibrated on the checkpoint (4x less cache memory a token; docs/bake.md)",
+            "the KV cache's type, as `ortserve bake --kv-cache`",
+        ),
+    )
+    parser.add_argument(
         "--builder-option",
         action="append",
         type=_key_value,
@@ -173,6 +194,8 @@ def _bake_request(args: argparse.Namespace) -> BakeRequest:
         cache_dir=BakeSettings().cache_dir,
         recipe=args.recipe,
         requantize=args.requantize,
+        compact=args.compact,
+        kv_cache=args.kv_cache,
         context_length=args.context_length,
     )
 

@@ -108,8 +108,8 @@ def _source_slug(source: str) -> str:
 def short_name(spec: dict[str, Any]) -> str:
     """The short name of a bake `spec` (a store entry's): the source's model name, then a
     tag of what is not the default (a GGUF file's quantization, a revision, a precision, a
-    recipe, builder options, `--requantize`, a context length, a target other than an edge
-    board's); a name `ortserve cp` gave is its own."""
+    recipe, builder options, `--requantize`, `--compact`, `--kv-cache`, a context length,
+    a target other than an edge board's); a name `ortserve cp` gave is its own."""
     if spec.get("name"):  # given by `ortserve cp`
         return str(spec["name"])
     base = _source_slug(str(spec["source"]).removesuffix(".gguf").removesuffix(".GGUF"))
@@ -133,6 +133,10 @@ def short_name(spec: dict[str, Any]) -> str:
         tags.append(f"opts-{_digest(spec['options'])[:6]}")
     if spec.get("requantize"):  # a GGUF quantized again rather than imported as it is
         tags.append("requantized")
+    if spec.get("compact"):
+        tags.append("compact")
+    if spec.get("kv_cache"):
+        tags.append(f"kv-{spec['kv_cache']}")
     if spec.get("context_length"):
         tags.append(f"ctx{spec['context_length']}")
     target = str(spec.get("target", ""))
@@ -266,6 +270,10 @@ def plan(store: Path, request: BakeRequest, rebake: bool = False) -> Planned:
         spec["recipe"] = label if label in RECIPES else recipe.model_dump_json()
     if request.requantize:
         spec["requantize"] = True  # absent otherwise: earlier store names stay the same
+    if request.compact:
+        spec["compact"] = True
+    if request.kv_cache != "fp32":
+        spec["kv_cache"] = request.kv_cache
     if request.context_length is not None:
         spec["context_length"] = request.context_length
     entry = store / entry_name(spec)

@@ -23,7 +23,9 @@ type with gguf-py's own dequantization.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,12 +101,73 @@ class Blocks:
             q.astype(np.uint8), self.scale, np.full_like(self.zero, 128), 8, self.block, self.offset
         )
 
+    def compact(self) -> Blocks:
+        """The weight as 4-bit blocks of 32 with a zero point each (no offset): the
+        8-bit forms (Q5_x, Q6_K, Q8_0) requantized by llama.cpp's weighted scale-and-min
+        search (`make_qkx2_quants`, as ORT's k_quant), from their exact values. Not exact:
+        5.1 bits a weight where the 8-bit form takes 9 (10 for Q6_K's blocks of 16)."""
+        if self.bits == 4:
+            return self
+        n, k = self.q.shape
+        q = np.empty((n, k), np.uint8)
+        scale, zero = np.empty((n, k // 32), np.float32), np.empty((n, k // 32), np.uint8)
+        rows = max(1, _REQUANTIZE_VALUES // k)
+
+        def part(first: int) -> None:
+            last = min(first + rows, n)
+            found = _search4(self.take_rows(np.arange(first, last)).dequantize())
+            q[first:last], scale[first:last], zero[first:last] = found
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(part, range(0, n, rows)))
+        return Blocks(q, scale, zero, 4, 32)
+
     def take_rows(self, order: Array) -> Blocks:
         """The rows in `order` (rows are whole: a row permutation is exact)."""
         offset = None if self.offset is None else self.offset[order]
         return Blocks(
             self.q[order], self.scale[order], self.zero[order], self.bits, self.block, offset
         )
+
+
+# Values requantized per task: a few hundred thousand rows' worth of float32 temporaries.
+_REQUANTIZE_VALUES = 1 << 21
+_SEARCH_STEPS = 20  # llama.cpp's q4_K: make_qkx2_quants(..., -1.0, 0.1, 20, ...)
+
+
+def _search4(w: Array) -> tuple[Array, Array, Array]:
+    """4-bit blocks of 32 for float32 `w` [N, K]: per block the scale and integer zero
+    point that minimise the error weighted by |x| + rms(block) (llama.cpp's importance
+    weights for q4_K), trying 21 scales over the block's range (round to nearest is the
+    first) and refitting each by weighted least squares for its integers."""
+    n, k = w.shape
+    x = w.reshape(-1, 32)
+    weights = np.sqrt((x * x).mean(1, keepdims=True)) + np.abs(x)
+    low = np.minimum(x.min(1, keepdims=True), 0)
+    span = np.maximum(x.max(1, keepdims=True), 0) - low
+    span[span == 0] = 1
+    best = np.full_like(low, np.inf)
+    best_scale, best_zero, best_q = span / 15, np.zeros_like(low), np.zeros_like(x)
+    for step in range(_SEARCH_STEPS + 1):
+        trial = span / (15 - 1 + 0.1 * step) if step else span / 15
+        zero = np.clip(np.rint(-low / trial), 0, 15)
+        level = np.clip(np.rint(x / trial + zero), 0, 15) - zero
+        wl = weights * level
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = (wl * x).sum(1, keepdims=True) / (wl * level).sum(1, keepdims=True)
+        scale = np.where(np.isfinite(scale) & (scale > 0), scale, trial)
+        error = scale * level - x
+        mad = (weights * error * error).sum(1, keepdims=True)
+        better = mad < best
+        best = np.where(better, mad, best)
+        best_scale = np.where(better, scale, best_scale)
+        best_zero = np.where(better, zero, best_zero)
+        best_q = np.where(better, level + zero, best_q)
+    return (
+        best_q.astype(np.uint8).reshape(n, k),
+        best_scale.astype(np.float32).reshape(n, -1),
+        best_zero.astype(np.uint8).reshape(n, -1),
+    )
 
 
 def concat(parts: list[Blocks]) -> Blocks:

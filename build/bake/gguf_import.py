@@ -71,6 +71,7 @@ class ImportReport:
 
     exact: dict[str, str] = field(default_factory=dict)
     requantized: dict[str, str] = field(default_factory=dict)  # tensor → why
+    compacted: dict[str, str] = field(default_factory=dict)  # tensor → its type
 
 
 @dataclass
@@ -429,7 +430,7 @@ def _replace(graph: _Graph, node: Any, blocks: Blocks) -> str | None:
 _EMBEDDING = _Part("token_embd.weight", "model.embed_tokens.weight")
 
 
-def _embed(graph: _Graph, source: _Source, report: ImportReport) -> None:
+def _embed(graph: _Graph, source: _Source, report: ImportReport, compact: bool) -> None:
     """Look tokens up in the GGUF's own quantized embedding (GatherBlockQuantized; a
     format with offsets adds them from a [vocab, K/32] table) where the builder left an
     fp32 Gather: Qwen2.5-0.5B's is 545 MB in fp32, 157 MB as its Q5_0 blocks."""
@@ -449,6 +450,12 @@ def _embed(graph: _Graph, source: _Source, report: ImportReport) -> None:
     if isinstance(found, str):
         report.requantized[_EMBEDDING.gguf] = f"kept as the builder's fp32 embedding: {found}"
         return
+    kind = source.tensors[_EMBEDDING.gguf].tensor_type.name
+    if compact and found.bits == 8:
+        found = found.compact()
+        report.compacted[_EMBEDDING.gguf] = kind
+    else:
+        report.exact[_EMBEDDING.gguf] = kind
     blocks = found.centred()
     n, k = blocks.q.shape
     weight, scale, zero = _pack(blocks)
@@ -475,10 +482,11 @@ def _embed(graph: _Graph, source: _Source, report: ImportReport) -> None:
     if blocks.offset is not None:
         graph.add_gather_offset(gather.name, out, gather.input[1], blocks.offset)
     graph.remove(gather)
-    report.exact[_EMBEDDING.gguf] = source.tensors[_EMBEDDING.gguf].tensor_type.name
 
 
-def import_exact(gguf: Path, model_dir: Path, checkpoint: Path, graph_file: str) -> ImportReport:
+def import_exact(
+    gguf: Path, model_dir: Path, checkpoint: Path, graph_file: str, compact: bool = False
+) -> ImportReport:
     """Replace the quantized weights of `model_dir`'s graph by `gguf`'s own.
 
     Args:
@@ -486,6 +494,8 @@ def import_exact(gguf: Path, model_dir: Path, checkpoint: Path, graph_file: str)
         model_dir: The builder's output folder.
         checkpoint: The fp32 checkpoint converted from `gguf` (the reference).
         graph_file: The graph's file name in `model_dir`.
+        compact: Make the formats MatMulNBits holds exactly only as 8 bits (Q5_x, Q6_K,
+            Q8_0) 4-bit blocks of 32 (Blocks.compact); 4-bit formats stay exact.
 
     Returns:
         Which GGUF tensors are now exact, and which kept the builder's weights and why.
@@ -508,18 +518,23 @@ def import_exact(gguf: Path, model_dir: Path, checkpoint: Path, graph_file: str)
         )
         if why is None:
             blocks = [f for f in found if isinstance(f, Blocks)]
+            if compact:
+                blocks = [b.compact() for b in blocks]
             reason = _replace(graph, node, concat(blocks))
             why = None if reason is None else f"{parts[0].gguf}: {reason}"
         if why is not None:
             for part in parts:
                 report.requantized[part.gguf] = why
             continue
-        for part in parts:
-            report.exact[part.gguf] = source.tensors[part.gguf].tensor_type.name
-    _embed(graph, source, report)
+        for part, was in zip(parts, found, strict=True):
+            kind = source.tensors[part.gguf].tensor_type.name
+            wide = isinstance(was, Blocks) and was.bits == 8
+            (report.compacted if compact and wide else report.exact)[part.gguf] = kind
+    _embed(graph, source, report, compact)
     graph.save()
     say(
         f"GGUF import: {len(report.exact)} weights exact from {gguf.name}"
+        + (f", {len(report.compacted)} made 4-bit (compact)" if report.compacted else "")
         + (f", {len(report.requantized)} requantized by the builder" if report.requantized else "")
     )
     for name, why in sorted(report.requantized.items()):

@@ -69,6 +69,10 @@ class BakeRequest:
     # A GGUF source's quantized weights go into the int4 graph as they are, unless this
     # asks for the builder's quantization of their fp32 dequantization instead.
     requantize: bool = False
+    # The exact import's 8-bit forms (Q5_x, Q6_K, Q8_0) made 4-bit (gguf_blocks.compact).
+    compact: bool = False
+    # "int8": keys and values cached as int8 with calibrated scales (bake.kv_cache).
+    kv_cache: str = "fp32"
     context_length: int | None = None  # tokens served (None: bake.context's default)
 
 
@@ -468,6 +472,7 @@ def bake(request: BakeRequest) -> BakeResult:
             # (RTN; Gemma-3-270M's k_quant_mixed took 9 minutes here), and no recipe. A
             # tensor the import cannot map keeps this quantization, and the bake says so.
             options, recipe = {**options, "algo_config": "rtn"}, None
+        options = _kv_cache_options(source, request, options, work / "kv-cache-scales.json")
         precision, options, builder, inferred = _convert(
             source,
             staging,
@@ -480,7 +485,7 @@ def bake(request: BakeRequest) -> BakeResult:
             recipe,
         )
         steps.done("builder" if source.folder_kind == "hf" else "graph")
-        imported = _import_gguf(source, staging) if exact else None
+        imported = _import_gguf(source, staging, request.compact) if exact else None
         steps.done("import")  # shown where it took time: a GGUF's exact import
         options = _fit_context(source, staging, request, options)
         manifest = _finish_folder(source, staging, target, precision, options, inferred, builder)
@@ -566,6 +571,29 @@ def _finish_folder(
     return _manifest(source, target, precision, options, inferred, staging, builder)
 
 
+def _kv_cache_options(
+    source: ResolvedSource, request: BakeRequest, options: dict[str, str], scales: Path
+) -> dict[str, str]:
+    """The builder's options for an int8 KV cache (bake.kv_cache), calibrated here.
+
+    Raises:
+        BakeError: `--kv-cache int8` on an ONNX source (its graph is used as exported).
+    """
+    if request.kv_cache == "fp32":
+        return options
+    if source.folder_kind != "hf":
+        raise BakeError(
+            f"--kv-cache int8 applies to checkpoints; {source.name} is an ONNX graph, used "
+            "with the cache it was exported with"
+        )
+    from ortserve.bake.kv_cache import SCHEME, calibrate
+
+    with heartbeat("KV-cache calibration"):
+        calibrate(source.folder, scales)
+    say(f"KV cache: int8 ({SCHEME}), scales calibrated on the checkpoint in fp32")
+    return {**options, "kv_cache_quant_scheme": SCHEME, "kv_cache_scale_file": str(scales)}
+
+
 def _exact_import(source: ResolvedSource, request: BakeRequest, precision: str) -> bool:
     """Whether the GGUF's own weights go into the graph (bake.gguf_import).
 
@@ -573,6 +601,11 @@ def _exact_import(source: ResolvedSource, request: BakeRequest, precision: str) 
         BakeError: `--recipe` on a GGUF source without `--requantize` (a recipe chooses
             how the builder quantizes; the GGUF's weights are already quantized).
     """
+    if request.compact and (source.gguf is None or request.requantize or precision != "int4"):
+        raise BakeError(
+            "--compact applies to the exact import of a GGUF source at int4 (not with "
+            "--requantize, another precision, or a checkpoint)"
+        )
     if source.gguf is None or request.requantize or precision != "int4":
         if source.gguf is not None and precision == "int4":
             say(
@@ -611,7 +644,7 @@ def _fit_context(
     return options if tokens is None else {**options, "context_length": str(tokens)}
 
 
-def _import_gguf(source: ResolvedSource, staging: Path) -> GgufImport:
+def _import_gguf(source: ResolvedSource, staging: Path, compact: bool) -> GgufImport:
     """Put the GGUF's quantized weights into the builder's graph, exactly."""
     from ortserve.bake.gguf_import import import_exact
     from ortserve.core.manifest import sha256_file
@@ -620,12 +653,13 @@ def _import_gguf(source: ResolvedSource, staging: Path) -> GgufImport:
     config = json.loads((staging / "genai_config.json").read_text(encoding="utf-8"))
     graph = str(config["model"]["decoder"]["filename"])
     with heartbeat("GGUF import"):
-        report = import_exact(source.gguf, staging, source.folder, graph)
+        report = import_exact(source.gguf, staging, source.folder, graph, compact)
     return GgufImport(
         file=source.gguf.name,
         sha256=sha256_file(source.gguf),
         exact=report.exact,
         requantized=report.requantized,
+        compacted=report.compacted,
     )
 
 
@@ -704,7 +738,8 @@ def _manifest(
         target=target.name,
         arch=target.arch,
         execution_provider=target.runtime_ep,
-        builder_options=options,
+        # The KV-cache scales are in the graph; their file was the bake's own.
+        builder_options={k: v for k, v in options.items() if k != "kv_cache_scale_file"},
         onnxruntime_genai_version=og_version,
         builder_version=builder_version,
         inferred=inferred,

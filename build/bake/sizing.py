@@ -127,16 +127,16 @@ class Memory:
         }
 
 
-def kv_bytes_per_token(config: dict[str, Any]) -> int:
-    """Bytes of fp32 keys and values one token takes in every layer (genai_config's
-    `model` section)."""
+def kv_bytes_per_token(config: dict[str, Any], element_bytes: int = FP32_BYTES) -> int:
+    """Bytes of keys and values one token takes in every layer (genai_config's `model`
+    section; `element_bytes`: 4 for og's fp32 cache, 1 for `--kv-cache int8`)."""
     decoder = config["decoder"]
     return (
         2
         * int(decoder["num_hidden_layers"])
         * int(decoder["num_key_value_heads"])
         * int(decoder["head_size"])
-        * FP32_BYTES
+        * element_bytes
     )
 
 
@@ -148,6 +148,7 @@ def memory_for(
     cache_slots: int = PROMPT_CACHE_SLOTS,
     reloads: bool = False,
     engine_process: bool = False,
+    kv_element_bytes: int = FP32_BYTES,
 ) -> Memory:
     """The memory of a process serving a model of `model_bytes` (genai_config's `model`
     section `config`) to `sequences` sequences at once, each with room for the model's
@@ -156,7 +157,7 @@ def memory_for(
     `engine_process`, og runs in a process of its own (ORTSERVE_ENGINE_PROCESS)."""
     context = int(config.get("context_length") or SEQUENCE_TOKENS)
     tokens = min(context, SEQUENCE_TOKENS)
-    per_token = kv_bytes_per_token(config)
+    per_token = kv_bytes_per_token(config, kv_element_bytes)
     vocab = int(config.get("vocab_size") or 0)
 
     def mib(value: float) -> int:
@@ -197,10 +198,16 @@ def model_memory(
 ) -> Memory:
     """`memory_for` the baked model in `model_dir` (its manifest's files, its
     genai_config.json)."""
-    model_bytes = sum(f.size for f in read_manifest(model_dir).files)
+    manifest = read_manifest(model_dir)
+    model_bytes = sum(f.size for f in manifest.files)
     config = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))
     return memory_for(
-        model_bytes, config["model"], sequences, reloads=reloads, engine_process=engine_process
+        model_bytes,
+        config["model"],
+        sequences,
+        reloads=reloads,
+        engine_process=engine_process,
+        kv_element_bytes=manifest.kv_cache_element_bytes,
     )
 
 

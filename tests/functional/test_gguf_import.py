@@ -12,6 +12,7 @@ og makes two MatMuls of).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -199,14 +200,14 @@ def _make(out: Path) -> None:
     _bake(hf, out / "fp32", "--precision", "fp32")
 
 
-def _import(made: Path, model: Path) -> Any:
+def _import(made: Path, model: Path, compact: bool = False) -> Any:
     """Import `made`'s GGUF into a copy of its bake at `model`; the report."""
     import shutil
 
     from ortserve.core.manifest import list_files, read_manifest, write_manifest
 
     shutil.copytree(made / "baked" / "model", model)
-    report = import_exact(made / "model.gguf", model, made / "hf", "model.onnx")
+    report = import_exact(made / "model.gguf", model, made / "hf", "model.onnx", compact)
     # The manifest lists the builder's files; the import changed the graph (the bake
     # rewrites the manifest after it: bake.pipeline).
     manifest = read_manifest(model)
@@ -437,14 +438,15 @@ def test_phi3s_fused_tensors_are_imported_into_ogs_separate_matmuls(
     assert engine.logits([5, 6, 7]).shape[0] == 3
 
 
-def _make_tied(out: Path) -> None:
+def _make_tied(out: Path, embedding: str = "Q4_K") -> None:
     """A Llama whose lm_head is its embedding (no `output` tensor in the GGUF, as
-    llama.cpp writes a tied model): token_embd Q4_K, every projection Q5_0 or Q6_K."""
+    llama.cpp writes a tied model): token_embd `embedding`, every projection Q5_0 or
+    Q6_K."""
     import torch
 
     names = [f"blk.{i}.{p}" for i in (0, 1) for p in _HF] + ["token_embd"]
     types = {
-        name: "Q4_K" if name == "token_embd" else ("Q6_K" if "down" in name else "Q5_0")
+        name: embedding if name == "token_embd" else ("Q6_K" if "down" in name else "Q5_0")
         for name in names
     }
     hf, config, model, weights = _llama_gguf(out, types, tied=True, seed=1)
@@ -493,3 +495,66 @@ def test_a_tied_embedding_shares_the_lm_heads_blocks_offsets_and_all(tmp_path: P
 
 def base_vocab(made: Path) -> int:
     return int(json.loads((made / "hf" / "config.json").read_text())["vocab_size"])
+
+
+_WIDE = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
+
+
+def _bits(model: Path, but: str = "^$") -> set[tuple[str, int, int]]:
+    """(op, bits, block) of the quantized nodes whose names do not match `but`."""
+    graph = load(str(model / "model.onnx"), load_external_data=False).graph
+    found = set()
+    for node in graph.node:
+        if node.op_type in ("MatMulNBits", "GatherBlockQuantized") and not re.search(
+            but, node.name
+        ):
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            found.add((node.op_type, int(attrs["bits"]), int(attrs["block_size"])))
+    return found
+
+
+def test_a_compact_import_makes_the_8_bit_forms_4_bit_and_keeps_the_rest(
+    imported: Any, tmp_path: Path
+) -> None:
+    """#36 `--compact`: Q5_x, Q6_K and Q8_0 (8 bits in their exact form) become 4-bit
+    blocks of 32, fused with exact 4-bit parts (q Q4_K + k Q6_K + v Q5_1) where og fuses;
+    the folder shrinks and the logits stay near fp32's."""
+    exact_model, made, _ = imported
+    model = tmp_path / "model"
+    report = _import(made, model, compact=True)
+    assert report.compacted == {f"{n}.weight": k for n, k in TYPES.items() if k in _WIDE}
+    assert report.exact == {f"{n}.weight": k for n, k in TYPES.items() if k not in (*_WIDE, "F16")}
+    # (The F16 tensor keeps the builder's quantization, int8 in its recipe.)
+    assert {(b, k) for _, b, k in _bits(model, but="layers.1/attn/o_proj")} == {(4, 32)}
+    size = (model / "model.onnx.data").stat().st_size
+    assert size < 0.8 * (exact_model / "model.onnx.data").stat().st_size
+    ids = [int(i) for i in (np.arange(48) * 37 + 5) % 500]
+    fp32 = Engine.load(EngineSettings(model_dir=made / "fp32" / "model", providers="cpu"))
+    compact = Engine.load(EngineSettings(model_dir=model, providers="cpu"))
+    want, got = fp32.logits(ids), compact.logits(ids)
+    assert float(np.mean(want.argmax(-1) == got.argmax(-1))) >= 0.8
+    assert _kl(want, got) < 0.05
+
+
+def test_a_compact_tied_q8_0_embedding_is_looked_up_in_the_4_bit_head(tmp_path: Path) -> None:
+    """Qwen2.5-0.5B's case: a tied Q8_0 embedding made 4-bit once, the lookup
+    (GatherBlockQuantized) reading the lm_head's blocks, scales and zero points."""
+    made = _cached(
+        f"gguf-tied-q8-{_key(Path(__file__).read_text(encoding='utf-8'))}",
+        lambda out: _make_tied(out, "Q8_0"),
+    )
+    model = tmp_path / "model"
+    report = _import(made, model, compact=True)
+    assert report.exact == {} and report.requantized == {}
+    assert report.compacted["token_embd.weight"] == "Q8_0"
+    assert _bits(model) == {("MatMulNBits", 4, 32), ("GatherBlockQuantized", 4, 32)}
+    graph = load(str(model / "model.onnx"), load_external_data=False).graph
+    head = next(n for n in graph.node if n.op_type == "MatMulNBits" and "lm_head" in n.name)
+    lookup = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    assert lookup.input[2:4] == head.input[2:4]  # the head's scales and zero points
+    ids = [int(i) for i in (np.arange(48) * 37 + 5) % 500]
+    fp32 = Engine.load(EngineSettings(model_dir=made / "fp32" / "model", providers="cpu"))
+    compact = Engine.load(EngineSettings(model_dir=model, providers="cpu"))
+    want, got = fp32.logits(ids), compact.logits(ids)
+    assert float(np.mean(want.argmax(-1) == got.argmax(-1))) >= 0.8
+    assert _kl(want, got) < 0.05

@@ -90,3 +90,30 @@ def test_zero_points_are_set_or_left_out_keeping_a_bias_input() -> None:
     assert list(plain.input) == ["a", "b", "s"]
     _set_zero_points(plain, "z3")
     assert list(plain.input) == ["a", "b", "s", "z3"]
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "Q6_K", "Q8_0"])
+def test_a_compact_8_bit_form_is_4_bit_blocks_closer_than_round_to_nearest(kind: str) -> None:
+    """#36 `--compact`: the 8-bit forms become 4-bit blocks of 32 with a zero point each,
+    whose error is below plain asymmetric round-to-nearest's on the same blocks."""
+    exact = decode(kind, random_rows(kind, 40, 512, seed=3), 512)
+    compact = exact.compact()
+    assert (compact.bits, compact.block, compact.offset) == (4, 32, None)
+    assert compact.q.shape == (40, 512) and compact.scale.shape == compact.zero.shape == (40, 16)
+    assert int(compact.q.max()) <= 15 and int(compact.zero.max()) <= 15
+    want = exact.dequantize()
+    blocks = want.reshape(-1, 32)
+    low = np.minimum(blocks.min(1, keepdims=True), 0)
+    scale = (np.maximum(blocks.max(1, keepdims=True), 0) - low) / 15
+    zero = np.rint(-low / scale)
+    nearest = (np.clip(np.rint(blocks / scale + zero), 0, 15) - zero) * scale
+    weights = np.sqrt((blocks**2).mean(1, keepdims=True)) + np.abs(blocks)
+    got = compact.dequantize().reshape(-1, 32)
+    searched = float((weights * (got - blocks) ** 2).sum())
+    assert searched < 0.95 * float((weights * (nearest - blocks) ** 2).sum())
+    assert float(np.abs(got - blocks).max()) <= float(scale.max())
+
+
+def test_a_compact_4_bit_form_stays_exact() -> None:
+    exact = decode("Q4_K", random_rows("Q4_K", 4, 256), 256)
+    assert exact.compact() is exact
