@@ -97,6 +97,21 @@ def test_a_model_that_cannot_generate_fails_the_bake(tiny_model_dir: Path, tmp_p
     assert "the baked model does not load on cpu" in message
 
 
+def test_compact_is_for_a_gguf(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    message = bake_fails(
+        "--model", str(tiny_hf_dir), "--target", "gcf", "--compact", out=tmp_path / "m"
+    )
+    assert "--compact applies to the exact import of a GGUF source at int4" in message
+
+
+def test_an_int8_kv_cache_is_for_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    src = copy_without(tiny_model_dir, tmp_path / "src", "manifest.json")
+    message = bake_fails(
+        "--model", str(src), "--target", "gcf", "--kv-cache", "int8", out=tmp_path / "m"
+    )
+    assert "--kv-cache int8 applies to checkpoints" in message
+
+
 def test_a_block_size_k_quant_cannot_use(tiny_hf_dir: Path, tmp_path: Path) -> None:
     message = bake_fails(
         "--model", str(tiny_hf_dir), "--target", "gcf", "--block-size", "256", out=tmp_path / "m"

@@ -23,6 +23,7 @@ from onnx import helper, load, numpy_helper
 
 from ortserve.bake.gguf_import import import_exact
 from ortserve.core.engine import Engine
+from ortserve.core.manifest import GgufImport
 from ortserve.core.settings import EngineSettings
 from tests.models import _cached, _key, run_ortserve, tiny_hf_checkpoint
 from tests.unit.test_gguf_blocks import random_rows
@@ -547,6 +548,10 @@ def test_a_compact_tied_q8_0_embedding_is_looked_up_in_the_4_bit_head(tmp_path: 
     report = _import(made, model, compact=True)
     assert report.exact == {} and report.requantized == {}
     assert report.compacted["token_embd.weight"] == "Q8_0"
+    record = GgufImport(file="model.gguf", sha256="0", compacted=report.compacted)
+    assert record.summary() == (
+        f"0 weights exact from model.gguf (none); {len(report.compacted)} made 4-bit (compact)"
+    )
     assert _bits(model) == {("MatMulNBits", 4, 32), ("GatherBlockQuantized", 4, 32)}
     graph = load(str(model / "model.onnx"), load_external_data=False).graph
     head = next(n for n in graph.node if n.op_type == "MatMulNBits" and "lm_head" in n.name)
