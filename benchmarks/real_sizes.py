@@ -1,6 +1,6 @@
 """The real-sizes figure (#36): Qwen2.5-Coder 0.5B and 1.5B beside llama.cpp on the same file.
 
-Run: `python -m benchmarks.real_sizes [--out benchmarks/results/real-sizes.png]` after
+Run: `python -m benchmarks.real_sizes [--out docs/img/real-sizes.png]` after
 the runs it reads (their commands are in docs/measurements.md, "Real models at deployed
 sizes"): for each model, `benchmarks.quality`'s record (perplexity of each bake and of
 llama.cpp on the GGUF, folder sizes) and `benchmarks.engine_bench`'s (prefill and decode,
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ MODELS = (
         _BAKES,
     ),
 )
+X = "\u00d7"  # the times sign of the docs' tables
 LLAMA_QUALITY, LLAMA_SPEED = "llama.cpp-gguf", "llama_cpp"
 # The issue's goals, as ratios: folder ≤ 1.15x the GGUF, perplexity ≤ 1.02x llama.cpp's,
 # decode ≥ 1.1x and prefill ≥ 1.0x llama.cpp's.
@@ -100,12 +102,12 @@ def table(found: list[dict[str, Any]]) -> str:
     ]
     for r in found:
         lines.append(
-            f"| {r['model']} | {r['bake']} | {r['folder_mb']:,.0f} ({r['folder']:.2f}x) "
-            f"| {r['ppl']:.3f} ({r['ppl_ratio']:.3f}x) "
+            f"| {r['model']} | {r['bake']} | {r['folder_mb']:,.0f} ({r['folder']:.2f}{X}) "
+            f"| {r['ppl']:.3f} ({r['ppl_ratio']:.3f}{X}) "
             f"| {r['decode_tps_128']:.1f} / {r['decode_tps_2048']:.1f} "
-            f"({r['decode_128']:.2f}x / {r['decode_2048']:.2f}x) "
+            f"({r['decode_128']:.2f}{X} / {r['decode_2048']:.2f}{X}) "
             f"| {r['prefill_tps_128']:.0f} / {r['prefill_tps_2048']:.0f} "
-            f"({r['prefill_128']:.2f}x / {r['prefill_2048']:.2f}x) |"
+            f"({r['prefill_128']:.2f}{X} / {r['prefill_2048']:.2f}{X}) |"
         )
     return "\n".join(lines)
 
@@ -132,6 +134,8 @@ def plot(found: list[dict[str, Any]], out: Path) -> None:
             ax.bar_label(bars, fmt="%.2f", fontsize=7)
         ax.axhline(goal, color="red", linestyle="--", linewidth=1)
         ax.axhline(1.0, color="gray", linewidth=0.5)
+        if keys == ["ppl_ratio"]:
+            ax.set_ylim(0.9, 1.15)  # the differences are a few percent
         ax.set_xticks(range(len(found)), labels, fontsize=7)
         ax.set_title(title, fontsize=9)
         if len(keys) > 1:
@@ -147,7 +151,7 @@ def plot(found: list[dict[str, Any]], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS / "real-sizes.png")
+    parser.add_argument("--out", type=Path, default=DOCS_IMG / "real-sizes.png")
     args = parser.parse_args(argv)
     found = rows()
     print(table(found))
