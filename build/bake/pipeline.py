@@ -31,7 +31,7 @@ from ortserve.bake.source_files import PROCESSING_FILES
 from ortserve.bake.sources import OnnxChoice, ResolvedSource, resolve
 from ortserve.bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
 from ortserve.bake.text import record_text, recorded_sampling
-from ortserve.bake.upstream import BUILDER_MODULE, builder_input
+from ortserve.bake.upstream import BUILDER_MODULE, FP32_FROM, builder_input
 from ortserve.core.manifest import GgufImport, Manifest, QualityCheck, list_files, write_manifest
 from ortserve.core.settings import disable_telemetry
 
@@ -148,6 +148,7 @@ def _run_builder(
     target_opts: dict[str, Any] | None = None,
     *,
     layers: int | None = None,
+    vectors_from: Path | None = None,
 ) -> None:
     """Run the builder (with `--target_options` where a recipe has rules), its progress
     shown as it goes (`layers`: the checkpoint's decoder layers, for the count); when it
@@ -172,6 +173,8 @@ def _run_builder(
         cmd += ["--extra_options", *(f"{k}={v}" for k, v in options.items())]
     if target_opts:
         cmd += ["--target_options", json.dumps(target_opts)]
+    if vectors_from is not None:  # a bf16 input's norms and biases, in fp32
+        cmd += [FP32_FROM, str(vectors_from)]
     say(
         f"converting with the onnxruntime-genai builder: {precision}, -e {target.builder_ep}, "
         f"{' '.join(f'{k}={v}' for k, v in options.items()) or 'default options'}"
@@ -340,19 +343,43 @@ def _smoke(engine: Engine) -> str:
     return done.text
 
 
-def _quality(source: ResolvedSource, engine: Engine, request: BakeRequest) -> QualityCheck:
+def _gate_reference(source: ResolvedSource) -> str:
+    if source.gguf is None:
+        return "transformers fp32 of the source checkpoint"
+    return f"transformers fp32 of {source.gguf.name} (its weights dequantized)"
+
+
+def _reference_first(
+    source: ResolvedSource, staging: Path, request: BakeRequest
+) -> tuple[list[int], Any] | None:
+    """The quality gate's reference logits, before the baked model loads (bake.quality
+    .reference); None where the gate does not run."""
+    if not request.quality_check or source.folder_kind != "hf":
+        return None
+    from ortserve.bake.quality import reference
+
+    config = json.loads((staging / "genai_config.json").read_text(encoding="utf-8"))
+    context = int(config["model"].get("context_length") or 0)
+    return reference(source.folder, context, _gate_reference(source))
+
+
+def _quality(
+    source: ResolvedSource,
+    engine: Engine,
+    request: BakeRequest,
+    scored: tuple[list[int], Any] | None,
+) -> QualityCheck:
     if not request.quality_check:
         say("quality gate: skipped (--no-quality-check)")
         return QualityCheck(status="skipped: --no-quality-check")
-    if source.folder_kind != "hf":
+    if source.folder_kind != "hf" or scored is None:
         say("quality gate: skipped (an ONNX source has no checkpoint to compare with)")
         return QualityCheck(status="skipped: no source checkpoint (ONNX source)")
     from ortserve.bake.quality import check
 
-    if source.gguf is None:
-        return check(source.folder, engine, request.max_ppl_ratio, source.random_weights)
-    reference = f"transformers fp32 of {source.gguf.name} (its weights dequantized)"
-    return check(source.folder, engine, request.max_ppl_ratio, source.random_weights, reference)
+    return check(
+        scored, engine, request.max_ppl_ratio, source.random_weights, _gate_reference(source)
+    )
 
 
 def _install(staging: Path, out: Path, force: bool) -> None:
@@ -375,9 +402,11 @@ def _verify(
     Returns:
         The manifest with the gate's figures, the smoke text, the provider that loaded it.
     """
+    scored = _reference_first(source, staging, request)
     engine = _load(staging, target)
     # The manifest does not list itself: adding the gate's figures changes no hash.
-    manifest = manifest.model_copy(update={"quality": _quality(source, engine, request)})
+    quality = _quality(source, engine, request, scored)
+    manifest = manifest.model_copy(update={"quality": quality})
     write_manifest(staging, manifest)
     text = ""
     if request.smoke:
@@ -395,10 +424,11 @@ def _convert(
     options: dict[str, str],
     failed_log: Path,
     recipe: tuple[str, Recipe] | None,
+    exact: bool = False,
 ) -> tuple[str, dict[str, str], str, list[str]]:
     """Build (checkpoint) or copy/quantize (ONNX) the model into `staging` (a failed
     builder's log is kept at `failed_log`), with the recipe (its manifest label and
-    itself) where one applies.
+    itself) where one applies; `exact`: a GGUF's exact import follows.
 
     Returns:
         The precision, options and tool for the manifest, and what was inferred.
@@ -410,7 +440,12 @@ def _convert(
                 "with no ONNX graph"
             )
         config = _check_checkpoint(source.folder, target, options)
-        folder, options = builder_input(source.folder, cache.parent / "builder-input", options)
+        # The exact import replaces the builder's matrices: it builds from a bf16 copy of
+        # them (half the builder's memory), its vectors (norms, biases) still fp32.
+        bf16 = exact and config.get("dtype", config.get("torch_dtype")) in (None, "float32")
+        folder, options = builder_input(
+            source.folder, cache.parent / "builder-input", options, bf16
+        )
         target_opts = None
         if recipe is not None:
             recipe, target_opts = _expand(recipe, request.recipe is not None, config, options)
@@ -425,6 +460,7 @@ def _convert(
             failed_log,
             target_opts,
             layers=layers if isinstance(layers, int) else None,
+            vectors_from=source.folder if bf16 else None,
         )
         if recipe is not None:
             options = {**options, "recipe": recipe[0]}
@@ -483,6 +519,7 @@ def bake(request: BakeRequest) -> BakeResult:
             options,
             failed_log,
             recipe,
+            exact,
         )
         steps.done("builder" if source.folder_kind == "hf" else "graph")
         imported = _import_gguf(source, staging, request.compact) if exact else None

@@ -140,28 +140,41 @@ def _gate_ids(checkpoint: Path) -> list[int]:
     return [int(t) for t in tokenizer(GATE_TEXT, add_special_tokens=False)["input_ids"]]
 
 
-def check(
+def reference(
     checkpoint: Path,
+    context_length: int,
+    reference: str = "transformers fp32 of the source checkpoint",
+) -> tuple[list[int], np.ndarray[Any, Any]]:
+    """The gate text's ids (cut to `context_length`, 0: not cut) and the source
+    `checkpoint`'s logits for them (`reference` says what the checkpoint is). Computed
+    before the baked model is loaded, the checkpoint freed after: at 1.5B its fp32 copy
+    (6 GB) and the loaded model (2 GB) together were the bake's peak."""
+    with heartbeat("quality gate"):  # transformers' load and forward say nothing for long
+        ids = _gate_ids(checkpoint)
+        if context_length:
+            ids = ids[: context_length - 1]
+        say(
+            f"quality gate: scoring {len(ids) - 1} tokens of a fixed text with {reference} "
+            "and with the baked model"
+        )
+        return ids, _reference_logits(checkpoint, ids)
+
+
+def check(
+    scored: tuple[list[int], np.ndarray[Any, Any]],
     baked: Any,
     max_ppl_ratio: float,
     random_weights: bool,
     reference: str = "transformers fp32 of the source checkpoint",
 ) -> QualityCheck:
-    """Score the gate text with the source `checkpoint` and the loaded `baked` engine
-    (`reference` says what the checkpoint is, for the manifest).
+    """Score the gate text (`scored`: its ids and the reference's logits, from
+    `reference`) with the loaded `baked` engine.
 
     Raises:
         BakeError: The ratio is above `max_ppl_ratio` (never for random weights).
     """
-    with heartbeat("quality gate"):  # transformers' load and forward say nothing for long
-        ids = _gate_ids(checkpoint)
-        if baked.context_length:
-            ids = ids[: baked.context_length - 1]
-        say(
-            f"quality gate: scoring {len(ids) - 1} tokens of a fixed text with {reference} "
-            "and with the baked model"
-        )
-        ref_logits = _reference_logits(checkpoint, ids)
+    ids, ref_logits = scored
+    with heartbeat("quality gate"):
         ppl_ref, ppl, top1, kl = compare(ref_logits, baked.logits(ids), ids)
     ratio = ppl / ppl_ref
     passed = ratio <= max_ppl_ratio

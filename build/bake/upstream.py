@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 
 # What the bake runs: og's builder with the streaming `to_nbits` below.
 BUILDER_MODULE = "ortserve.bake.upstream"
+# Our own option of that command line (taken out before og's builder reads it): the
+# checkpoint whose fp32 vectors replace a bf16 input's (`bf16_weights`).
+FP32_FROM = "--ortserve-fp32-from"
 
 _GEMMA3 = ("gemma3_text", "gemma3")
 
@@ -79,28 +82,119 @@ def _flat_gemma3_rope(text_config: dict[str, Any]) -> dict[str, Any]:
     return rope
 
 
-def builder_input(src: Path, work: Path, options: dict[str, str]) -> tuple[Path, dict[str, str]]:
+def builder_input(
+    src: Path, work: Path, options: dict[str, str], bf16: bool = False
+) -> tuple[Path, dict[str, str]]:
     """The folder and options to give the builder for checkpoint `src`: `src` itself, or a
-    copy under `work` (links to the weights) with config.json fixed where needed.
+    copy under `work` (links to the rest) with config.json fixed where needed and, with
+    `bf16`, the matrices in bf16 (`bf16_weights`).
 
     Raises:
         BakeError: A model the builder is known to bake wrong.
     """
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
-    if config.get("model_type") not in _GEMMA3:
+    gemma3 = config.get("model_type") in _GEMMA3
+    if not gemma3 and not bf16:
         return src, options
-    text = config.get("text_config", config) if config["model_type"] == "gemma3" else config
-    text["rope_parameters"] = _flat_gemma3_rope(text)
     work.mkdir(parents=True, exist_ok=True)
     for path in src.iterdir():
-        if path.name != "config.json":
+        weights = path.suffix == ".safetensors" or path.name.endswith(".safetensors.index.json")
+        if path.name != "config.json" and not (bf16 and weights):
             (work / path.name).symlink_to(path.resolve())
+    if bf16:
+        bf16_weights(src, work)
+        say("builder input: the matrices in bf16 (the GGUF's own replace them), vectors fp32")
+        config["dtype"] = "bfloat16"
+        config.pop("torch_dtype", None)
+    if gemma3:
+        text = config.get("text_config", config) if config["model_type"] == "gemma3" else config
+        text["rope_parameters"] = _flat_gemma3_rope(text)
+        say(
+            "Gemma 3: flat RoPE keys added for the builder, windowed_kv_cache=false "
+            "(docs/troubleshooting.md)"
+        )
+        options = {"windowed_kv_cache": "false", **options}
     (work / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    say(
-        "Gemma 3: flat RoPE keys added for the builder, windowed_kv_cache=false "
-        "(docs/troubleshooting.md)"
+    return work, options
+
+
+# fp32 values converted at a time by `bf16_weights` (64 MiB of them).
+_CHUNK_VALUES = 1 << 24
+
+
+def bf16_weights(src: Path, out: Path) -> None:
+    """Write `src`'s safetensors (and index) to `out` with every fp32 matrix in bf16:
+    the builder's input for a GGUF whose matrices the exact import replaces (its fp32
+    copy of a 1.5B checkpoint is 6 GB of the builder's memory). Vectors (norms, biases)
+    are written as they are; the builder takes them from `src` in fp32
+    (`--ortserve-fp32-from`). Streamed a chunk at a time with plain reads, as
+    safetensors lays a file out (an 8-byte header size, a JSON header, the data), rounding
+    to nearest even as torch does: loading a shard to convert it took 10 GiB at 1.5B."""
+    import struct
+
+    import numpy as np
+
+    index = src / "model.safetensors.index.json"
+    shards = (
+        sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        if index.is_file()
+        else ["model.safetensors"]
     )
-    return work, {"windowed_kv_cache": "false", **options}
+    if index.is_file():
+        (out / index.name).write_bytes(index.read_bytes())
+    for shard in shards:
+        with (src / shard).open("rb") as f, (out / shard).open("wb") as g:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header: dict[str, Any] = json.loads(f.read(size))
+            start = 8 + size
+            entries = sorted(
+                ((k, v) for k, v in header.items() if k != "__metadata__"),
+                key=lambda item: int(item[1]["data_offsets"][0]),
+            )
+            layout: dict[str, Any] = {"__metadata__": header.get("__metadata__", {})}
+            plan, offset = [], 0
+            for name, info in entries:
+                begin, end = (int(x) for x in info["data_offsets"])
+                wide = info["dtype"] == "F32" and len(info["shape"]) >= 2
+                length = (end - begin) // 2 if wide else end - begin
+                layout[name] = {
+                    "dtype": "BF16" if wide else info["dtype"],
+                    "shape": info["shape"],
+                    "data_offsets": [offset, offset + length],
+                }
+                plan.append((begin, end, wide))
+                offset += length
+            text = json.dumps(layout, separators=(",", ":")).encode()
+            text += b" " * (-len(text) % 8)
+            g.write(struct.pack("<Q", len(text)) + text)
+            for begin, end, wide in plan:
+                f.seek(start + begin)
+                step = _CHUNK_VALUES * 4
+                for at in range(begin, end, step):
+                    raw = f.read(min(step, end - at))
+                    if wide:
+                        bits = np.frombuffer(raw, dtype="<u4")
+                        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+                        raw = rounded.astype("<u2").tobytes()
+                    g.write(raw)
+
+
+def _restore_vectors(model: Any, folder: Path) -> None:
+    """Put `folder`'s fp32 vectors (norm weights, biases) into `model` (loaded from
+    `bf16_weights`' copy), so that the builder writes them exactly."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    where: dict[str, str] = (
+        json.loads(index.read_text(encoding="utf-8"))["weight_map"] if index.is_file() else {}
+    )
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if tensor.dim() > 1 or not tensor.is_floating_point():
+            continue
+        shard = folder / where.get(name, "model.safetensors")
+        with safe_open(str(shard), framework="pt") as f:
+            if name in f.keys():  # noqa: SIM118
+                tensor.data = f.get_tensor(name)
 
 
 _UPSTREAM = "onnxruntime_genai.models.builder"
@@ -326,6 +420,18 @@ def main() -> None:
 
     upstream = Model.to_nbits
     Model.to_nbits = lambda self: to_nbits_streaming(self, upstream)
+    if FP32_FROM in sys.argv:
+        at = sys.argv.index(FP32_FROM)
+        vectors = Path(sys.argv[at + 1])
+        del sys.argv[at : at + 2]
+        load = Model.load_weights
+
+        def load_weights(self: Any, input_path: str) -> Any:
+            model = load(self, input_path)
+            _restore_vectors(model, vectors)
+            return model
+
+        Model.load_weights = load_weights
     gather = Model.make_gather
 
     def make_gather(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
@@ -24,7 +25,7 @@ from ortserve.core.service import Service
 from ortserve.core.settings import EngineSettings
 from tests.functional.bakehelp import bake_fails
 from tests.functional.harness import API_KEY, edge_server
-from tests.models import run_ortserve
+from tests.models import bake_log, run_ortserve
 
 pytestmark = pytest.mark.slow
 
@@ -409,6 +410,28 @@ def test_the_gguf_weights_are_imported_exactly(real_model_dir: Path) -> None:
     assert "211 weights exact from SmolLM2-135M-Instruct.Q4_1.gguf (210 Q4_1, 1 Q8_0)" in (
         shown.stdout
     ), shown.stdout
+
+
+def test_the_builder_built_from_bf16_matrices_keeps_the_vectors_exact(
+    real_model_dir: Path, real_hf_dir: Path
+) -> None:
+    """#36: the exact import's builder input is a bf16 copy of the matrices (half the
+    builder's memory; the GGUF's replace them), its norms and biases are the fp32
+    checkpoint's, bit for bit."""
+    from onnx import load, numpy_helper
+    from safetensors.numpy import load_file
+
+    assert "builder input: the matrices in bf16" in bake_log(real_model_dir.parent)
+    checkpoint = load_file(str(real_hf_dir / "model.safetensors"))
+    graph = load(str(real_model_dir / "model.onnx")).graph
+    vectors = {
+        i.name: numpy_helper.to_array(i)
+        for i in graph.initializer
+        if i.name in checkpoint and checkpoint[i.name].ndim == 1
+    }
+    assert len(vectors) >= 2 * 30  # two norms a layer
+    for name, value in vectors.items():
+        assert value.dtype == np.float32 and np.array_equal(value, checkpoint[name]), name
 
 
 def test_a_recipe_on_a_gguf_source_asks_for_requantize(tmp_path: Path) -> None:

@@ -275,7 +275,8 @@ def test_the_quality_gate_has_a_heartbeat(
     monkeypatch.setattr(errors, "HEARTBEAT_S", 0.05)
     monkeypatch.setattr(quality, "_gate_ids", lambda checkpoint: ids)
     monkeypatch.setattr(quality, "_reference_logits", slow_reference)
-    result = quality.check(tmp_path, Baked(), 1.25, random_weights=False)
+    scored = quality.reference(tmp_path, Baked.context_length)
+    result = quality.check(scored, Baked(), 1.25, random_weights=False)
     assert result.status == "passed" and result.ppl_ratio == 1.0
     assert _beats(capsys.readouterr().err, "[bake] quality gate")
 
