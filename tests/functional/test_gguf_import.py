@@ -323,6 +323,17 @@ def _kl(reference: np.ndarray, other: np.ndarray) -> float:
     return float((np.exp(p) * (p - q)).sum(-1).mean())
 
 
+def _beside_fp32(made: Path, model: Path, top1: float, kl: float) -> None:
+    """`model`'s logits on 48 ids agree with og's fp32 bake of `made`'s checkpoint: top-1
+    at least `top1`, KL below `kl`."""
+    ids = [int(i) for i in (np.arange(48) * 37 + 5) % 500]
+    fp32 = Engine.load(EngineSettings(model_dir=made / "fp32" / "model", providers="cpu"))
+    other = Engine.load(EngineSettings(model_dir=model, providers="cpu"))
+    want, got = fp32.logits(ids), other.logits(ids)
+    assert float(np.mean(want.argmax(-1) == got.argmax(-1))) >= top1
+    assert _kl(want, got) < kl
+
+
 def test_the_imported_model_runs_closer_to_fp32_than_the_requantized_one(imported: Any) -> None:
     """Side terms, mixed fused formats and all, the graph runs: its logits follow og's
     fp32 bake of the same checkpoint (the int8 activations of accuracy level 4 are the
@@ -486,12 +497,7 @@ def test_a_tied_embedding_shares_the_lm_heads_blocks_offsets_and_all(tmp_path: P
     tables = [name for name in shapes if name.endswith("ortserve_offset/table")]
     assert [shapes[t] for t in tables] == [[vocab, 256 // 32]]
     assert all(len(n.input) < 4 for n in graph.node if n.op_type == "MatMulNBits" and n is not head)
-    ids = [int(i) for i in (np.arange(48) * 37 + 5) % 500]
-    fp32 = Engine.load(EngineSettings(model_dir=made / "fp32" / "model", providers="cpu"))
-    exact = Engine.load(EngineSettings(model_dir=model, providers="cpu"))
-    want, got = fp32.logits(ids), exact.logits(ids)
-    assert float(np.mean(want.argmax(-1) == got.argmax(-1))) >= 0.9
-    assert _kl(want, got) < 0.01
+    _beside_fp32(made, model, top1=0.9, kl=0.01)
 
 
 def base_vocab(made: Path) -> int:
@@ -529,12 +535,7 @@ def test_a_compact_import_makes_the_8_bit_forms_4_bit_and_keeps_the_rest(
     assert {(b, k) for _, b, k in _bits(model, but="layers.1/attn/o_proj")} == {(4, 32)}
     size = (model / "model.onnx.data").stat().st_size
     assert size < 0.8 * (exact_model / "model.onnx.data").stat().st_size
-    ids = [int(i) for i in (np.arange(48) * 37 + 5) % 500]
-    fp32 = Engine.load(EngineSettings(model_dir=made / "fp32" / "model", providers="cpu"))
-    compact = Engine.load(EngineSettings(model_dir=model, providers="cpu"))
-    want, got = fp32.logits(ids), compact.logits(ids)
-    assert float(np.mean(want.argmax(-1) == got.argmax(-1))) >= 0.8
-    assert _kl(want, got) < 0.05
+    _beside_fp32(made, model, top1=0.8, kl=0.05)
 
 
 def test_a_compact_tied_q8_0_embedding_is_looked_up_in_the_4_bit_head(tmp_path: Path) -> None:
@@ -557,9 +558,4 @@ def test_a_compact_tied_q8_0_embedding_is_looked_up_in_the_4_bit_head(tmp_path: 
     head = next(n for n in graph.node if n.op_type == "MatMulNBits" and "lm_head" in n.name)
     lookup = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
     assert lookup.input[2:4] == head.input[2:4]  # the head's scales and zero points
-    ids = [int(i) for i in (np.arange(48) * 37 + 5) % 500]
-    fp32 = Engine.load(EngineSettings(model_dir=made / "fp32" / "model", providers="cpu"))
-    compact = Engine.load(EngineSettings(model_dir=model, providers="cpu"))
-    want, got = fp32.logits(ids), compact.logits(ids)
-    assert float(np.mean(want.argmax(-1) == got.argmax(-1))) >= 0.8
-    assert _kl(want, got) < 0.05
+    _beside_fp32(made, model, top1=0.8, kl=0.05)
