@@ -76,7 +76,7 @@ class GgufImport(BaseModel):
         exact: GGUF tensor → its type, for the weights imported bit for bit.
         requantized: GGUF tensor → why the builder's quantization of it was kept.
         compacted: GGUF tensor → its type, for the 8-bit forms a compact import made
-            4-bit (`--gguf-import compact`).
+            4-bit (`ortserve bake --compact`).
     """
 
     file: str

@@ -160,7 +160,6 @@ def _add_bake_choices(parser: argparse.ArgumentParser, *, run: bool) -> None:
         "--kv-cache",
         dest="kv_cache",
         choices=("fp32", "int8"),
-        default="fp32",
         help=helps(
             "how keys and values are cached: fp32 (the default), or int8 with scales "
             "calibrated on the checkpoint (4x less cache memory a token; docs/bake.md)",
@@ -195,7 +194,7 @@ def _bake_request(args: argparse.Namespace) -> BakeRequest:
         recipe=args.recipe,
         requantize=args.requantize,
         compact=args.compact,
-        kv_cache=args.kv_cache,
+        kv_cache=args.kv_cache or "fp32",
         context_length=args.context_length,
     )
 
@@ -296,7 +295,17 @@ def _register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 # The options that shape a bake: with a stored name, they have nothing to bake.
-_BAKE_OPTIONS = ("precision", "recipe", "revision", "builder_option", "rebake")
+_BAKE_OPTIONS = (
+    "precision",
+    "recipe",
+    "revision",
+    "builder_option",
+    "rebake",
+    "requantize",
+    "compact",
+    "kv_cache",
+    "context_length",
+)
 
 
 def _is_source(text: str) -> bool:

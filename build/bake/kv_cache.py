@@ -63,7 +63,12 @@ def calibrate(checkpoint: Path, out: Path) -> Path:
     head = int(getattr(config, "head_dim", 0) or config.hidden_size // config.num_attention_heads)
     largest: dict[str, list[Any]] = {"k": [], "v": []}
     hooks = []
-    for layer in model.model.layers:
+    layers = getattr(model.get_decoder(), "layers", None)  # type: ignore[no-untyped-call]
+    if layers is None:
+        raise BakeError(
+            f"--kv-cache int8: {type(model).__name__} has no decoder layers to calibrate"
+        )
+    for layer in layers:
         attention = layer.self_attn
         key = getattr(attention, "k_norm", None) or getattr(attention, "k_proj", None)
         value = getattr(attention, "v_proj", None)

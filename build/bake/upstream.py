@@ -188,13 +188,16 @@ def _restore_vectors(model: Any, folder: Path) -> None:
     where: dict[str, str] = (
         json.loads(index.read_text(encoding="utf-8"))["weight_map"] if index.is_file() else {}
     )
+    vectors: dict[str, list[tuple[str, Any]]] = {}  # shard → (name, tensor)
     for name, tensor in model.state_dict(keep_vars=True).items():
-        if tensor.dim() > 1 or not tensor.is_floating_point():
-            continue
-        shard = folder / where.get(name, "model.safetensors")
-        with safe_open(str(shard), framework="pt") as f:
-            if name in f.keys():  # noqa: SIM118
-                tensor.data = f.get_tensor(name)
+        if tensor.dim() <= 1 and tensor.is_floating_point():
+            vectors.setdefault(where.get(name, "model.safetensors"), []).append((name, tensor))
+    for shard, wanted in vectors.items():
+        with safe_open(str(folder / shard), framework="pt") as f:
+            held = set(f.keys())
+            for name, tensor in wanted:
+                if name in held:
+                    tensor.data = f.get_tensor(name)
 
 
 _UPSTREAM = "onnxruntime_genai.models.builder"

