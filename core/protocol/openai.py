@@ -72,7 +72,7 @@ from ortserve.core.protocol.replies import (
     TopLogprob,
     Usage,
 )
-from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolPlan, plan_tools
+from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolPlan, plan_tools, with_tools
 
 if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
     from ortserve.core.api import Api, Context
@@ -601,10 +601,7 @@ class ChatBody(_OpenAIBody):
         options, field = self._options(served, served.default_new_tokens)
         messages = [m.as_template_input() for m in self.messages]
         guidance = self.response_format.guidance() if self.response_format else None
-        plan = self.tool_plan(served)
-        if plan is not None:
-            messages = plan.messages(messages)
-            guidance = plan.guidance() or guidance
+        messages, guidance, tools = with_tools(self.tool_plan(served), messages, guidance)
         return GenerationRequest(
             messages=messages,
             template_kwargs=self.chat_template_kwargs,
@@ -613,7 +610,7 @@ class ChatBody(_OpenAIBody):
             guidance=guidance,
             limit_field=field,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-            tools=plan.template_tools() if plan is not None else None,
+            tools=tools,
         )
 
     def reply(self, request_id: str, served: Served) -> Reply:

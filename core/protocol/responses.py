@@ -59,7 +59,14 @@ from ortserve.core.protocol.replies import (
     ResponseObject,
     ResponseUsage,
 )
-from ortserve.core.protocol.tools import MAX_TOOLS, FunctionDef, Tool, ToolPlan, plan_tools
+from ortserve.core.protocol.tools import (
+    MAX_TOOLS,
+    FunctionDef,
+    Tool,
+    ToolPlan,
+    plan_tools,
+    with_tools,
+)
 
 if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
     from ortserve.core.api import Api, Context
@@ -369,16 +376,13 @@ class ResponsesBody(GenerationBody):
         if self.instructions is not None:
             messages = [{"role": "system", "content": self.instructions}, *messages]
         guidance = self.text.format.guidance() if self.text is not None else None
-        plan = self.tool_plan(served)
-        if plan is not None:
-            messages = plan.messages(messages)
-            guidance = plan.guidance() or guidance
+        messages, guidance, tools = with_tools(self.tool_plan(served), messages, guidance)
         return GenerationRequest(
             messages=messages,
             options=options,
             guidance=guidance,
             limit_field="max_output_tokens",
-            tools=plan.template_tools() if plan is not None else None,
+            tools=tools,
         )
 
     def reply(self, request_id: str, served: Served) -> Reply:

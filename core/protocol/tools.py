@@ -179,6 +179,17 @@ class ToolPlan:
         return ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(data["name"]), encoded)
 
 
+def with_tools(
+    plan: ToolPlan | None, messages: list[dict[str, Any]], guidance: Guidance | None
+) -> tuple[list[dict[str, Any]], Guidance | None, list[dict[str, Any]] | None]:
+    """A chat request's conversation, output constraint and template tools once its tool
+    `plan` applies (None: no tools, all as they were): a forced call's constraint wins
+    over a response format's."""
+    if plan is None:
+        return messages, guidance, None
+    return plan.messages(messages), plan.guidance() or guidance, plan.template_tools()
+
+
 def plan_tools(tools: list[Tool], choice: str, served: Served) -> ToolPlan:
     """The plan for `tools` on the served model's chat template.
 
