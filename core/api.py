@@ -29,7 +29,7 @@ from ortserve.core.errors import (
     OrtServeError,
     PayloadTooLargeError,
 )
-from ortserve.core.generation import Completion, GenerationStream
+from ortserve.core.generation import Completion, Drafts, GenerationStream
 from ortserve.core.http import (
     SSE_DONE,
     Request,
@@ -203,6 +203,8 @@ class Api:
                 tokens_per_s=done.timings.decode_tokens_per_s,
                 filtered=done.filtered,
                 redactions=done.redactions,
+                draft_tokens=done.drafts.drafted if done.drafts is not None else 0,
+                accepted_tokens=done.drafts.accepted if done.drafts is not None else 0,
             )
         ending = ctx.ending
         if not ending and done is not None and ctx.reply is not None:
@@ -459,4 +461,11 @@ def _merged(dones: list[Completion]) -> Completion:
     """One request's figures over its choices (for its record): the prompt once, every
     choice's tokens, the first choice's timings."""
     first = dones[0]
-    return replace(first, completion_tokens=sum(d.completion_tokens for d in dones))
+    drafts = [d.drafts for d in dones if d.drafts is not None]
+    return replace(
+        first,
+        completion_tokens=sum(d.completion_tokens for d in dones),
+        drafts=Drafts(sum(d.drafted for d in drafts), sum(d.accepted for d in drafts))
+        if drafts
+        else None,
+    )

@@ -25,5 +25,6 @@ class ModelDescription(TypedDict, total=False):
     quality: dict[str, Any] | None
     architecture_warning: str | None
     prompt_cache: dict[str, Any] | None
+    speculative_decoding: str
     reload: dict[str, Any]
     engine: dict[str, Any]

@@ -31,6 +31,7 @@ from ortserve.core.generation import (
     HOUSE_SAMPLING,
     Cached,
     Decoding,
+    Drafts,
     Finish,
     GenerationRequest,
     Guidance,
@@ -190,6 +191,38 @@ def _threads(genai_config: dict[str, Any], settings: EngineSettings) -> int:
     return min(baked, usable) if baked > 0 else usable
 
 
+def _speculation(
+    model: Any, model_config: dict[str, Any], settings: EngineSettings
+) -> tuple[dict[str, Any] | None, str]:
+    """og's speculative options for this model (None: none) and, in words, what they are
+    or why there are none.
+
+    A model with a draft model (genai_config's `model.draft`, `ortserve bake --draft`)
+    drafts with it; any other drafts by prompt lookup (n-grams of the prompt and the text
+    so far). og 0.18 verifies drafts only on a graph that gives the logits of every
+    position (not `prune_lm_head`, a CPU target's default): tried here on a generator
+    (og refuses at once, in ms), so that a model from any source is judged the same way.
+    `cooldown`: og stops drafting for a while after rounds it rejected, so that text that
+    repeats nothing (open chat) is not slowed by drafts that fail.
+    """
+    if settings.speculative == "off":
+        return None, "off (ORTSERVE_SPECULATIVE=off)"
+    options: dict[str, Any] = {
+        "max_draft_tokens": settings.speculative_draft_tokens,
+        "cooldown": True,
+    }
+    if model_config.get("draft"):
+        kind = "draft model"
+    else:
+        options["ngram_size"] = settings.speculative_ngram
+        kind = f"prompt lookup ({settings.speculative_ngram}-grams)"
+    try:
+        model.generator({"max_length": 8, SPECULATIVE: options}, None, ())
+    except RuntimeError as exc:
+        return None, f"off: {_first_line(exc)}"
+    return options, f"{kind}, up to {settings.speculative_draft_tokens} drafts a pass"
+
+
 def probe_providers(
     folder: Path, settings: EngineSettings, threads: int
 ) -> tuple[Any, str, dict[str, str]]:
@@ -239,6 +272,9 @@ def _token_ids_of(decoding: Decoding) -> Generator[int, None, None]:
 # appended), or the sequence was at its length already.
 EOS = -1
 DONE = -2
+# The key of a generator's search options under which its speculative options go
+# (`LocalSteps`): one dict crosses to the engine process as it is.
+SPECULATIVE = "speculative"
 
 
 class Steps(Protocol):
@@ -251,9 +287,10 @@ class Steps(Protocol):
         """Append prompt tokens (one part; a batch's padded rows in one call)."""
         ...
 
-    def step(self, top: int | None) -> tuple[int, TokenLogprob | None]:
+    def step(self, top: int | None) -> tuple[int, TokenLogprob | None, Drafts | None]:
         """One new token of a single sequence, and (with `top`, the alternatives wanted)
-        its log probability; `EOS` or `DONE` (and None) when there is none."""
+        its log probability; `EOS` or `DONE` (and None) when there is none. And, for a
+        speculative generator, its `Drafts` so far."""
         ...
 
     def step_rows(self) -> list[int] | None:
@@ -274,14 +311,20 @@ class Steps(Protocol):
 
 
 class LocalSteps:
-    """`Steps` over an og Generator of this process."""
+    """`Steps` over an og Generator of this process. `search` holds og's search options
+    and, under `SPECULATIVE`, its speculative options (the generator then drafts)."""
 
     def __init__(self, model: Any, search: dict[str, Any], guidance: Guidance | None) -> None:
         params = og.GeneratorParams(model)
+        search = dict(search)
+        speculative = search.pop(SPECULATIVE, None)
         params.set_search_options(**search)
+        if speculative is not None:
+            params.set_speculative_options(**speculative)
         if guidance is not None:
             params.set_guidance(guidance.kind, guidance.data)
         self._generator = og.Generator(model, params)
+        self._speculative = speculative is not None
         self._count: int | None = None  # token_count() after the last step (None: unknown)
 
     def append(self, input_ids: list[int] | np.ndarray[Any, Any]) -> None:
@@ -289,24 +332,36 @@ class LocalSteps:
         self._generator.append_tokens(input_ids)
         self._count = None
 
-    def step(self, top: int | None) -> tuple[int, TokenLogprob | None]:
+    def step(self, top: int | None) -> tuple[int, TokenLogprob | None, Drafts | None]:
         """One new token of a single sequence, and (with `top`, the alternatives wanted)
-        its log probability; `EOS` or `DONE` (and None) when there is none."""
+        its log probability; `EOS` or `DONE` (and None) when there is none. And, for a
+        speculative generator, its `Drafts` so far."""
         generator = self._generator
         if generator.is_done():
-            return DONE, None
+            return DONE, None, self._drafts()
         # og 0.18 computes a position's logits when the token before it goes in: the
-        # ones the next token is picked from are there before the step.
+        # ones the next token is picked from are there before the step. (A speculative
+        # generator has none to give: the engine asks for no log probabilities there.)
         logits = None if top is None else np.array(generator.get_logits())
         count = generator.token_count() if self._count is None else self._count
+        # A speculative generator verifies a round of drafts in one forward pass, then
+        # gives the accepted tokens one a call from its buffer (a call per token, as here).
         generator.generate_next_token()
         self._count = generator.token_count()
         if self._count == count:  # an EOS ends it without being appended
-            return EOS, None
+            return EOS, None, self._drafts()
         token = int(generator.get_next_tokens()[0])
         if logits is None:
-            return token, None
-        return token, _logprob(logits.reshape(-1), token, top or 0)
+            return token, None, self._drafts()
+        return token, _logprob(logits.reshape(-1), token, top or 0), None
+
+    def _drafts(self) -> Drafts | None:
+        if not self._speculative:
+            return None
+        stats = self._generator.get_speculative_stats()
+        # og's acceptance_rate is accepted / evaluated: a round's drafts after its first
+        # rejected one are never verified, so "drafted" counts the verified ones.
+        return Drafts(int(stats["draft_tokens_evaluated"]), int(stats["draft_tokens_accepted"]))
 
     def step_rows(self) -> list[int] | None:
         """One step of a batch: every row's new token (None once it is done)."""
@@ -422,6 +477,8 @@ class Engine:
         pad_id: The id a batch pads shorter prompts with.
         sampling_defaults: What the sampling fields a request leaves out become: the
             manifest's (the model's own), else the house profile.
+        speculation: og's speculative options for a lone request (None: it decodes one
+            token a forward pass), and `speculation_note` says which, or why not.
     """
 
     def __init__(
@@ -456,6 +513,7 @@ class Engine:
         self.kv_bytes_per_token = _kv_bytes_per_token(model_config, manifest.kv_cache_element_bytes)
         if self.prompt_cache is not None:  # its generators went with a faulted engine
             model.on_restart(self.prompt_cache.clear)
+        self.speculation, self.speculation_note = _speculation(model, model_config, settings)
 
     @property
     def model(self) -> Model:
@@ -580,6 +638,20 @@ class Engine:
                 "it is refused rather than tried again (see the server's log)"
             )
 
+    def speculative(self, options: SamplingOptions, logprobs: int | None) -> dict[str, Any] | None:
+        """og's speculative options for one lone sequence (None: one token a pass): the
+        model's (`speculation`) unless the request opts out, or asks for log probabilities
+        (og 0.18 gives a speculative generator's logits to no one). A batch never drafts
+        (og 0.18: batch size 1 only); beam search neither."""
+        if logprobs is not None or not options.speculative or options.num_beams > 1:
+            return None
+        return self.speculation
+
+    def cache_key(self, options: SamplingOptions, logprobs: int | None) -> tuple[Sampling, bool]:
+        """What a kept generator's options must equal for a request to reuse it (the prompt
+        cache): its sampling, and whether it drafts (fixed when og makes it)."""
+        return self.sampling(options), self.speculative(options, logprobs) is not None
+
     def sampling(self, options: SamplingOptions) -> Sampling:
         """How `options` pick tokens, as og does it (equal ones may share a batch): the one
         place where the fields they leave out become the model's defaults."""
@@ -622,6 +694,9 @@ class Engine:
             # native error; -1 means "random"): fold any int64 into that range, the same
             # way every time.
             search["random_seed"] = options.seed % _SEED_RANGE
+        speculative = self.speculative(options, logprobs)
+        if speculative is not None:
+            search[SPECULATIVE] = speculative
         try:
             generator = self._model.generator(search, guidance, (_tag(input_ids, guidance),))
         except RuntimeError as exc:
@@ -690,9 +765,9 @@ class Engine:
         `PromptCache`). Only with a prompt cache (`prompt_cache` is not None)."""
         cache = self.prompt_cache
         assert cache is not None, "decode_cached needs the prompt cache"
-        sampling = self.sampling(options)
+        key = self.cache_key(options, logprobs)
         room = len(input_ids) + max_new
-        taken = cache.take(input_ids, room, sampling)
+        taken = cache.take(input_ids, room, key)
         if taken is not None:
             slot, common = taken
             generator, max_length = slot.generator, slot.max_length
@@ -703,7 +778,10 @@ class Engine:
         else:
             common = 0
             max_length = min(max(room, cache.max_tokens), self.context_length or room)
-            search = {"max_length": max_length, **sampling.search()}
+            search = {"max_length": max_length, **key[0].search()}
+            speculative = self.speculative(options, logprobs)
+            if speculative is not None:
+                search[SPECULATIVE] = speculative
             try:
                 generator = self._model.generator(search, None, (_tag(input_ids),))
             except RuntimeError as exc:
@@ -713,7 +791,7 @@ class Engine:
             # ... unless its KV buffer is larger than a slot's bound (a slot holds what
             # /readyz states, never more).
             if max_length <= cache.max_tokens:
-                cache.put(list(input_ids), generator, max_length, sampling)
+                cache.put(list(input_ids), generator, max_length, key)
 
         def steps() -> Generator[Step, None, None]:
             if common:
@@ -764,15 +842,15 @@ class Engine:
             self._prefill(generator, input_ids, paused, checkpoint, MIN_APPENDED if kept else 0)
             prefilled = True
             for _ in range(limit):
-                token, logprob = generator.step(logprobs)
+                token, logprob, drafts = generator.step(logprobs)
                 if token in (EOS, DONE):
                     yield Finish("eos" if token == EOS else "length")
                     return
                 if paused is None:
-                    yield Token(token, logprob)
+                    yield Token(token, logprob, drafts)
                 else:
                     paused(True)
-                    yield Token(token, logprob)
+                    yield Token(token, logprob, drafts)
                     paused(False)
             yield Finish("length")
         except OrtServeError:  # a checkpoint ended it, or the engine process (its generator)

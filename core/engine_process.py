@@ -47,7 +47,7 @@ from ortserve.core.errors import (
     ModelUnavailableError,
     OrtServeError,
 )
-from ortserve.core.generation import Guidance, TokenLogprob
+from ortserve.core.generation import Drafts, Guidance, TokenLogprob
 from ortserve.core.manifest import verify_folder
 from ortserve.core.settings import EngineSettings
 
@@ -117,9 +117,9 @@ class RemoteSteps:
         """See `Steps.append`."""
         self._call("append", input_ids)
 
-    def step(self, top: int | None) -> tuple[int, TokenLogprob | None]:
+    def step(self, top: int | None) -> tuple[int, TokenLogprob | None, Drafts | None]:
         """See `Steps.step`."""
-        result: tuple[int, TokenLogprob | None] = self._call("step", top)
+        result: tuple[int, TokenLogprob | None, Drafts | None] = self._call("step", top)
         return result
 
     def step_rows(self) -> list[int] | None:

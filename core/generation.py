@@ -90,6 +90,8 @@ class SamplingOptions:
             sampling knobs do not apply; the text comes whole at the end).
         length_penalty: Beam search's exponent on a beam's length (above 1: longer).
         early_stopping: Beam search ends once `num_beams` beams have ended.
+        speculative: False: no speculative drafts for this request (plain decoding, one
+            token a forward pass), where the server would otherwise speculate.
     """
 
     max_new_tokens: int = 64
@@ -102,6 +104,7 @@ class SamplingOptions:
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool = True
+    speculative: bool = True
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,8 @@ class LogprobLedger:
 class Completion:
     """The result of one generation (`logprobs` when the request asked for them;
     `cached_tokens`: prompt tokens the prompt cache held; `filtered`: the content filter's
-    rule that ended the output; `redactions`: spans of personal data it replaced)."""
+    rule that ended the output; `redactions`: spans of personal data it replaced;
+    `drafts`: speculative decoding's figures, when it was decoded speculatively)."""
 
     text: str
     finish_reason: FinishReason
@@ -212,14 +216,26 @@ class Completion:
     cached_tokens: int = 0
     filtered: str = ""
     redactions: int = 0
+    drafts: Drafts | None = None
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """Speculative decoding so far, for one sequence: draft tokens the model verified, and
+    how many of them it accepted (the rest it replaced with its own token)."""
+
+    drafted: int
+    accepted: int
 
 
 @dataclass(frozen=True)
 class Token:
-    """A new token of a sequence, with its log probability when the request asked for it."""
+    """A new token of a sequence, with its log probability when the request asked for it
+    and, when it is decoded speculatively, the sequence's `Drafts` so far."""
 
     id: int
     logprob: TokenLogprob | None = None
+    drafts: Drafts | None = None
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ def access_line(record: RequestRecord) -> str:
             parts.append(f"{record.tokens_per_s:.1f} tok/s")
         if record.ttft_s:
             parts.append(f"TTFT {_seconds(record.ttft_s)}")
+        if record.draft_tokens:
+            parts.append(f"{record.accepted_tokens} of {record.draft_tokens} drafts accepted")
     if record.ending:
         parts.append(record.ending)
     if record.filtered:

@@ -9,7 +9,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ortserve.core.generation import Sampling
 from ortserve.core.prefill import KEPT_LOGITS_TOKENS
 
 #: Prompt tokens a reused generator prefills at least (see `PromptCache._choose`).
@@ -23,7 +22,7 @@ class _Slot:
     prompt: list[int]
     generator: Any
     max_length: int
-    sampling: Sampling
+    key: object  # what a request's options must equal to reuse it (Engine.cache_key)
 
 
 class PromptCache:
@@ -48,7 +47,7 @@ class PromptCache:
         self._entries: list[_Slot] = []  # most recently used last
         self._lock = threading.Lock()
 
-    def _choose(self, ids: list[int], room: int, sampling: Sampling) -> tuple[int, int]:
+    def _choose(self, ids: list[int], room: int, key: object) -> tuple[int, int]:
         """(index, common prefix) of the kept generator to reuse for `ids` (-1: none).
 
         One whose whole prompt begins `ids` (the next turn of its conversation) is taken
@@ -60,7 +59,7 @@ class PromptCache:
         """
         best, best_common, best_whole, oldest = -1, 0, False, -1
         for i, entry in enumerate(self._entries):
-            if entry.sampling != sampling or entry.max_length < room:
+            if entry.key != key or entry.max_length < room:
                 continue
             oldest = i if oldest < 0 else oldest
             common = common_prefix(entry.prompt, ids)
@@ -76,23 +75,23 @@ class PromptCache:
         # could change (it did, at the 22nd token of a 2,277-token chat prompt).
         return best, max(0, min(best_common, len(ids) - MIN_APPENDED))
 
-    def match(self, ids: list[int], room: int, sampling: Sampling) -> int:
+    def match(self, ids: list[int], room: int, key: object) -> int:
         """How many of `ids` the kept generator `take` would give holds (0: none)."""
         with self._lock:
-            return self._choose(ids, room, sampling)[1]
+            return self._choose(ids, room, key)[1]
 
-    def take(self, ids: list[int], room: int, sampling: Sampling) -> tuple[_Slot, int] | None:
+    def take(self, ids: list[int], room: int, key: object) -> tuple[_Slot, int] | None:
         """The kept generator to reuse for `ids`, out of the cache, and how much it holds."""
         with self._lock:
-            index, common = self._choose(ids, room, sampling)
+            index, common = self._choose(ids, room, key)
             if index < 0:
                 return None
             return self._entries.pop(index), common
 
-    def put(self, prompt: list[int], generator: Any, max_length: int, sampling: Sampling) -> None:
+    def put(self, prompt: list[int], generator: Any, max_length: int, key: object) -> None:
         """Keep `generator`, whose cache holds `prompt` (the oldest entry may go)."""
         with self._lock:
-            self._entries.append(_Slot(prompt, generator, max_length, sampling))
+            self._entries.append(_Slot(prompt, generator, max_length, key))
             del self._entries[: max(0, len(self._entries) - self.slots)]
 
     def describe(self, kv_bytes_per_token: int, vocab_size: int) -> dict[str, Any]:

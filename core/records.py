@@ -15,7 +15,8 @@ class RequestRecord:
     `filtered`: the content filter's rule that refused the request or ended its output;
     `redactions`: spans of personal data the filter replaced. `reason`: why it failed, for
     a 4xx or 5xx answer and a stream ended by an error event (the error's code and the
-    message its answer carries, never more than the client was told).
+    message its answer carries, never more than the client was told). `draft_tokens`,
+    `accepted_tokens`: speculative decoding's drafts verified, and accepted.
     """
 
     request_id: str
@@ -31,3 +32,5 @@ class RequestRecord:
     filtered: str = ""
     redactions: int = 0
     reason: str = ""
+    draft_tokens: int = 0
+    accepted_tokens: int = 0

@@ -29,6 +29,7 @@ from ortserve.core.generation import (
     Cached,
     Completion,
     Decoding,
+    Drafts,
     Finish,
     FinishReason,
     GenerationRequest,
@@ -218,6 +219,7 @@ class _Answer:
         self._first = 0.0  # seconds from then to the first token
         self._count = 0
         self._cached = 0
+        self._drafts: Drafts | None = None
         self._eos = False
         self._new: Token | None = None  # the last token, until its text comes
         self._generated = 0  # characters of text the tokens so far make, before any cut
@@ -236,6 +238,7 @@ class _Answer:
                     self._first = time.perf_counter() - self._start
                 self._count += 1
                 self._new = step
+                self._drafts = step.drafts or self._drafts
                 yield step.id
             elif isinstance(step, Cached):
                 self._cached = step.tokens
@@ -280,6 +283,7 @@ class _Answer:
             cached_tokens=self._cached,
             filtered=guard.rule if guard is not None else "",
             redactions=self._redactions + (guard.redactions if guard is not None else 0),
+            drafts=self._drafts,
         )
 
     def finish(self) -> FinishReason:
@@ -480,7 +484,9 @@ class Service:
         cache = self.engine.prompt_cache
         assert cache is not None
         room = len(input_ids) + budget
-        held = cache.match(input_ids, room, self.engine.sampling(request.options))
+        held = cache.match(
+            input_ids, room, self.engine.cache_key(request.options, request.logprobs)
+        )
         return held >= _CACHE_HIT_TOKENS
 
     # -- the batching rule ---------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -81,6 +81,13 @@ class EngineSettings(BaseSettings):
             platforms (Lambda, Cloud Functions) and the CLI, where cold start comes first.
         engine_memory_mb: The engine process's ceiling of data memory (RLIMIT_DATA, MiB;
             0: none): an allocation past it fails there and ends only that process.
+        speculative: `auto`: decode a lone request speculatively where the model allows
+            it (a model baked with the logits of every position, `ortserve bake
+            --speculative`): drafts looked up in the prompt and the text so far (prompt
+            lookup, n-grams) or made by the bake's draft model, verified several at a time,
+            paused while they are seldom accepted; `off`: one token a forward pass.
+        speculative_ngram: Prompt lookup matches the last this-many tokens.
+        speculative_draft_tokens: The most draft tokens verified in one forward pass.
         content_filter: A TOML file of content rules on prompts and outputs (deny
             patterns and words, size and character rules, redaction of e-mail addresses,
             phone and card numbers; `core.content_filter`). None: no filter.
@@ -106,6 +113,9 @@ class EngineSettings(BaseSettings):
     prefill_chunk_tokens: int = Field(default=64, ge=16, le=16384)
     chat_plain_control_tokens: bool = False
     content_filter: Path | None = None
+    speculative: Literal["auto", "off"] = "auto"
+    speculative_ngram: int = Field(default=3, ge=2, le=8)
+    speculative_draft_tokens: int = Field(default=4, ge=1, le=16)
     engine_process: bool = False
     engine_memory_mb: int = Field(default=0, ge=0)
 

@@ -274,6 +274,7 @@ class ModelState:
             "prompt_cache": cache.describe(engine.kv_bytes_per_token, engine.vocab_size)
             if (cache := engine.prompt_cache) is not None
             else None,
+            "speculative_decoding": engine.speculation_note,
             "engine": engine.model.describe(),
         }
 
@@ -346,6 +347,7 @@ def _log_ready(service: Service, warmup_s: float | None, name: str | None) -> No
         )
     if probe.not_installed():
         log.debug("providers not installed: %s", ", ".join(probe.not_installed()))
+    log.debug("speculative decoding: %s", engine.speculation_note)
     cache = engine.prompt_cache
     if cache is not None:
         size = cache.describe(engine.kv_bytes_per_token, engine.vocab_size)

@@ -185,6 +185,16 @@ class Metrics:
             ["rule"],
             registry=r,
         )
+        self.draft_tokens = Counter(
+            "ortserve_speculative_draft_tokens",
+            "Draft tokens speculative decoding verified (ORTSERVE_SPECULATIVE).",
+            registry=r,
+        )
+        self.accepted_tokens = Counter(
+            "ortserve_speculative_accepted_tokens",
+            "Draft tokens the model accepted (÷ draft tokens: the acceptance rate).",
+            registry=r,
+        )
         self.redactions = Counter(
             "ortserve_redactions",
             "Spans of personal data the content filter replaced (prompts and outputs).",
@@ -230,6 +240,9 @@ class Metrics:
             self.filtered.labels(record.filtered).inc()
         if record.redactions:
             self.redactions.inc(record.redactions)
+        if record.draft_tokens:
+            self.draft_tokens.inc(record.draft_tokens)
+            self.accepted_tokens.inc(record.accepted_tokens)
 
     def render(self) -> bytes:
         """The scrape body in Prometheus text format (see `CONTENT_TYPE`)."""

@@ -167,6 +167,16 @@ def _add_bake_choices(parser: argparse.ArgumentParser, *, run: bool) -> None:
         ),
     )
     parser.add_argument(
+        "--speculative",
+        action="store_true",
+        help=helps(
+            "keep the logits of every position (the builder's prune_lm_head off), so that the "
+            "server can decode speculatively: prompt lookup drafts, verified several tokens a "
+            "pass (faster on text that repeats its prompt; prefill costs more; docs/bake.md)",
+            "a graph for speculative decoding, as `ortserve bake --speculative`",
+        ),
+    )
+    parser.add_argument(
         "--builder-option",
         action="append",
         type=_key_value,
@@ -195,6 +205,7 @@ def _bake_request(args: argparse.Namespace) -> BakeRequest:
         requantize=args.requantize,
         compact=args.compact,
         kv_cache=args.kv_cache or "fp32",
+        speculative=args.speculative,
         context_length=args.context_length,
     )
 
@@ -304,6 +315,7 @@ _BAKE_OPTIONS = (
     "requantize",
     "compact",
     "kv_cache",
+    "speculative",
     "context_length",
 )
 

@@ -108,8 +108,8 @@ def _source_slug(source: str) -> str:
 def short_name(spec: dict[str, Any]) -> str:
     """The short name of a bake `spec` (a store entry's): the source's model name, then a
     tag of what is not the default (a GGUF file's quantization, a revision, a precision, a
-    recipe, builder options, `--requantize`, `--compact`, `--kv-cache`, a context length,
-    a target other than an edge board's); a name `ortserve cp` gave is its own."""
+    recipe, builder options, `--requantize`, `--compact`, `--kv-cache`, `--speculative`, a
+    context length, a target other than an edge board's); a name `ortserve cp` gave is its own."""
     if spec.get("name"):  # given by `ortserve cp`
         return str(spec["name"])
     base = _source_slug(str(spec["source"]).removesuffix(".gguf").removesuffix(".GGUF"))
@@ -131,12 +131,14 @@ def short_name(spec: dict[str, Any]) -> str:
         tags.append(str(recipe) if named else f"recipe-{_digest(recipe)[:6]}")
     if spec.get("options"):
         tags.append(f"opts-{_digest(spec['options'])[:6]}")
-    if spec.get("requantize"):  # a GGUF quantized again rather than imported as it is
-        tags.append("requantized")
-    if spec.get("compact"):
-        tags.append("compact")
+    # A GGUF quantized again rather than imported as it is; its compact import.
+    tags += [
+        tag for key, tag in (("requantize", "requantized"), ("compact", "compact")) if spec.get(key)
+    ]
     if spec.get("kv_cache"):
         tags.append(f"kv-{spec['kv_cache']}")
+    if spec.get("speculative"):
+        tags.append("spec")
     if spec.get("context_length"):
         tags.append(f"ctx{spec['context_length']}")
     target = str(spec.get("target", ""))
@@ -274,6 +276,8 @@ def plan(store: Path, request: BakeRequest, rebake: bool = False) -> Planned:
         spec["compact"] = True
     if request.kv_cache != "fp32":
         spec["kv_cache"] = request.kv_cache
+    if request.speculative:
+        spec["speculative"] = True
     if request.context_length is not None:
         spec["context_length"] = request.context_length
     entry = store / entry_name(spec)

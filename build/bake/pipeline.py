@@ -73,6 +73,9 @@ class BakeRequest:
     compact: bool = False
     # "int8": keys and values cached as int8 with calibrated scales (bake.kv_cache).
     kv_cache: str = "fp32"
+    # The logits of every position kept (prune_lm_head=false): what og 0.18's speculative
+    # decoding verifies drafts with (core.engine's speculation).
+    speculative: bool = False
     context_length: int | None = None  # tokens served (None: bake.context's default)
 
 
@@ -509,6 +512,7 @@ def bake(request: BakeRequest) -> BakeResult:
             # tensor the import cannot map keeps this quantization, and the bake says so.
             options, recipe = {**options, "algo_config": "rtn"}, None
         options = _kv_cache_options(source, request, options, work / "kv-cache-scales.json")
+        options = _speculative_options(source, request, options)
         precision, options, builder, inferred = _convert(
             source,
             staging,
@@ -629,6 +633,33 @@ def _kv_cache_options(
         calibrate(source.folder, scales)
     say(f"KV cache: int8 ({SCHEME}), scales calibrated on the checkpoint in fp32")
     return {**options, "kv_cache_quant_scheme": SCHEME, "kv_cache_scale_file": str(scales)}
+
+
+def _speculative_options(
+    source: ResolvedSource, request: BakeRequest, options: dict[str, str]
+) -> dict[str, str]:
+    """The builder's options for a graph that speculative decoding can verify drafts on:
+    the logits of every position (og 0.18 refuses to speculate on a pruned lm_head).
+
+    Raises:
+        BakeError: `--speculative` on an ONNX source (its graph is used as exported), or
+            with `--builder-option prune_lm_head=true`.
+    """
+    if not request.speculative:
+        return options
+    if source.folder_kind != "hf":
+        raise BakeError(
+            f"--speculative applies to checkpoints; {source.name} is an ONNX graph, used as "
+            "exported (the server speculates when it gives the logits of every position: "
+            "/readyz says so)"
+        )
+    if request.options.get("prune_lm_head", "false").lower() == "true":
+        raise BakeError(
+            "--speculative needs the logits of every position: drop --builder-option "
+            "prune_lm_head=true"
+        )
+    say("speculative decoding: the graph keeps the logits of every position")
+    return {**options, "prune_lm_head": "false"}
 
 
 def _exact_import(source: ResolvedSource, request: BakeRequest, precision: str) -> bool:

@@ -409,6 +409,10 @@ MIN_TOKENS_DOC = (
     "extension (vLLM's): generate at least this many tokens, EOS held back until then "
     "(never more than the token limit; without one, the default limit rises to it)"
 )
+SPECULATIVE_DOC = (
+    "extension: false decodes this request one token a forward pass, without speculative "
+    "drafts (the answer is the same either way; ORTSERVE_SPECULATIVE)"
+)
 IGNORE_EOS_DOC = "extension (llama-server's, vLLM's): generate the whole token limit"
 
 

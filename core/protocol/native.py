@@ -20,6 +20,7 @@ from ortserve.core.protocol import (
     NO_MINIMUM,
     REPETITION_PENALTY_DOC,
     SEED,
+    SPECULATIVE_DOC,
     TEMPERATURE_DOC,
     TOP_K_DOC,
     TOP_P_DOC,
@@ -91,6 +92,7 @@ class GenerateBody(GenerationBody):
     stop: Stop = None
     min_tokens: TokenCount = Field(default=0, description=MIN_TOKENS_DOC)
     ignore_eos: bool = Field(default=False, description=IGNORE_EOS_DOC)
+    speculative: bool = Field(default=True, description=SPECULATIVE_DOC)
     num_beams: Int = Field(
         default=1,
         ge=1,
@@ -150,6 +152,7 @@ class GenerateBody(GenerationBody):
             num_beams=self.num_beams,
             length_penalty=self.length_penalty,
             early_stopping=self.early_stopping,
+            speculative=self.speculative,
         )
         return GenerationRequest(
             prompt=self.prompt,

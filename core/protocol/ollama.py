@@ -39,6 +39,7 @@ from ortserve.core.protocol import (
     NO_IMAGES,
     REPETITION_PENALTY_DOC,
     SEED,
+    SPECULATIVE_DOC,
     TEMPERATURE_DOC,
     TOP_K_DOC,
     TOP_P_DOC,
@@ -172,6 +173,7 @@ class OllamaOptions(Body):
     )
     seed: Seed | None = SEED
     stop: Stop = None
+    speculative: bool = Field(default=True, description=SPECULATIVE_DOC)
 
 
 def model_not_found(name: str, served: Served) -> ModelNotFoundError:
@@ -221,6 +223,7 @@ class _OllamaBody(GenerationBody):
             top_k=o.top_k,
             repetition_penalty=o.repeat_penalty,
             seed=o.seed,
+            speculative=o.speculative,
         )
 
     def _guidance(self) -> Guidance | None:

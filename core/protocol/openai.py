@@ -27,6 +27,7 @@ from ortserve.core.protocol import (
     NO_MINIMUM_PROPERTIES,
     REPETITION_PENALTY_DOC,
     SEED,
+    SPECULATIVE_DOC,
     TEMPERATURE_DOC,
     TOOL_CHOICE_NEEDS_TOOLS,
     TOP_K_DOC,
@@ -145,6 +146,7 @@ class _OpenAIBody(GenerationBody):
     stream_options: StreamOptions | None = None
     min_tokens: TokenCount = Field(default=0, description=MIN_TOKENS_DOC)
     ignore_eos: bool = Field(default=False, description=IGNORE_EOS_DOC)
+    speculative: bool = Field(default=True, description=SPECULATIVE_DOC)
 
     def _limit(self) -> tuple[int | None, str]:
         """The token limit the body gives, and the field that gives it."""
@@ -169,6 +171,7 @@ class _OpenAIBody(GenerationBody):
             repetition_penalty=self.repetition_penalty,
             seed=self.seed,
             min_new_tokens=minimum,
+            speculative=self.speculative,
         )
         return options, field
 
@@ -186,11 +189,17 @@ def _usage(dones: Sequence[Completion]) -> Usage:
     prompt = dones[0].prompt_tokens
     completion = sum(d.completion_tokens for d in dones)
     cached = max(d.cached_tokens for d in dones)
+    drafts = [d.drafts for d in dones if d.drafts is not None]
+    accepted = sum(d.accepted for d in drafts)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": sum(d.drafted for d in drafts) - accepted,
+        },
     }
 
 

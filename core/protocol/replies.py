@@ -27,6 +27,14 @@ class PromptTokensDetails(TypedDict):
     cached_tokens: int
 
 
+class CompletionTokensDetails(TypedDict):
+    """Speculative decoding's drafts, in OpenAI's predicted-output fields: draft tokens
+    the model accepted, and those it rejected (0 and 0 without speculation)."""
+
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
 class Usage(TypedDict):
     """A request's token counts: its prompt once, every choice's new tokens."""
 
@@ -34,6 +42,7 @@ class Usage(TypedDict):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
 
 
 class FunctionCall(TypedDict):

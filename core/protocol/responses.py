@@ -28,6 +28,7 @@ from pydantic.config import JsonDict
 from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.generation import Completion, GenerationRequest, SamplingOptions, TokenLogprob
 from ortserve.core.protocol import (
+    SPECULATIVE_DOC,
     TEMPERATURE_DOC,
     TOOL_CHOICE_NEEDS_TOOLS,
     TOP_P_DOC,
@@ -271,6 +272,7 @@ class ResponsesBody(GenerationBody):
     max_output_tokens: TokenLimit | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, description=TOP_P_DOC)
+    speculative: bool = Field(default=True, description=SPECULATIVE_DOC)
     tools: list[FunctionTool] | None = Field(
         default=None, max_length=MAX_TOOLS, description="function tools (others are refused)"
     )
@@ -370,7 +372,10 @@ class ResponsesBody(GenerationBody):
         limit = self.max_output_tokens or served.default_new_tokens
         # Unsent sampling fields (None): the model's defaults, as on every route.
         options = SamplingOptions(
-            max_new_tokens=limit, temperature=self.temperature, top_p=self.top_p
+            max_new_tokens=limit,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            speculative=self.speculative,
         )
         messages = self.conversation()
         if self.instructions is not None:

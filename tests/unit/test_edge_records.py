@@ -111,5 +111,7 @@ def test_one_json_line_per_record() -> None:
         "filtered": "",
         "redactions": 0,
         "reason": "",
+        "draft_tokens": 0,
+        "accepted_tokens": 0,
     }
     assert json.loads(lines[1])["duration_s"] == 0.000123
