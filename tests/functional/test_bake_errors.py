@@ -112,6 +112,29 @@ def test_an_int8_kv_cache_is_for_a_checkpoint(tiny_model_dir: Path, tmp_path: Pa
     assert "--kv-cache int8 applies to checkpoints" in message
 
 
+def test_speculative_is_for_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    src = copy_without(tiny_model_dir, tmp_path / "src", "manifest.json")
+    message = bake_fails(
+        "--model", str(src), "--target", "gcf", "--speculative", out=tmp_path / "m"
+    )
+    assert "--speculative applies to checkpoints" in message
+    assert "/readyz" in message
+
+
+def test_speculative_needs_every_positions_logits(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    message = bake_fails(
+        "--model",
+        str(tiny_hf_dir),
+        "--target",
+        "gcf",
+        "--speculative",
+        "--builder-option",
+        "prune_lm_head=true",
+        out=tmp_path / "m",
+    )
+    assert "--speculative needs the logits of every position" in message
+
+
 def test_a_block_size_k_quant_cannot_use(tiny_hf_dir: Path, tmp_path: Path) -> None:
     message = bake_fails(
         "--model", str(tiny_hf_dir), "--target", "gcf", "--block-size", "256", out=tmp_path / "m"

@@ -86,6 +86,16 @@ def test_each_metrics_object_has_its_own_registry(tmp_path: Path) -> None:
     assert _samples(second)["ortserve_generated_tokens_total{}"] == 0
 
 
+def test_speculative_drafts_are_counted(tmp_path: Path) -> None:
+    metrics = Metrics(ModelState(EngineSettings(model_dir=tmp_path)))
+    metrics.observe(replace(GEN, draft_tokens=12, accepted_tokens=9))
+    metrics.observe(replace(GEN, draft_tokens=4, accepted_tokens=1))
+    metrics.observe(GEN)
+    s = _samples(metrics)
+    assert s["ortserve_speculative_draft_tokens_total{}"] == 16
+    assert s["ortserve_speculative_accepted_tokens_total{}"] == 10
+
+
 def test_one_json_line_per_record() -> None:
     out = io.StringIO()
     log = JsonLog(out)

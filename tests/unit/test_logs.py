@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,11 @@ def test_an_access_line_says_what_a_person_wants_to_know() -> None:
     )
     assert access_line(RequestRecord("r3", "GET", "/readyz", 200, duration_s=0.0004)) == (
         "GET /readyz 200 0 ms"
+    )
+    drafted = replace(GENERATION, draft_tokens=40, accepted_tokens=31)
+    assert access_line(drafted) == (
+        "POST /v1/chat/completions 200 1.35 s: prompt 12 + 64 new tokens, 48.2 tok/s, "
+        "TTFT 31 ms, 31 of 40 drafts accepted, stop"
     )
 
 
