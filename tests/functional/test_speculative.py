@@ -58,15 +58,25 @@ def spec_int4_dir() -> Path:
 
 
 def _engine(folder: Path, **settings: object) -> Engine:
-    return Engine.load(EngineSettings(model_dir=folder, providers="cpu", threads=2, **settings))
+    base = {"model_dir": folder, "providers": "cpu", "threads": 2}
+    return Engine.load(EngineSettings.model_validate({**base, **settings}))
 
 
-def _tokens(engine: Engine, name: str, top: int | None = None, **options: object) -> list[Token]:
+def _tokens(
+    engine: Engine,
+    name: str,
+    top: int | None = None,
+    speculative: bool = True,
+    repetition_penalty: float = 1.0,
+) -> list[Token]:
     ids = engine.prompt_ids(
         GenerationRequest(messages=[{"role": "user", "content": PROMPTS[name]}])
     )
     want = SamplingOptions(
-        **{"max_new_tokens": NEW, "temperature": 0.0, "repetition_penalty": 1.0, **options}  # type: ignore[arg-type]
+        max_new_tokens=NEW,
+        temperature=0.0,
+        repetition_penalty=repetition_penalty,
+        speculative=speculative,
     )
     return [s for s in engine.decode(ids, NEW, want, logprobs=top) if isinstance(s, Token)]
 
