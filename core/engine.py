@@ -122,16 +122,18 @@ _CACHE_ROOM = 4096
 
 def _kv_bytes_per_token(model_config: dict[str, Any], element_bytes: int) -> int:
     """Bytes of KV cache one token takes (keys and values, every layer; `element_bytes`
-    each: 4 for og 0.18's fp32 cache on CPU, 1 for an int8 one); 0 when genai_config does
-    not say."""
-    decoder = model_config.get("decoder", {})
-    try:
-        layers = int(decoder["num_hidden_layers"])
-        heads = int(decoder["num_key_value_heads"])
-        size = int(decoder["head_size"])
-    except (KeyError, TypeError, ValueError):
-        return 0
-    return 2 * layers * heads * size * element_bytes
+    each: 4 for og 0.18's fp32 cache on CPU, 1 for an int8 one), its draft model's (fp32)
+    included; 0 when genai_config does not say."""
+    total = 0
+    for section, size in (("decoder", element_bytes), ("draft", 4)):
+        part = model_config.get(section, {})
+        try:
+            heads = int(part["num_key_value_heads"]) * int(part["head_size"])
+            total += 2 * int(part["num_hidden_layers"]) * heads * size
+        except (KeyError, TypeError, ValueError):
+            if section == "decoder":
+                return 0
+    return total
 
 
 def _first_line(exc: BaseException) -> str:

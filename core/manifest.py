@@ -115,6 +115,7 @@ class Manifest(BaseModel):
         sampling: The model's own sampling defaults, from the source's
             generation_config.json (a catalog entry's written there); None: it states
             none, or baked before the manifest said (the house profile applies).
+        draft: The draft model baked beside it (`--draft`, in `draft/`), by name and source.
     """
 
     schema_version: Literal[1] = 1
@@ -135,6 +136,7 @@ class Manifest(BaseModel):
     quality: QualityCheck | None = None
     gguf_import: GgufImport | None = None
     sampling: SamplingDefaults | None = None
+    draft: str | None = None
     files: list[ManifestFile]
 
     @property

@@ -177,6 +177,16 @@ def _add_bake_choices(parser: argparse.ArgumentParser, *, run: bool) -> None:
         ),
     )
     parser.add_argument(
+        "--draft",
+        metavar="MODEL",
+        help=helps(
+            "also bake MODEL (any source; a smaller model of the same vocabulary, e.g. "
+            "qwen2.5-coder:0.5b for qwen2.5-coder:1.5b) beside this one, to draft for it: "
+            "draft-model speculative decoding (implies --speculative)",
+            "a draft model baked beside it, as `ortserve bake --draft`",
+        ),
+    )
+    parser.add_argument(
         "--builder-option",
         action="append",
         type=_key_value,
@@ -206,6 +216,7 @@ def _bake_request(args: argparse.Namespace) -> BakeRequest:
         compact=args.compact,
         kv_cache=args.kv_cache or "fp32",
         speculative=args.speculative,
+        draft=args.draft,
         context_length=args.context_length,
     )
 
@@ -316,6 +327,7 @@ _BAKE_OPTIONS = (
     "compact",
     "kv_cache",
     "speculative",
+    "draft",
     "context_length",
 )
 

@@ -108,8 +108,9 @@ def _source_slug(source: str) -> str:
 def short_name(spec: dict[str, Any]) -> str:
     """The short name of a bake `spec` (a store entry's): the source's model name, then a
     tag of what is not the default (a GGUF file's quantization, a revision, a precision, a
-    recipe, builder options, `--requantize`, `--compact`, `--kv-cache`, `--speculative`, a
-    context length, a target other than an edge board's); a name `ortserve cp` gave is its own."""
+    recipe, builder options, `--requantize`, `--compact`, `--kv-cache`, `--speculative`,
+    `--draft`, a context length, a target other than an edge board's); a name `ortserve cp`
+    gave is its own."""
     if spec.get("name"):  # given by `ortserve cp`
         return str(spec["name"])
     base = _source_slug(str(spec["source"]).removesuffix(".gguf").removesuffix(".GGUF"))
@@ -139,6 +140,8 @@ def short_name(spec: dict[str, Any]) -> str:
         tags.append(f"kv-{spec['kv_cache']}")
     if spec.get("speculative"):
         tags.append("spec")
+    if spec.get("draft"):
+        tags.append(f"draft-{_source_slug(str(spec['draft']))}")
     if spec.get("context_length"):
         tags.append(f"ctx{spec['context_length']}")
     target = str(spec.get("target", ""))
@@ -278,6 +281,8 @@ def plan(store: Path, request: BakeRequest, rebake: bool = False) -> Planned:
         spec["kv_cache"] = request.kv_cache
     if request.speculative:
         spec["speculative"] = True
+    if request.draft is not None:
+        spec["draft"] = request.draft
     if request.context_length is not None:
         spec["context_length"] = request.context_length
     entry = store / entry_name(spec)

@@ -148,8 +148,21 @@ def infer_genai_config(
 
 
 def set_session_options(config_path: Path, threads: int) -> None:
-    """Bake the target's session options into an existing genai_config.json."""
+    """Bake the target's session options into an existing genai_config.json (its
+    decoder's, and its draft model's where it has one)."""
     data = json.loads(config_path.read_text(encoding="utf-8"))
-    options = data["model"]["decoder"].setdefault("session_options", {})
-    options["intra_op_num_threads"] = threads
+    for section in ("decoder", "draft"):
+        if section in data["model"]:
+            options = data["model"][section].setdefault("session_options", {})
+            options["intra_op_num_threads"] = threads
+    config_path.write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8")
+
+
+def add_draft(config_path: Path, draft_config: Path, graph: str) -> None:
+    """Give the genai_config.json at `config_path` a draft model (og 0.18's `model.draft`:
+    a decoder section, which draft-model speculative decoding reads): the decoder of the
+    genai_config at `draft_config`, its graph at `graph` (relative to the folder)."""
+    data = json.loads(config_path.read_text(encoding="utf-8"))
+    decoder = json.loads(draft_config.read_text(encoding="utf-8"))["model"]["decoder"]
+    data["model"]["draft"] = {**decoder, "filename": graph}
     config_path.write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ortserve.bake.errors import BakeError, heartbeat, run_step, say
-from ortserve.bake.genai_config import infer_genai_config, set_session_options
+from ortserve.bake.genai_config import add_draft, infer_genai_config, set_session_options
 from ortserve.bake.onnx_source import (
     BAKED_GRAPH,
     copy_graph,
@@ -76,6 +76,9 @@ class BakeRequest:
     # The logits of every position kept (prune_lm_head=false): what og 0.18's speculative
     # decoding verifies drafts with (core.engine's speculation).
     speculative: bool = False
+    # A smaller model of the same vocabulary, baked beside this one (in `draft/`) to draft
+    # for it (og 0.18's draft-model speculative decoding); implies `speculative`.
+    draft: str | None = None
     context_length: int | None = None  # tokens served (None: bake.context's default)
 
 
@@ -529,8 +532,10 @@ def bake(request: BakeRequest) -> BakeResult:
         imported = _import_gguf(source, staging, request.compact) if exact else None
         steps.done("import")  # shown where it took time: a GGUF's exact import
         options = _fit_context(source, staging, request, options)
+        draft = _add_draft(request, staging, work) if request.draft is not None else None
+        steps.done("draft")  # shown where it took time: a draft model's bake
         manifest = _finish_folder(source, staging, target, precision, options, inferred, builder)
-        manifest = manifest.model_copy(update={"gguf_import": imported})
+        manifest = manifest.model_copy(update={"gguf_import": imported, "draft": draft})
         write_manifest(staging, manifest)
         steps.done("manifest")
         manifest, text, provider = _verify(staging, source, target, request, manifest)
@@ -645,7 +650,7 @@ def _speculative_options(
         BakeError: `--speculative` on an ONNX source (its graph is used as exported), or
             with `--builder-option prune_lm_head=true`.
     """
-    if not request.speculative:
+    if not (request.speculative or request.draft):
         return options
     if source.folder_kind != "hf":
         raise BakeError(
@@ -660,6 +665,71 @@ def _speculative_options(
         )
     say("speculative decoding: the graph keeps the logits of every position")
     return {**options, "prune_lm_head": "false"}
+
+
+# The draft model's files in the baked folder: its graph and the graph's weights only (the
+# model's own tokenizer and settings serve both).
+DRAFT_SUBDIR = "draft"
+
+
+def _add_draft(request: BakeRequest, staging: Path, work: Path) -> str:
+    """Bake `request.draft` for the same target and precision (its own defaults, quality
+    gate included) and put its graph in `staging/draft/`, named in genai_config's
+    `model.draft`; returns its name for the manifest.
+
+    Raises:
+        BakeError: The draft's vocabulary is not the model's (og verifies a draft's token
+            ids against the model's: they must mean the same text).
+    """
+    assert request.draft is not None
+    say(f"draft model: baking {request.draft}")
+    drafted = bake(
+        BakeRequest(
+            source=request.draft,
+            target=request.target,
+            out=work / "draft-bake",
+            precision=request.precision,
+            force=True,
+            package=False,
+            quality_check=request.quality_check,
+            cache_dir=request.cache_dir,
+            context_length=request.context_length,
+        )
+    )
+    folder = drafted.folder / MODEL_SUBDIR
+    _check_same_vocabulary(staging, folder, request.draft)
+    graph = json.loads((folder / "genai_config.json").read_text(encoding="utf-8"))
+    filename = graph["model"]["decoder"]["filename"]
+    (staging / DRAFT_SUBDIR).mkdir()
+    for path in folder.iterdir():  # the graph and its external data
+        if path.name == filename or path.name.startswith(f"{filename}."):
+            shutil.move(path, staging / DRAFT_SUBDIR / path.name)
+    add_draft(
+        staging / "genai_config.json", folder / "genai_config.json", f"{DRAFT_SUBDIR}/{filename}"
+    )
+    say(f"draft model: {drafted.manifest.model_name} in {DRAFT_SUBDIR}/")
+    return f"{drafted.manifest.model_name} ({request.draft})"
+
+
+def _check_same_vocabulary(model: Path, draft: Path, name: str) -> None:
+    """Refuse a draft whose tokens are not the model's: the same vocabulary size in
+    genai_config, and (where both folders have one) the same tokenizer.json vocabulary,
+    merges and added tokens."""
+
+    def vocabulary(folder: Path) -> tuple[object, ...]:
+        config = json.loads((folder / "genai_config.json").read_text(encoding="utf-8"))
+        tokenizer = folder / "tokenizer.json"
+        if not tokenizer.is_file():
+            return (config["model"].get("vocab_size"),)
+        data = json.loads(tokenizer.read_text(encoding="utf-8"))
+        return config["model"].get("vocab_size"), data.get("model"), data.get("added_tokens")
+
+    ours, theirs = vocabulary(model), vocabulary(draft)
+    if len(ours) != len(theirs) or ours != theirs:
+        raise BakeError(
+            f"--draft {name}: its vocabulary is not this model's (a draft's token ids must "
+            "mean the same text: a smaller model of the same family)"
+        )
 
 
 def _exact_import(source: ResolvedSource, request: BakeRequest, precision: str) -> bool:

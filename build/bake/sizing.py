@@ -129,15 +129,15 @@ class Memory:
 
 def kv_bytes_per_token(config: dict[str, Any], element_bytes: int = FP32_BYTES) -> int:
     """Bytes of keys and values one token takes in every layer (genai_config's `model`
-    section; `element_bytes`: 4 for og's fp32 cache, 1 for `--kv-cache int8`)."""
-    decoder = config["decoder"]
-    return (
-        2
-        * int(decoder["num_hidden_layers"])
-        * int(decoder["num_key_value_heads"])
-        * int(decoder["head_size"])
-        * element_bytes
-    )
+    section; `element_bytes`: 4 for og's fp32 cache, 1 for `--kv-cache int8`), and in
+    every layer of its draft model where it has one (`--draft`: an fp32 cache of its own)."""
+
+    def layers(section: dict[str, Any], element: int) -> int:
+        heads = int(section["num_key_value_heads"]) * int(section["head_size"])
+        return 2 * int(section["num_hidden_layers"]) * heads * element
+
+    draft = layers(config["draft"], FP32_BYTES) if "draft" in config else 0
+    return layers(config["decoder"], element_bytes) + draft
 
 
 def memory_for(

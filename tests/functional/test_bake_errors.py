@@ -135,6 +135,21 @@ def test_speculative_needs_every_positions_logits(tiny_hf_dir: Path, tmp_path: P
     assert "--speculative needs the logits of every position" in message
 
 
+def test_a_draft_needs_the_models_vocabulary(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(tiny_hf_dir, other)
+    tokenizer = json.loads((other / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    first = next(iter(vocab))
+    vocab[first + "x"] = vocab.pop(first)  # one token spelled differently
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    message = bake_fails(
+        "--model", str(tiny_hf_dir), "--target", "gcf", "--draft", str(other), out=tmp_path / "m"
+    )
+    assert f"--draft {other}: its vocabulary is not this model's" in message
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_block_size_k_quant_cannot_use(tiny_hf_dir: Path, tmp_path: Path) -> None:
     message = bake_fails(
         "--model", str(tiny_hf_dir), "--target", "gcf", "--block-size", "256", out=tmp_path / "m"

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from ortserve.bake.sizing import model_memory
 from ortserve.core.engine import Engine
 from ortserve.core.generation import GenerationRequest, SamplingOptions, Token
 from ortserve.core.manifest import read_manifest
 from ortserve.core.settings import EngineSettings
 from tests import models
-from tests.functional.harness import AUTH, edge_server
+from tests.functional.harness import AUTH, edge_server, gcf_server
 
 CODE = (Path(__file__).parents[2] / "build" / "bake" / "gguf_blocks.py").read_text()[:1500]
 LOG = "\n".join(
@@ -55,6 +57,13 @@ def spec_fp32_dir() -> Path:
 @pytest.fixture(scope="module")
 def spec_int4_dir() -> Path:
     return models.baked(models.REAL_MODEL, package=False, extra=("--speculative",)) / "model"
+
+
+@pytest.fixture(scope="module")
+def draft_dir() -> Path:
+    """The tiny model (fp32) drafting for itself: every draft right, a test of the wiring."""
+    extra = ("--draft", "builtin:tiny-llama")
+    return models.baked("builtin:tiny-llama", precision="fp32", package=False, extra=extra)
 
 
 def _engine(folder: Path, **settings: object) -> Engine:
@@ -242,3 +251,57 @@ def test_through_the_http_api(spec_int4_dir: Path) -> None:
     first_drafts = sum(details.values())
     assert accepted >= 2 * details["accepted_prediction_tokens"]  # the first two at least
     assert drafted >= 2 * first_drafts and drafted >= accepted
+
+
+def test_a_draft_model_is_baked_beside_the_model_and_drafts_for_it(
+    draft_dir: Path, tiny_fp32_dir: Path
+) -> None:
+    folder = draft_dir / "model"
+    manifest = read_manifest(folder)
+    assert manifest.draft == "ortserve/tiny-llama-random-weights (builtin:tiny-llama)"
+    assert {"draft/model.onnx", "draft/model.onnx.data"} <= {f.path for f in manifest.files}
+    config = json.loads((folder / "genai_config.json").read_text())["model"]
+    assert config["draft"]["filename"] == "draft/model.onnx"
+    assert config["draft"]["session_options"]["intra_op_num_threads"] == 4
+    assert manifest.builder_options["prune_lm_head"] == "false"
+    # The draft's KV cache is counted beside the model's (the same shape here: twice).
+    assert (
+        model_memory(folder).kv_bytes_per_token
+        == 2 * model_memory(tiny_fp32_dir).kv_bytes_per_token
+    )
+    assert "draft model: ortserve/tiny-llama-random-weights in draft/" in models.bake_log(draft_dir)
+
+    engine = _engine(folder, engine_process=True)
+    assert engine.speculation_note == "draft model, up to 4 drafts a pass"
+    ids = engine.encode("the cat sat on the mat. the cat")
+    for options in (
+        SamplingOptions(max_new_tokens=40, temperature=0.0),
+        SamplingOptions(max_new_tokens=40, temperature=1.0, top_k=10, seed=7),
+    ):
+        runs = [
+            [
+                s
+                for s in engine.decode(ids, 40, replace(options, speculative=on))
+                if isinstance(s, Token)
+            ]
+            for on in (False, True)
+        ]
+        assert [t.id for t in runs[1]] == [t.id for t in runs[0]]
+        drafts = runs[1][-1].drafts
+        assert drafts is not None and drafts.accepted == drafts.drafted >= 24, drafts
+    engine.close()
+
+
+def test_the_bundles_carry_the_draft(draft_dir: Path) -> None:
+    bundle = models.baked(
+        "builtin:tiny-llama",
+        target="gcf",
+        precision="fp32",
+        extra=("--draft", "builtin:tiny-llama"),
+    )
+    assert (bundle / "model" / "draft" / "model.onnx").is_file()
+    with gcf_server(bundle) as base, httpx.Client(base_url=base, headers=AUTH) as http:
+        assert http.get("/readyz").json()["speculative_decoding"].startswith("draft model")
+        body = {"prompt": "the cat sat", "max_tokens": 16, "temperature": 0}
+        usage = http.post("/v1/completions", json=body, timeout=120).json()["usage"]
+        assert usage["completion_tokens_details"]["accepted_prediction_tokens"] > 0
