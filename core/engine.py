@@ -229,9 +229,10 @@ def probe_providers(
     folder: Path, settings: EngineSettings, threads: int
 ) -> tuple[Any, str, dict[str, str]]:
     """Build the model with each allowed provider in order; the first that loads wins."""
-    overlay = json.dumps(
-        {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
-    )
+    # The draft model (`--draft`) has a thread pool of its own, sized the same.
+    sections = ("decoder", "draft") if "draft" in _genai_config(folder)["model"] else ("decoder",)
+    session = {"session_options": {"intra_op_num_threads": threads}}
+    overlay = json.dumps({"model": dict.fromkeys(sections, session)})
     skipped: dict[str, str] = {}
     for name in settings.provider_order():
         available = _AVAILABLE.get(name)
