@@ -233,6 +233,7 @@ def _show(args: argparse.Namespace) -> int:
         ("baked", manifest.created_at),
         ("quality", quality.summary() if quality else "not run"),
         ("gguf", manifest.gguf_import.summary() if manifest.gguf_import else "-"),
+        ("draft", manifest.draft or "-"),
         ("sampling", (manifest.sampling or HOUSE_SAMPLING).summary()),
         ("files", f"{len(manifest.files)}, {human_size(sum(f.size for f in manifest.files))}"),
     ):

@@ -59,6 +59,11 @@ def _store(root: Path, *specs: dict[str, object]) -> list[str]:
         ("qwen2.5-coder:0.5b", {"compact": True}, "qwen2.5-coder:0.5b-compact"),
         ("qwen2.5-coder:1.5b", {"kv_cache": "int8"}, "qwen2.5-coder:1.5b-kv-int8"),
         ("qwen2.5-coder:1.5b", {"speculative": True}, "qwen2.5-coder:1.5b-spec"),
+        (
+            "qwen2.5-coder:1.5b",
+            {"draft": "qwen2.5-coder:0.5b"},
+            "qwen2.5-coder:1.5b-draft-qwen2.5-coder-0.5b",
+        ),
         ("builtin:tiny-llama", {"target": "gcf"}, "tiny-llama:gcf"),
     ],
 )
