@@ -24,6 +24,7 @@ from ortserve.core.errors import (
     GenerationError,
     InvalidRequestError,
     ModelIntegrityError,
+    ModelUnavailableError,
     OrtServeError,
     ProviderUnavailableError,
 )
@@ -206,14 +207,26 @@ def _speculation(
     (og refuses at once, in ms), so that a model from any source is judged the same way.
     `cooldown`: og stops drafting for a while after rounds it rejected, so that text that
     repeats nothing (open chat) is not slowed by drafts that fail.
+
+    Raises:
+        ModelUnavailableError: A model with a draft model cannot decode without drafting
+            (og 0.18 drafts whenever it has one): `ORTSERVE_SPECULATIVE=off` cannot hold,
+            and a draft og refuses would fail every generation.
     """
+    draft = bool(model_config.get("draft"))
     if settings.speculative == "off":
+        if draft:
+            raise ModelUnavailableError(
+                "ORTSERVE_SPECULATIVE=off: this model has a draft model (ortserve bake "
+                "--draft), and onnxruntime-genai 0.18 drafts with it whenever it decodes; "
+                "serve a bake without --draft to decode without drafts"
+            )
         return None, "off (ORTSERVE_SPECULATIVE=off)"
     options: dict[str, Any] = {
         "max_draft_tokens": settings.speculative_draft_tokens,
         "cooldown": True,
     }
-    if model_config.get("draft"):
+    if draft:
         kind = "draft model"
     else:
         options["ngram_size"] = settings.speculative_ngram
@@ -221,6 +234,10 @@ def _speculation(
     try:
         model.generator({"max_length": 8, SPECULATIVE: options}, None, ())
     except RuntimeError as exc:
+        if draft:
+            raise ModelUnavailableError(
+                f"its draft model cannot draft for it: {_first_line(exc)}"
+            ) from exc
         return None, f"off: {_first_line(exc)}"
     return options, f"{kind}, up to {settings.speculative_draft_tokens} drafts a pass"
 
@@ -343,8 +360,8 @@ class LocalSteps:
         if generator.is_done():
             return DONE, None, self._drafts()
         # og 0.18 computes a position's logits when the token before it goes in: the
-        # ones the next token is picked from are there before the step. (A speculative
-        # generator has none to give: the engine asks for no log probabilities there.)
+        # ones the next token is picked from are there before the step. (In n-gram mode og
+        # gives none: the engine asks for no log probabilities there.)
         logits = None if top is None else np.array(generator.get_logits())
         count = generator.token_count() if self._count is None else self._count
         # A speculative generator verifies a round of drafts in one forward pass, then
@@ -354,9 +371,8 @@ class LocalSteps:
         if self._count == count:  # an EOS ends it without being appended
             return EOS, None, self._drafts()
         token = int(generator.get_next_tokens()[0])
-        if logits is None:
-            return token, None, self._drafts()
-        return token, _logprob(logits.reshape(-1), token, top or 0), None
+        logprob = None if logits is None else _logprob(logits.reshape(-1), token, top or 0)
+        return token, logprob, self._drafts()
 
     def _drafts(self) -> Drafts | None:
         if not self._speculative:
@@ -516,7 +532,14 @@ class Engine:
         self.kv_bytes_per_token = _kv_bytes_per_token(model_config, manifest.kv_cache_element_bytes)
         if self.prompt_cache is not None:  # its generators went with a faulted engine
             model.on_restart(self.prompt_cache.clear)
-        self.speculation, self.speculation_note = _speculation(model, model_config, settings)
+        # og 0.18 drafts with a draft model whenever it has one: such a model cannot batch,
+        # run a beam search or decode a request without drafts.
+        self.draft_model = bool(model_config.get("draft"))
+        try:
+            self.speculation, self.speculation_note = _speculation(model, model_config, settings)
+        except OrtServeError:
+            model.close()
+            raise
 
     @property
     def model(self) -> Model:
@@ -641,11 +664,37 @@ class Engine:
                 "it is refused rather than tried again (see the server's log)"
             )
 
+    def check_options(self, options: SamplingOptions) -> None:
+        """Refuse what a model with a draft model cannot do (`draft_model`): decode without
+        drafts, or a beam search.
+
+        Raises:
+            InvalidRequestError: The request asks for it.
+        """
+        if not self.draft_model:
+            return
+        if not options.speculative:
+            raise InvalidRequestError(
+                "speculative: false: this model always drafts with its draft model "
+                "(onnxruntime-genai 0.18 cannot decode it without); a bake without --draft "
+                "decodes without drafts",
+                param="speculative",
+            )
+        if options.num_beams > 1:
+            raise InvalidRequestError(
+                "num_beams: no beam search on a model with a draft model (onnxruntime-genai "
+                "0.18 cannot)",
+                param="num_beams",
+            )
+
     def speculative(self, options: SamplingOptions, logprobs: int | None) -> dict[str, Any] | None:
         """og's speculative options for one lone sequence (None: one token a pass): the
         model's (`speculation`) unless the request opts out, or asks for log probabilities
-        (og 0.18 gives a speculative generator's logits to no one). A batch never drafts
-        (og 0.18: batch size 1 only); beam search neither."""
+        (in n-gram mode og 0.18 gives a speculative generator's logits to no one). A batch
+        never drafts (og 0.18: batch size 1 only); beam search neither. A draft model
+        drafts for every request (`check_options` refused the others)."""
+        if self.draft_model:
+            return self.speculation
         if logprobs is not None or not options.speculative or options.num_beams > 1:
             return None
         return self.speculation

@@ -508,6 +508,7 @@ class Service:
         options = request.options
         return (
             self._batcher is not None
+            and not self.engine.draft_model  # og 0.18 drafts for one sequence only
             and request.guidance is None
             and options.min_new_tokens == 0
             and options.seed is None
@@ -572,6 +573,7 @@ class Service:
             input_ids = engine.prompt_ids(request)
             budget = self.budget(len(input_ids), request)
             engine.check_admissible(input_ids, request.guidance)
+            engine.check_options(request.options)
             cache = self._cacheable(request)
             # A prompt the cache holds enough of runs alone, on the kept KV cache.
             batched = self._batchable(request) and not (

@@ -12,8 +12,10 @@ rounding: measured here, on this machine, and checked at the first token they pa
 from __future__ import annotations
 
 import json
+import math
 import re
-from dataclasses import replace
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -22,6 +24,7 @@ import pytest
 
 from ortserve.bake.sizing import model_memory
 from ortserve.core.engine import Engine
+from ortserve.core.errors import ModelUnavailableError
 from ortserve.core.generation import GenerationRequest, SamplingOptions, Token
 from ortserve.core.manifest import read_manifest
 from ortserve.core.settings import EngineSettings
@@ -265,31 +268,82 @@ def test_a_draft_model_is_baked_beside_the_model_and_drafts_for_it(
     assert config["draft"]["session_options"]["intra_op_num_threads"] == 4
     assert manifest.builder_options["prune_lm_head"] == "false"
     # The draft's KV cache is counted beside the model's (the same shape here: twice).
-    assert (
-        model_memory(folder).kv_bytes_per_token
-        == 2 * model_memory(tiny_fp32_dir).kv_bytes_per_token
-    )
-    assert "draft model: ortserve/tiny-llama-random-weights in draft/" in models.bake_log(draft_dir)
+    memory, alone = model_memory(folder), model_memory(tiny_fp32_dir)
+    assert memory.kv_bytes_per_token == 2 * alone.kv_bytes_per_token
+    log = models.bake_log(draft_dir)
+    assert "draft model: ortserve/tiny-llama-random-weights in draft/" in log
 
-    engine = _engine(folder, engine_process=True)
+    # The same checkpoint drafts for itself: every draft is right, and the greedy tokens
+    # are those of the model without a draft (fp32).
+    engine, plain = _engine(folder, engine_process=True), _engine(tiny_fp32_dir)
     assert engine.speculation_note == "draft model, up to 4 drafts a pass"
     ids = engine.encode("the cat sat on the mat. the cat")
-    for options in (
-        SamplingOptions(max_new_tokens=40, temperature=0.0),
-        SamplingOptions(max_new_tokens=40, temperature=1.0, top_k=10, seed=7),
-    ):
-        runs = [
-            [
-                s
-                for s in engine.decode(ids, 40, replace(options, speculative=on))
-                if isinstance(s, Token)
-            ]
-            for on in (False, True)
-        ]
-        assert [t.id for t in runs[1]] == [t.id for t in runs[0]]
-        drafts = runs[1][-1].drafts
-        assert drafts is not None and drafts.accepted == drafts.drafted >= 24, drafts
+    greedy = SamplingOptions(max_new_tokens=40, temperature=0.0, min_new_tokens=40)
+    runs = [[s for s in e.decode(ids, 40, greedy) if isinstance(s, Token)] for e in (plain, engine)]
+    assert [t.id for t in runs[1]] == [t.id for t in runs[0]]
+    drafts = runs[1][-1].drafts
+    assert drafts is not None and drafts.accepted == drafts.drafted >= 16, drafts
     engine.close()
+
+
+def _chi2_critical(df: int) -> float:
+    """The chi-square distribution's 0.999 quantile (Wilson-Hilferty; z = 3.09)."""
+    return float(df * (1 - 2 / (9 * df) + 3.09 * math.sqrt(2 / (9 * df))) ** 3)
+
+
+def test_a_draft_models_samples_come_from_the_models_distribution(
+    draft_dir: Path, tiny_fp32_dir: Path
+) -> None:
+    """A sampled draft is kept with probability min(1, p/q), else a token is drawn from
+    the rest (the standard rule): its random draws are not plain decoding's, its
+    distribution is. Each of the first new tokens over 400 seeds, beside plain decoding's
+    (two-sample chi-square, p > 0.001)."""
+    engine, plain = _engine(draft_dir / "model"), _engine(tiny_fp32_dir)
+    ids = engine.encode("the cat sat on the mat. the cat")
+    samples: list[list[list[int]]] = []
+    accepted = 0
+    for e in (plain, engine):
+        rows = []
+        for seed in range(400):
+            options = SamplingOptions(max_new_tokens=8, temperature=1.0, top_k=6, seed=seed)
+            steps = [s for s in e.decode(ids, 8, options) if isinstance(s, Token)]
+            rows.append([s.id for s in steps])
+            drafts = steps[-1].drafts if steps else None
+            accepted += drafts.accepted if drafts is not None else 0
+        samples.append(rows)
+    assert accepted >= 400  # drafts were taken
+    for position in range(1, 8):  # the first comes from the prefill, not from a draft
+        a = Counter(r[position] for r in samples[0] if len(r) > position)
+        b = Counter(r[position] for r in samples[1] if len(r) > position)
+        kept = [t for t in a.keys() | b.keys() if a[t] + b[t] >= 10]
+        rest = (
+            sum(a.values()) - sum(a[t] for t in kept),
+            sum(b.values()) - sum(b[t] for t in kept),
+        )
+        cells = [(a[t], b[t]) for t in kept] + ([rest] if sum(rest) else [])
+        chi2 = sum((x - y) ** 2 / (x + y) for x, y in cells)
+        assert chi2 < _chi2_critical(len(cells) - 1), (position, a, b)
+
+
+def test_what_a_draft_model_cannot_do_is_refused(draft_dir: Path) -> None:
+    """og 0.18 drafts whenever a model has a draft model: no batch, no beam search, no
+    request without drafts, and no server that claims to decode without them."""
+    with pytest.raises(ModelUnavailableError, match="ORTSERVE_SPECULATIVE=off: this model"):
+        _engine(draft_dir / "model", speculative="off")
+    with (
+        edge_server(draft_dir / "model") as base,
+        httpx.Client(base_url=base, headers=AUTH) as http,
+    ):
+        body = {"prompt": "the cat sat", "max_new_tokens": 12}
+        refused = http.post("/generate", json={**body, "speculative": False}).json()
+        assert "this model always drafts with its draft model" in refused["error"]["message"]
+        beams = http.post("/generate", json={**body, "num_beams": 2}).json()
+        assert "no beam search on a model with a draft model" in beams["error"]["message"]
+        with ThreadPoolExecutor(4) as pool:  # would batch on another model
+            replies = list(pool.map(lambda _: http.post("/generate", json=body), range(4)))
+        assert [r.status_code for r in replies] == [200] * 4
+        texts = {r.json()["generated_text"] for r in replies}
+        assert len(texts) == 1  # greedy by default: the same answer alone as side by side
 
 
 def test_the_bundles_carry_the_draft(draft_dir: Path) -> None:
