@@ -532,8 +532,7 @@ def bake(request: BakeRequest) -> BakeResult:
         imported = _import_gguf(source, staging, request.compact) if exact else None
         steps.done("import")  # shown where it took time: a GGUF's exact import
         options = _fit_context(source, staging, request, options)
-        draft = _add_draft(request, staging, work) if request.draft is not None else None
-        steps.done("draft")  # shown where it took time: a draft model's bake
+        draft = _add_draft(request, staging, work, steps)
         manifest = _finish_folder(source, staging, target, precision, options, inferred, builder)
         manifest = manifest.model_copy(update={"gguf_import": imported, "draft": draft})
         write_manifest(staging, manifest)
@@ -672,16 +671,17 @@ def _speculative_options(
 DRAFT_SUBDIR = "draft"
 
 
-def _add_draft(request: BakeRequest, staging: Path, work: Path) -> str:
-    """Bake `request.draft` for the same target and precision (its own defaults, quality
-    gate included) and put its graph in `staging/draft/`, named in genai_config's
-    `model.draft`; returns its name for the manifest.
+def _add_draft(request: BakeRequest, staging: Path, work: Path, steps: _StepTimes) -> str | None:
+    """Bake `request.draft` (if any) for the same target and precision (its own defaults,
+    quality gate included) and put its graph in `staging/draft/`, named in genai_config's
+    `model.draft`; returns its name for the manifest (None: no draft).
 
     Raises:
         BakeError: The draft's vocabulary is not the model's (og verifies a draft's token
             ids against the model's: they must mean the same text).
     """
-    assert request.draft is not None
+    if request.draft is None:
+        return None
     say(f"draft model: baking {request.draft}")
     drafted = bake(
         BakeRequest(
@@ -708,6 +708,7 @@ def _add_draft(request: BakeRequest, staging: Path, work: Path) -> str:
         staging / "genai_config.json", folder / "genai_config.json", f"{DRAFT_SUBDIR}/{filename}"
     )
     say(f"draft model: {drafted.manifest.model_name} in {DRAFT_SUBDIR}/")
+    steps.done("draft")
     return f"{drafted.manifest.model_name} ({request.draft})"
 
 
