@@ -114,8 +114,8 @@ class EngineSettings(BaseSettings):
     chat_plain_control_tokens: bool = False
     content_filter: Path | None = None
     speculative: Literal["auto", "off"] = "auto"
-    speculative_ngram: int = Field(default=3, ge=2, le=8)
-    speculative_draft_tokens: int = Field(default=4, ge=1, le=16)
+    speculative_ngram: int = Field(default=5, ge=2, le=8)
+    speculative_draft_tokens: int = Field(default=6, ge=1, le=16)
     engine_process: bool = False
     engine_memory_mb: int = Field(default=0, ge=0)
 

@@ -98,7 +98,7 @@ def test_the_bake_keeps_every_positions_logits_and_the_server_speculates(
 ) -> None:
     assert read_manifest(spec_int4_dir).builder_options["prune_lm_head"] == "false"
     assert _engine(spec_int4_dir).speculation_note == (
-        "prompt lookup (3-grams), up to 4 drafts a pass"
+        "prompt lookup (5-grams), up to 6 drafts a pass"
     )
     pruned = _engine(real_model_dir).speculation_note
     assert pruned.startswith("off: N-gram decoding requires target logits for every"), pruned
@@ -194,7 +194,7 @@ def test_through_the_http_api(spec_int4_dir: Path) -> None:
     chat = "/v1/chat/completions"
     with edge_server(spec_int4_dir) as base, httpx.Client(base_url=base, headers=AUTH) as http:
         ready = http.get("/readyz").json()
-        assert ready["speculative_decoding"] == "prompt lookup (3-grams), up to 4 drafts a pass"
+        assert ready["speculative_decoding"] == "prompt lookup (5-grams), up to 6 drafts a pass"
         first = http.post(chat, json=_chat(PROMPTS["quote"]), timeout=120).json()
         details = first["usage"]["completion_tokens_details"]
         assert details["accepted_prediction_tokens"] >= 20, details
@@ -276,7 +276,7 @@ def test_a_draft_model_is_baked_beside_the_model_and_drafts_for_it(
     # The same checkpoint drafts for itself: every draft is right, and the greedy tokens
     # are those of the model without a draft (fp32).
     engine, plain = _engine(folder, engine_process=True), _engine(tiny_fp32_dir)
-    assert engine.speculation_note == "draft model, up to 4 drafts a pass"
+    assert engine.speculation_note == "draft model, up to 6 drafts a pass"
     ids = engine.encode("the cat sat on the mat. the cat")
     greedy = SamplingOptions(max_new_tokens=40, temperature=0.0, min_new_tokens=40)
     runs = [[s for s in e.decode(ids, 40, greedy) if isinstance(s, Token)] for e in (plain, engine)]
