@@ -345,6 +345,7 @@ class LocalSteps:
             params.set_guidance(guidance.kind, guidance.data)
         self._generator = og.Generator(model, params)
         self._speculative = speculative is not None
+        self._drafted = (0, 0)  # og's counts when the current sequence began (see `rewind`)
         self._count: int | None = None  # token_count() after the last step (None: unknown)
 
     def append(self, input_ids: list[int] | np.ndarray[Any, Any]) -> None:
@@ -374,13 +375,19 @@ class LocalSteps:
         logprob = None if logits is None else _logprob(logits.reshape(-1), token, top or 0)
         return token, logprob, self._drafts()
 
-    def _drafts(self) -> Drafts | None:
-        if not self._speculative:
-            return None
+    def _counts(self) -> tuple[int, int]:
         stats = self._generator.get_speculative_stats()
         # og's acceptance_rate is accepted / evaluated: a round's drafts after its first
         # rejected one are never verified, so "drafted" counts the verified ones.
-        return Drafts(int(stats["draft_tokens_evaluated"]), int(stats["draft_tokens_accepted"]))
+        return int(stats["draft_tokens_evaluated"]), int(stats["draft_tokens_accepted"])
+
+    def _drafts(self) -> Drafts | None:
+        """The drafts of the current sequence: og counts from the generator's start, and a
+        kept generator (the prompt cache) serves several requests."""
+        if not self._speculative:
+            return None
+        drafted, accepted = self._counts()
+        return Drafts(drafted - self._drafted[0], accepted - self._drafted[1])
 
     def step_rows(self) -> list[int] | None:
         """One step of a batch: every row's new token (None once it is done)."""
@@ -401,6 +408,8 @@ class LocalSteps:
         """Keep the first `length` tokens (and their KV cache) only."""
         self._generator.rewind_to(length)
         self._count = None
+        if self._speculative:  # a new sequence begins: its drafts count from here
+            self._drafted = self._counts()
 
     def last_logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         """The logits of the last forward pass's positions (first sequence)."""

@@ -653,9 +653,9 @@ def _speculative_options(
         return options
     if source.folder_kind != "hf":
         raise BakeError(
-            f"--speculative applies to checkpoints; {source.name} is an ONNX graph, used as "
-            "exported (the server speculates when it gives the logits of every position: "
-            "/readyz says so)"
+            f"--speculative and --draft apply to checkpoints; {source.name} is an ONNX graph, "
+            "used as exported (the server speculates when it gives the logits of every "
+            "position: /readyz says so)"
         )
     if request.options.get("prune_lm_head", "false").lower() == "true":
         raise BakeError(

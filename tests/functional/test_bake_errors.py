@@ -117,7 +117,7 @@ def test_speculative_is_for_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -
     message = bake_fails(
         "--model", str(src), "--target", "gcf", "--speculative", out=tmp_path / "m"
     )
-    assert "--speculative applies to checkpoints" in message
+    assert "--speculative and --draft apply to checkpoints" in message
     assert "/readyz" in message
 
 

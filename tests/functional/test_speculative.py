@@ -200,6 +200,8 @@ def test_through_the_http_api(spec_int4_dir: Path) -> None:
         assert details["accepted_prediction_tokens"] >= 20, details
         again = http.post(chat, json=_chat(PROMPTS["quote"]), timeout=120).json()
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        # The kept generator's drafts for the first request are not counted again.
+        assert again["usage"]["completion_tokens_details"] == details
         text = first["choices"][0]["message"]["content"]
         assert again["choices"][0]["message"]["content"] == text
 
