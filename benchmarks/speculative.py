@@ -110,9 +110,16 @@ def _decode(engine: Engine, ids: list[int], new: int, options: SamplingOptions, 
     )
 
 
-def _engine(folder: Path, threads: int) -> Engine:
+def _engine(folder: Path, threads: int, ngram: int = 5, draft_tokens: int = 6) -> Engine:
     return Engine.load(
-        EngineSettings(model_dir=folder, providers="cpu", threads=threads, prompt_cache_slots=0)
+        EngineSettings(
+            model_dir=folder,
+            providers="cpu",
+            threads=threads,
+            prompt_cache_slots=0,
+            speculative_ngram=ngram,
+            speculative_draft_tokens=draft_tokens,
+        )
     )
 
 
@@ -126,15 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repetition-penalty", type=float)
+    parser.add_argument("--ngram", type=int, default=5, help="ORTSERVE_SPECULATIVE_NGRAM")
+    parser.add_argument(
+        "--draft-tokens", type=int, default=6, help="ORTSERVE_SPECULATIVE_DRAFT_TOKENS"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
-    engines = {"plain": _engine(args.model_dir, args.threads)}
+    engines = {"plain": _engine(args.model_dir, args.threads, args.ngram, args.draft_tokens)}
     engines["lookup"] = engines["plain"]
     if args.plain_dir:
         engines["pruned"] = _engine(args.plain_dir, args.threads)
     if args.draft_dir:
-        engines["draft"] = _engine(args.draft_dir, args.threads)
+        engines["draft"] = _engine(args.draft_dir, args.threads, args.ngram, args.draft_tokens)
     spec = engines["plain"]
     if spec.speculation is None:
         sys.exit(f"{args.model_dir}: no speculative decoding ({spec.speculation_note})")
