@@ -21,7 +21,11 @@ KEY = Sampling(0.0, 1.0, 0, 1.0)
 
 def _service(context: int = 1000, **settings: Any) -> Service:
     engine = SimpleNamespace(
-        context_length=context, pad_id=PAD, eos_ids=frozenset({2}), prompt_cache=None
+        context_length=context,
+        pad_id=PAD,
+        eos_ids=frozenset({2}),
+        prompt_cache=None,
+        draft_model=False,
     )
     return Service(cast(Any, engine), EngineSettings(**settings))
 

@@ -48,6 +48,9 @@ class _Engine:
     def check_admissible(self, input_ids: list[int], guidance: Any) -> None:
         pass
 
+    def check_options(self, options: SamplingOptions) -> None:
+        pass
+
     def sampling(self, options: SamplingOptions) -> Sampling:
         return Sampling.of(options, HOUSE_SAMPLING, 0)
 
