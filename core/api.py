@@ -434,6 +434,7 @@ class Api:
             aliases=tuple(aliases),
             also_known_as=(engine.model_name,),
             sampling=engine.sampling_defaults,
+            adapters=tuple(engine.adapters),
         )
 
     def _metrics(self, request: Request, ctx: Context) -> Response:

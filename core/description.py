@@ -26,5 +26,6 @@ class ModelDescription(TypedDict, total=False):
     architecture_warning: str | None
     prompt_cache: dict[str, Any] | None
     speculative_decoding: str
+    adapters: dict[str, dict[str, Any]]
     reload: dict[str, Any]
     engine: dict[str, Any]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
@@ -21,14 +23,17 @@ import numpy as np
 
 from ortserve.core.cpu import usable_cpus
 from ortserve.core.errors import (
+    ConflictError,
     GenerationError,
     InvalidRequestError,
     ModelIntegrityError,
+    ModelNotFoundError,
     ModelUnavailableError,
     OrtServeError,
     ProviderUnavailableError,
 )
 from ortserve.core.generation import (
+    ADAPTER,
     HOUSE_SAMPLING,
     Cached,
     Decoding,
@@ -42,7 +47,14 @@ from ortserve.core.generation import (
     Token,
     TokenLogprob,
 )
-from ortserve.core.manifest import Manifest, manifest_digest, verify_folder
+from ortserve.core.manifest import (
+    ADAPTER_NAME,
+    ADAPTER_SUFFIX,
+    ADAPTERS_SUBDIR,
+    Manifest,
+    manifest_digest,
+    verify_folder,
+)
 from ortserve.core.memory import return_freed_memory
 from ortserve.core.prefill import KEPT_LOGITS_TOKENS, prefill_parts
 from ortserve.core.prompt_cache import MIN_APPENDED, PromptCache
@@ -278,6 +290,23 @@ def probe_providers(
     )
 
 
+def adapter_call(adapters: LocalAdapters, action: str, name: str) -> Any:
+    """Run `Model.adapter`'s `action` on `adapters` (here, or in the engine process)."""
+    if action == "load":
+        return adapters.load(name)
+    if action == "unload":
+        return adapters.unload(name)
+    if action == "loaded":
+        return adapters.loaded()
+    raise RuntimeError(f"unknown adapter action {action}")
+
+
+def _adapter_of(key: object) -> str | None:
+    """The adapter of a prompt cache key (`Engine.cache_key`: its Sampling first)."""
+    sampling = key[0] if isinstance(key, tuple) and key else None
+    return sampling.adapter if isinstance(sampling, Sampling) else None
+
+
 def _token_ids_of(decoding: Decoding) -> Generator[int, None, None]:
     """The new token ids of `decoding` (closed at the end, or when this is closed)."""
     try:
@@ -334,16 +363,27 @@ class LocalSteps:
     """`Steps` over an og Generator of this process. `search` holds og's search options
     and, under `SPECULATIVE`, its speculative options (the generator then drafts)."""
 
-    def __init__(self, model: Any, search: dict[str, Any], guidance: Guidance | None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        search: dict[str, Any],
+        guidance: Guidance | None,
+        adapters: LocalAdapters | None = None,
+    ) -> None:
         params = og.GeneratorParams(model)
         search = dict(search)
         speculative = search.pop(SPECULATIVE, None)
+        adapter = search.pop(ADAPTER, None)
         params.set_search_options(**search)
         if speculative is not None:
             params.set_speculative_options(**speculative)
         if guidance is not None:
             params.set_guidance(guidance.kind, guidance.data)
         self._generator = og.Generator(model, params)
+        if adapter is not None:
+            if adapters is None:
+                raise RuntimeError(f"no adapters here: cannot decode with {adapter!r}")
+            adapters.activate(self._generator, adapter)
         self._speculative = speculative is not None
         self._drafted = (0, 0)  # og's counts when the current sequence began (see `rewind`)
         self._count: int | None = None  # token_count() after the last step (None: unknown)
@@ -438,6 +478,16 @@ class Model(Protocol):
         """Free the model (the engine process ends)."""
         ...
 
+    def adapter(self, action: str, name: str) -> Any:
+        """`load` (True: it was not loaded) or `unload` (True: it was) the LoRA adapter
+        `name`, or (`loaded`, name "") the names of those loaded (`LocalAdapters`).
+
+        Raises:
+            RuntimeError: og's error (no such adapter; one still in use).
+            OrtServeError: The engine process is down.
+        """
+        ...
+
     def on_restart(self, callback: Callable[[], None]) -> None:
         """Call `callback` when the model came back after a fault (its generators are
         gone: a cache of them must be emptied)."""
@@ -458,17 +508,76 @@ class Model(Protocol):
         ...
 
 
+class LocalAdapters:
+    """The LoRA adapters of one og model (`adapters/NAME.onnx_adapter` of its folder,
+    `ortserve bake --adapter`), each loaded on its first use or when asked, unloaded when
+    asked; the model itself stays."""
+
+    def __init__(self, model: Any, folder: Path) -> None:
+        self._model = model
+        self._folder = folder
+        self._og: Any = None  # og.Adapters, made with the first load
+        self._loaded: set[str] = set()
+        self._lock = threading.Lock()
+
+    def load(self, name: str) -> bool:
+        """Load adapter `name` (True), unless it is loaded (False).
+
+        Raises:
+            RuntimeError: The folder has no such adapter, or og cannot load it.
+        """
+        with self._lock:
+            if name in self._loaded:
+                return False
+            path = self._folder / ADAPTERS_SUBDIR / f"{name}{ADAPTER_SUFFIX}"
+            if not re.match(ADAPTER_NAME, name) or not path.is_file():
+                raise RuntimeError(f"no adapter {name!r} in the model folder")
+            if self._og is None:
+                self._og = og.Adapters(self._model)
+            self._og.load(str(path), name)
+            self._loaded.add(name)
+            return True
+
+    def unload(self, name: str) -> bool:
+        """Free adapter `name` (True), unless it is not loaded (False).
+
+        Raises:
+            RuntimeError: A generator still uses it (og: "Adapter still in use").
+        """
+        with self._lock:
+            if name not in self._loaded:
+                return False
+            self._og.unload(name)
+            self._loaded.discard(name)
+            return True
+
+    def loaded(self) -> list[str]:
+        """The adapters in memory, by name."""
+        with self._lock:
+            return sorted(self._loaded)
+
+    def activate(self, generator: Any, name: str) -> None:
+        """Make `generator` decode with adapter `name` (loaded first where it is not)."""
+        self.load(name)
+        generator.set_active_adapter(self._og, name)
+
+
 class LocalModel:
     """og's model in this process (Lambda, Cloud Functions, the CLI, the bake)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, folder: Path) -> None:
         self.og_model = model
+        self.adapters = LocalAdapters(model, folder)
 
     def generator(
         self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...] = ()
     ) -> Steps:
         """See `Model.generator`."""
-        return LocalSteps(self.og_model, search, guidance)
+        return LocalSteps(self.og_model, search, guidance, self.adapters)
+
+    def adapter(self, action: str, name: str) -> Any:
+        """See `Model.adapter`."""
+        return adapter_call(self.adapters, action, name)
 
     def close(self) -> None:
         """Nothing to do: the model goes with its last reference."""
@@ -507,6 +616,7 @@ class Engine:
             manifest's (the model's own), else the house profile.
         speculation: og's speculative options for a lone request (None: it decodes one
             token a forward pass), and `speculation_note` says which, or why not.
+        adapters: The LoRA adapters baked beside the model, by name (`MODEL:NAME`).
     """
 
     def __init__(
@@ -544,6 +654,7 @@ class Engine:
         # og 0.18 drafts with a draft model whenever it has one: such a model cannot batch,
         # run a beam search or decode a request without drafts.
         self.draft_model = bool(model_config.get("draft"))
+        self.adapters = {adapter.name: adapter for adapter in manifest.adapters}
         try:
             self.speculation, self.speculation_note = _speculation(model, model_config, settings)
         except OrtServeError:
@@ -582,7 +693,7 @@ class Engine:
             provider, skipped = process.provider, process.skipped
         else:
             og_model, provider, skipped = probe_providers(folder, settings, threads)
-            model = LocalModel(og_model)
+            model = LocalModel(og_model, folder)
         probe = ProbeReport(provider, skipped, time.perf_counter() - start, threads)
         return cls(folder, manifest, model, probe, genai_config, settings)
 
@@ -630,8 +741,10 @@ class Engine:
             tools=request.tools,
         )
 
-    def logits(self, input_ids: list[int]) -> np.ndarray[Any, np.dtype[np.float32]]:
-        """Next-token logits at every position of `input_ids`.
+    def logits(
+        self, input_ids: list[int], adapter: str | None = None
+    ) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """Next-token logits at every position of `input_ids` (with a LoRA `adapter`).
 
         One forward pass; a model baked with `prune_lm_head` computes the last
         position's logits only, so it is fed one token at a time instead (slower, same
@@ -646,7 +759,10 @@ class Engine:
         """
         if not input_ids or (self.context_length and len(input_ids) >= self.context_length):
             raise InvalidRequestError(f"cannot score {len(input_ids)} tokens with this model")
-        steps = self._model.generator({"max_length": len(input_ids) + 1}, None, ())
+        search: dict[str, Any] = {"max_length": len(input_ids) + 1}
+        if adapter is not None:
+            search[ADAPTER] = adapter
+        steps = self._model.generator(search, None, ())
         steps.append(input_ids)
         logits = steps.last_logits()
         if logits.shape[0] == len(input_ids):
@@ -657,6 +773,60 @@ class Engine:
             steps.append([token])
             rows.insert(-1, steps.last_logits()[-1])
         return np.stack(rows)
+
+    # -- adapters -----------------------------------------------------------------------
+
+    def check_adapter(self, name: str) -> None:
+        """Refuse an adapter the model was not baked with.
+
+        Raises:
+            ModelNotFoundError: It was not.
+        """
+        if name not in self.adapters:
+            known = ", ".join(sorted(self.adapters)) or "none"
+            raise ModelNotFoundError(
+                f"no adapter {name!r}: this model's adapters are {known} (ortserve bake --adapter)"
+            )
+
+    def load_adapter(self, name: str) -> bool:
+        """Load a baked adapter now (requests load it on their first use anyway); True:
+        it was not loaded.
+
+        Raises:
+            ModelNotFoundError: No such adapter.
+            GenerationError: og cannot load it.
+        """
+        self.check_adapter(name)
+        try:
+            return bool(self._model.adapter("load", name))
+        except RuntimeError as exc:
+            raise GenerationError(f"cannot load adapter {name!r}: {_first_line(exc)}") from exc
+
+    def unload_adapter(self, name: str) -> bool:
+        """Free a loaded adapter's memory (the model stays; a later request loads it
+        again); True: it was loaded. The prompt cache's generators with it go first.
+
+        Raises:
+            ModelNotFoundError: No such adapter.
+            ConflictError: A request is decoding with it.
+        """
+        self.check_adapter(name)
+        if self.prompt_cache is not None:
+            self.prompt_cache.evict(lambda key: _adapter_of(key) == name)
+        try:
+            return bool(self._model.adapter("unload", name))
+        except RuntimeError as exc:
+            raise ConflictError(
+                f"adapter {name!r} is in use by a request: unload it when it is done "
+                f"({_first_line(exc)})"
+            ) from exc
+
+    def loaded_adapters(self) -> list[str]:
+        """The adapters in memory, by name (none while the engine process restarts)."""
+        try:
+            return list(self._model.adapter("loaded", ""))
+        except (RuntimeError, OrtServeError):
+            return []
 
     # -- decoding -----------------------------------------------------------------------
 
@@ -674,12 +844,15 @@ class Engine:
             )
 
     def check_options(self, options: SamplingOptions) -> None:
-        """Refuse what a model with a draft model cannot do (`draft_model`): decode without
-        drafts, or a beam search.
+        """Refuse an adapter the model was not baked with, and what a model with a draft
+        model cannot do (`draft_model`): decode without drafts, or a beam search.
 
         Raises:
-            InvalidRequestError: The request asks for it.
+            ModelNotFoundError: No such adapter.
+            InvalidRequestError: The request asks for what the draft model cannot do.
         """
+        if options.adapter is not None:
+            self.check_adapter(options.adapter)
         if not self.draft_model:
             return
         if not options.speculative:
@@ -790,6 +963,8 @@ class Engine:
             "early_stopping": options.early_stopping,
             "repetition_penalty": self.sampling(options).repetition_penalty,
         }
+        if options.adapter is not None:
+            search[ADAPTER] = options.adapter
         try:
             generator = self._model.generator(search, None, (_tag(input_ids),))
         except RuntimeError as exc:

@@ -235,6 +235,12 @@ class EngineProcess:
         self.call(child.epoch, handle, "open", (search, guidance))
         return steps
 
+    def adapter(self, action: str, name: str) -> Any:
+        """See `Model.adapter` (run in the engine process; a restarted one has none
+        loaded: requests load theirs again)."""
+        child = self._ready(self.settings.queue_timeout_s)
+        return self.call(child.epoch, 0, "adapter", (action, name))
+
     def close(self) -> None:
         """End the engine process (no restart follows)."""
         with self._cond:

@@ -12,7 +12,7 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ortserve.core.engine import LocalSteps, probe_providers
+from ortserve.core.engine import LocalAdapters, LocalSteps, adapter_call, probe_providers
 from ortserve.core.engine_process import receive, send
 from ortserve.core.errors import OrtServeError
 from ortserve.core.memory import return_freed_memory
@@ -34,6 +34,7 @@ def serve_calls(conn: Connection) -> None:
         send(conn, ("failed", exc))
         return
     send(conn, ("ready", provider, skipped))
+    adapters = LocalAdapters(model, folder)
     generators: dict[int, LocalSteps] = {}
     while True:
         try:
@@ -47,8 +48,10 @@ def serve_calls(conn: Connection) -> None:
         try:
             if method == "open":
                 search, guidance = args
-                generators[handle] = LocalSteps(model, search, guidance)
+                generators[handle] = LocalSteps(model, search, guidance, adapters)
                 result: Any = None
+            elif method == "adapter":
+                result = adapter_call(adapters, *args)
             elif method in _METHODS:
                 result = getattr(generators[handle], method)(*args)
             else:

@@ -96,6 +96,13 @@ class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
 
+class ConflictError(OrtServeError):
+    """The request cannot be done in the server's present state (an adapter in use)."""
+
+    status = 409
+    code = "conflict"
+
+
 class MethodNotAllowedError(OrtServeError):
     """The route exists but not for this method."""
 

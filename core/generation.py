@@ -92,6 +92,8 @@ class SamplingOptions:
         early_stopping: Beam search ends once `num_beams` beams have ended.
         speculative: False: no speculative drafts for this request (plain decoding, one
             token a forward pass), where the server would otherwise speculate.
+        adapter: The LoRA adapter to decode with (`MODEL:NAME`'s NAME; None: the model
+            alone).
     """
 
     max_new_tokens: int = 64
@@ -105,6 +107,7 @@ class SamplingOptions:
     length_penalty: float = 1.0
     early_stopping: bool = True
     speculative: bool = True
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -341,15 +344,22 @@ class GenerationStream:
         return self.completion
 
 
+#: The key of og search options under which a generator's LoRA adapter goes (core.engine
+#: activates it on the generator): one dict crosses to the engine process as it is.
+ADAPTER = "adapter"
+
+
 @dataclass(frozen=True)
 class Sampling:
-    """How tokens are picked, as og search options; requests whose `Sampling` is equal can
-    share a batch (a batch has one set of search options)."""
+    """How tokens are picked, as og search options, and with which LoRA adapter; requests
+    whose `Sampling` is equal can share a batch (a batch has one set of search options,
+    and og 0.18 runs a batch with one adapter)."""
 
     temperature: float
     top_p: float
     top_k: int
     repetition_penalty: float
+    adapter: str | None = None
 
     @classmethod
     def of(cls, options: SamplingOptions, defaults: SamplingDefaults, vocab_size: int) -> Sampling:
@@ -362,19 +372,23 @@ class Sampling:
         temperature = pick(options.temperature, defaults.temperature)
         penalty = pick(options.repetition_penalty, defaults.repetition_penalty)
         if temperature == 0:  # greedy: the sampling knobs do not matter
-            return cls(0.0, 1.0, 0, penalty)
+            return cls(0.0, 1.0, 0, penalty, options.adapter)
         top_k = int(pick(options.top_k, defaults.top_k))
         # og rejects a top_k above the vocabulary size; keeping every token is what such a
         # top_k means, and 0 says that to og.
         top_k = 0 if vocab_size and top_k >= vocab_size else top_k
-        return cls(temperature, pick(options.top_p, defaults.top_p), top_k, penalty)
+        top_p = pick(options.top_p, defaults.top_p)
+        return cls(temperature, top_p, top_k, penalty, options.adapter)
 
     def search(self) -> dict[str, Any]:
-        """The og search options for these (`top_k` 0: no limit)."""
+        """The og search options for these (`top_k` 0: no limit), the adapter under
+        `ADAPTER` where there is one."""
         search: dict[str, Any] = {
             "do_sample": self.temperature > 0,
             "repetition_penalty": self.repetition_penalty,
         }
         if self.temperature > 0:
             search.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        if self.adapter is not None:
+            search[ADAPTER] = self.adapter
         return search

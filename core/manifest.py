@@ -99,6 +99,39 @@ class GgufImport(BaseModel):
         return line
 
 
+#: An adapter's name: served as `MODEL:NAME` and stored as `adapters/NAME.onnx_adapter`.
+ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+#: Where a baked folder keeps its adapters, one file each.
+ADAPTERS_SUBDIR = "adapters"
+ADAPTER_SUFFIX = ".onnx_adapter"
+
+
+class Adapter(BaseModel):
+    """A LoRA adapter baked beside the model (`ortserve bake --adapter NAME=PATH`).
+
+    Attributes:
+        name: Served as `MODEL:NAME`.
+        source: The PEFT adapter folder it was baked from.
+        rank: Its LoRA rank (the largest, where modules differ).
+        alpha: Its `lora_alpha` (the scale `alpha / rank` is in its weights).
+        modules: The projections it adapts (q_proj, v_proj, ...).
+        quality: The base model with it, scored against transformers + PEFT on the same
+            ids (the base's gate text).
+    """
+
+    name: str = Field(pattern=ADAPTER_NAME)
+    source: str
+    rank: int = Field(ge=1)
+    alpha: float
+    modules: list[str]
+    quality: QualityCheck | None = None
+
+    @property
+    def file(self) -> str:
+        """Its file, relative to the model folder."""
+        return f"{ADAPTERS_SUBDIR}/{self.name}{ADAPTER_SUFFIX}"
+
+
 class Manifest(BaseModel):
     """What a baked folder holds and how it was made.
 
@@ -116,6 +149,7 @@ class Manifest(BaseModel):
             generation_config.json (a catalog entry's written there); None: it states
             none, or baked before the manifest said (the house profile applies).
         draft: The draft model baked beside it (`--draft`, in `draft/`), by name and source.
+        adapters: The LoRA adapters baked beside it (`--adapter`), served as `MODEL:NAME`.
     """
 
     schema_version: Literal[1] = 1
@@ -137,6 +171,7 @@ class Manifest(BaseModel):
     gguf_import: GgufImport | None = None
     sampling: SamplingDefaults | None = None
     draft: str | None = None
+    adapters: list[Adapter] = Field(default_factory=list)
     files: list[ManifestFile]
 
     @property

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic.json_schema import models_json_schema
 
+from ortserve.core.protocol.adapters import LoraAdapterBody
 from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
 from ortserve.core.protocol.openai import ChatBody, CompletionBody
@@ -185,6 +186,7 @@ def openapi_document(routes: tuple[Route, ...], max_new_tokens: int) -> dict[str
                 OllamaGenerateBody,
                 OllamaChatBody,
                 OllamaShowBody,
+                LoraAdapterBody,
             )
         ],
         ref_template=_REF,

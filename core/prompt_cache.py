@@ -6,6 +6,7 @@ choice rule only; the engine makes, rewinds and feeds the generators.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,15 @@ class PromptCache:
             "mib_per_slot": round(mib, 1),
             "held": len(self._entries),
         }
+
+    def evict(self, matches: Callable[[object], bool]) -> int:
+        """Drop the kept generators whose key `matches` (e.g. those of one LoRA adapter,
+        before it is unloaded); how many went."""
+        with self._lock:
+            kept = [entry for entry in self._entries if not matches(entry.key)]
+            gone = len(self._entries) - len(kept)
+            self._entries = kept
+            return gone
 
     def clear(self) -> None:
         """Drop every kept generator (their KV caches are freed)."""

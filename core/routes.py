@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ortserve.core import health, playground
 from ortserve.core.http import Request, Response, json_response
-from ortserve.core.protocol import native, ollama, openai, responses
+from ortserve.core.protocol import adapters, native, ollama, openai, responses
 from ortserve.core.settings import MAX_TOKENS_BOUND
 
 if TYPE_CHECKING:  # core.api imports this module
@@ -158,6 +158,22 @@ TABLE: tuple[Route, ...] = (
         openai.model,
         "one model, by its id (the served one)",
         reply="ModelCard",
+    ),
+    Route(
+        "/v1/load_lora_adapter",
+        "POST",
+        adapters.load_lora_adapter,
+        "load a baked LoRA adapter now (vLLM's route; a request loads it on first use)",
+        body="LoraAdapterBody",
+        reply="LoraAdapterReply",
+    ),
+    Route(
+        "/v1/unload_lora_adapter",
+        "POST",
+        adapters.unload_lora_adapter,
+        "free a loaded LoRA adapter; the model stays (vLLM's route)",
+        body="LoraAdapterBody",
+        reply="LoraAdapterReply",
     ),
     Route(
         "/healthz",

@@ -275,6 +275,11 @@ class ModelState:
             if (cache := engine.prompt_cache) is not None
             else None,
             "speculative_decoding": engine.speculation_note,
+            # The LoRA adapters baked beside it (served as MODEL:NAME), with their gates.
+            "adapters": {
+                name: adapter.model_dump(exclude={"name"})
+                for name, adapter in engine.adapters.items()
+            },
             "engine": engine.model.describe(),
         }
 

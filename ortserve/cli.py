@@ -234,11 +234,22 @@ def _show(args: argparse.Namespace) -> int:
         ("quality", quality.summary() if quality else "not run"),
         ("gguf", manifest.gguf_import.summary() if manifest.gguf_import else "-"),
         ("draft", manifest.draft or "-"),
+        ("adapters", _adapters_line(manifest) or "-"),
         ("sampling", (manifest.sampling or HOUSE_SAMPLING).summary()),
         ("files", f"{len(manifest.files)}, {human_size(sum(f.size for f in manifest.files))}"),
     ):
         print(f"{label + ':':<11} {value}")
     return 0
+
+
+def _adapters_line(manifest: Manifest) -> str:
+    """`ortserve show`'s adapters: each one's name, rank, and its gate's perplexity ratio."""
+    return "; ".join(
+        f"{a.name} (rank {a.rank}"
+        + (f", ppl {a.quality.ppl_ratio:.3f}x PEFT's" if a.quality and a.quality.ppl_ratio else "")
+        + ")"
+        for a in manifest.adapters
+    )
 
 
 def _rm(args: argparse.Namespace) -> int:

@@ -187,6 +187,17 @@ def _add_bake_choices(parser: argparse.ArgumentParser, *, run: bool) -> None:
         ),
     )
     parser.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help=helps(
+            "a PEFT LoRA adapter folder to serve beside the model as MODEL:NAME "
+            "(repeatable; checked against transformers + PEFT; docs/bake.md)",
+            "a LoRA adapter served as MODEL:NAME, as `ortserve bake --adapter` (repeatable)",
+        ),
+    )
+    parser.add_argument(
         "--builder-option",
         action="append",
         type=_key_value,
@@ -217,6 +228,7 @@ def _bake_request(args: argparse.Namespace) -> BakeRequest:
         kv_cache=args.kv_cache or "fp32",
         speculative=args.speculative,
         draft=args.draft,
+        adapters=list(args.adapter),
         context_length=args.context_length,
     )
 
@@ -328,6 +340,7 @@ _BAKE_OPTIONS = (
     "kv_cache",
     "speculative",
     "draft",
+    "adapter",
     "context_length",
 )
 

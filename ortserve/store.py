@@ -109,8 +109,8 @@ def short_name(spec: dict[str, Any]) -> str:
     """The short name of a bake `spec` (a store entry's): the source's model name, then a
     tag of what is not the default (a GGUF file's quantization, a revision, a precision, a
     recipe, builder options, `--requantize`, `--compact`, `--kv-cache`, `--speculative`,
-    `--draft`, a context length, a target other than an edge board's); a name `ortserve cp`
-    gave is its own."""
+    `--draft`, `--adapter`, a context length, a target other than an edge board's); a name
+    `ortserve cp` gave is its own."""
     if spec.get("name"):  # given by `ortserve cp`
         return str(spec["name"])
     base = _source_slug(str(spec["source"]).removesuffix(".gguf").removesuffix(".GGUF"))
@@ -136,18 +136,43 @@ def short_name(spec: dict[str, Any]) -> str:
     tags += [
         tag for key, tag in (("requantize", "requantized"), ("compact", "compact")) if spec.get(key)
     ]
-    if spec.get("kv_cache"):
-        tags.append(f"kv-{spec['kv_cache']}")
-    if spec.get("speculative"):
-        tags.append("spec")
-    if spec.get("draft"):
-        tags.append(f"draft-{_source_slug(str(spec['draft']))}")
+    tags += _runtime_tags(spec)
     if spec.get("context_length"):
         tags.append(f"ctx{spec['context_length']}")
     target = str(spec.get("target", ""))
     if target and not target.startswith("edge-"):
         tags.append(target)
     return f"{base}:{'-'.join(tags)}" if tags else base
+
+
+def _runtime_tags(spec: dict[str, Any]) -> list[str]:
+    """`short_name`'s tags of what the bake adds for the runtime: the KV cache's type,
+    speculative decoding, a draft model, adapters."""
+    tags = []
+    if spec.get("kv_cache"):
+        tags.append(f"kv-{spec['kv_cache']}")
+    if spec.get("speculative"):
+        tags.append("spec")
+    if spec.get("draft"):
+        tags.append(f"draft-{_source_slug(str(spec['draft']))}")
+    if spec.get("adapters"):
+        tags.append(f"lora-{_digest(spec['adapters'])[:6]}")
+    return tags
+
+
+def _adapters_spec(adapters: list[str]) -> dict[str, str]:
+    """`--adapter NAME=PATH`s as a store spec: each name with a hash of its folder's
+    config and weights (an adapter trained again is another bake)."""
+    spec = {}
+    for text in adapters:
+        name, _, path = text.partition("=")
+        folder = Path(path).expanduser()
+        digest = hashlib.sha256()
+        for file in ("adapter_config.json", "adapter_model.safetensors"):
+            if (folder / file).is_file():
+                digest.update((folder / file).read_bytes())
+        spec[name] = digest.hexdigest()
+    return spec
 
 
 def _digest(value: object) -> str:
@@ -283,6 +308,8 @@ def plan(store: Path, request: BakeRequest, rebake: bool = False) -> Planned:
         spec["speculative"] = True
     if request.draft is not None:
         spec["draft"] = request.draft
+    if request.adapters:
+        spec["adapters"] = _adapters_spec(request.adapters)
     if request.context_length is not None:
         spec["context_length"] = request.context_length
     entry = store / entry_name(spec)

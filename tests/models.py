@@ -284,3 +284,16 @@ def shape_135m() -> Path:
     changes no size the tests measure."""
     extra = ("--builder-option", "algo_config=rtn")
     return baked("builtin:smollm2-135m-shape", package=False, extra=extra) / "model"
+
+
+def trained_adapter(checkpoint: Path, label: str) -> Path:
+    """A LoRA adapter of `checkpoint` trained by `tests.lora_kit` (offline, seconds), cached
+    by the checkpoint's `label` and the kit's code: a PEFT adapter folder."""
+    from tests import lora_kit
+
+    def make(out: Path) -> None:
+        lora_kit.train_adapter(checkpoint, out / "adapter")
+
+    kit = _sha256(Path(lora_kit.__file__))
+    key = _versions_key(label, kit, version("peft"))
+    return _cached(f"lora-{label}-{key}", make) / "adapter"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ortserve.bake.errors import BakeError, heartbeat, run_step, say
 from ortserve.bake.genai_config import add_draft, infer_genai_config, set_session_options
+from ortserve.bake.lora import AdapterSpec
 from ortserve.bake.onnx_source import (
     BAKED_GRAPH,
     copy_graph,
@@ -32,7 +33,14 @@ from ortserve.bake.sources import OnnxChoice, ResolvedSource, resolve
 from ortserve.bake.targets import DEFAULT_MAX_PPL_RATIO, Target, builder_options, get_target
 from ortserve.bake.text import record_text, recorded_sampling
 from ortserve.bake.upstream import BUILDER_MODULE, FP32_FROM, builder_input
-from ortserve.core.manifest import GgufImport, Manifest, QualityCheck, list_files, write_manifest
+from ortserve.core.manifest import (
+    Adapter,
+    GgufImport,
+    Manifest,
+    QualityCheck,
+    list_files,
+    write_manifest,
+)
 from ortserve.core.settings import disable_telemetry
 
 if TYPE_CHECKING:
@@ -79,6 +87,8 @@ class BakeRequest:
     # A smaller model of the same vocabulary, baked beside this one (in `draft/`) to draft
     # for it (og 0.18's draft-model speculative decoding); implies `speculative`.
     draft: str | None = None
+    # LoRA adapters (`NAME=PATH`, PEFT folders) served beside the model as MODEL:NAME.
+    adapters: list[str] = field(default_factory=list)
     context_length: int | None = None  # tokens served (None: bake.context's default)
 
 
@@ -349,24 +359,27 @@ def _smoke(engine: Engine) -> str:
     return done.text
 
 
-def _gate_reference(source: ResolvedSource) -> str:
+def _gate_reference(source: ResolvedSource, adapter: str | None = None) -> str:
+    with_adapter = "" if adapter is None else f" + the PEFT adapter {adapter}"
     if source.gguf is None:
-        return "transformers fp32 of the source checkpoint"
-    return f"transformers fp32 of {source.gguf.name} (its weights dequantized)"
+        return f"transformers fp32 of the source checkpoint{with_adapter}"
+    return f"transformers fp32 of {source.gguf.name} (its weights dequantized){with_adapter}"
 
 
 def _reference_first(
-    source: ResolvedSource, staging: Path, request: BakeRequest
+    source: ResolvedSource, staging: Path, request: BakeRequest, adapter: Path | None = None
 ) -> tuple[list[int], Any] | None:
-    """The quality gate's reference logits, before the baked model loads (bake.quality
-    .reference); None where the gate does not run."""
+    """The quality gate's reference logits (with a PEFT `adapter` on the checkpoint, for
+    that adapter's gate), before the baked model loads (bake.quality.reference); None
+    where the gate does not run."""
     if not request.quality_check or source.folder_kind != "hf":
         return None
     from ortserve.bake.quality import reference
 
     config = json.loads((staging / "genai_config.json").read_text(encoding="utf-8"))
     context = int(config["model"].get("context_length") or 0)
-    return reference(source.folder, context, _gate_reference(source))
+    described = _gate_reference(source, None if adapter is None else str(adapter))
+    return reference(source.folder, context, described, adapter)
 
 
 def _quality(
@@ -374,6 +387,8 @@ def _quality(
     engine: Engine,
     request: BakeRequest,
     scored: tuple[list[int], Any] | None,
+    adapter: str | None = None,
+    adapter_source: str | None = None,
 ) -> QualityCheck:
     if not request.quality_check:
         say("quality gate: skipped (--no-quality-check)")
@@ -384,7 +399,12 @@ def _quality(
     from ortserve.bake.quality import check
 
     return check(
-        scored, engine, request.max_ppl_ratio, source.random_weights, _gate_reference(source)
+        scored,
+        engine,
+        request.max_ppl_ratio,
+        source.random_weights,
+        _gate_reference(source, adapter_source),
+        adapter,
     )
 
 
@@ -401,18 +421,29 @@ def _install(staging: Path, out: Path, force: bool) -> None:
 
 
 def _verify(
-    staging: Path, source: ResolvedSource, target: Target, request: BakeRequest, manifest: Manifest
+    staging: Path,
+    source: ResolvedSource,
+    target: Target,
+    request: BakeRequest,
+    manifest: Manifest,
+    adapters: list[AdapterSpec],
 ) -> tuple[Manifest, str, str]:
-    """Load the baked folder, run the quality gate and the smoke generation.
+    """Load the baked folder, run the quality gate (the model's, each adapter's) and the
+    smoke generation.
 
     Returns:
         The manifest with the gate's figures, the smoke text, the provider that loaded it.
     """
     scored = _reference_first(source, staging, request)
+    adapter_scores = [_reference_first(source, staging, request, a.path) for a in adapters]
     engine = _load(staging, target)
     # The manifest does not list itself: adding the gate's figures changes no hash.
     quality = _quality(source, engine, request, scored)
-    manifest = manifest.model_copy(update={"quality": quality})
+    baked = [
+        a.model_copy(update={"quality": _quality(source, engine, request, s, a.name, a.source)})
+        for a, s in zip(manifest.adapters, adapter_scores, strict=True)
+    ]
+    manifest = manifest.model_copy(update={"quality": quality, "adapters": baked})
     write_manifest(staging, manifest)
     text = ""
     if request.smoke:
@@ -496,6 +527,7 @@ def bake(request: BakeRequest) -> BakeResult:
     # (onnxruntime), for a bake run from Python as from the CLI (core.settings).
     disable_telemetry()
     target, precision, recipe, options, out = _plan(request)
+    adapters = _adapter_specs(request)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     steps = _StepTimes()
@@ -532,12 +564,16 @@ def bake(request: BakeRequest) -> BakeResult:
         imported = _import_gguf(source, staging, request.compact) if exact else None
         steps.done("import")  # shown where it took time: a GGUF's exact import
         options = _fit_context(source, staging, request, options)
-        draft = _add_draft(request, staging, work, steps)
+        added = {
+            "gguf_import": imported,
+            "draft": _add_draft(request, staging, work, steps),
+            "adapters": _add_adapters(source, adapters, staging, steps),
+        }
         manifest = _finish_folder(source, staging, target, precision, options, inferred, builder)
-        manifest = manifest.model_copy(update={"gguf_import": imported, "draft": draft})
+        manifest = manifest.model_copy(update=added)
         write_manifest(staging, manifest)
         steps.done("manifest")
-        manifest, text, provider = _verify(staging, source, target, request, manifest)
+        manifest, text, provider = _verify(staging, source, target, request, manifest, adapters)
         steps.done("gate")
         if request.package:
             package(target, bundle)
@@ -710,6 +746,60 @@ def _add_draft(request: BakeRequest, staging: Path, work: Path, steps: _StepTime
     say(f"draft model: {drafted.manifest.model_name} in {DRAFT_SUBDIR}/")
     steps.done("draft")
     return f"{drafted.manifest.model_name} ({request.draft})"
+
+
+def _adapter_specs(request: BakeRequest) -> list[AdapterSpec]:
+    """`--adapter NAME=PATH`s, checked before anything is built.
+
+    Raises:
+        BakeError: A malformed one, or two of one name.
+    """
+    specs = [AdapterSpec.parse(text) for text in request.adapters]
+    names = [spec.name for spec in specs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise BakeError(f"--adapter {twice[0]} is given twice: one adapter a name")
+    return specs
+
+
+def _add_adapters(
+    source: ResolvedSource, specs: list[AdapterSpec], staging: Path, steps: _StepTimes
+) -> list[Adapter]:
+    """Give the baked graph its adapter inputs and write each adapter's file (bake.lora);
+    what the manifest says of them.
+
+    Raises:
+        BakeError: An ONNX source (its graph is used as exported), or an adapter that
+            does not fit the model (bake.lora.convert).
+    """
+    if not specs:
+        return []
+    if source.folder_kind != "hf":
+        raise BakeError(
+            f"--adapter applies to checkpoints; {source.name} is an ONNX graph, used as exported"
+        )
+    from ortserve.bake.lora import add_sites, convert, write_adapter
+
+    sites, io_type = add_sites(staging)
+    baked = []
+    for spec in specs:
+        converted = convert(spec, sites)
+        adapter = Adapter(
+            name=spec.name,
+            source=str(spec.path),
+            rank=converted.rank,
+            alpha=converted.alpha,
+            modules=list(converted.modules),
+        )
+        write_adapter(converted.tensors, staging / adapter.file, io_type)
+        size = (staging / adapter.file).stat().st_size
+        say(
+            f"adapter {spec.name}: LoRA rank {converted.rank} on {', '.join(converted.modules)} "
+            f"({size / 1e6:.1f} MB), served as MODEL:{spec.name}"
+        )
+        baked.append(adapter)
+    steps.done("adapters")
+    return baked
 
 
 def _check_same_vocabulary(model: Path, draft: Path, name: str) -> None:

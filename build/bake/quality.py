@@ -119,13 +119,20 @@ def _fp32_while_running(model: Any) -> None:
         module.register_forward_hook(lambda m, _args, _out, d=dtypes: cast(m, d))
 
 
-def _reference_logits(checkpoint: Path, ids: list[int]) -> np.ndarray[Any, Any]:
-    """The source checkpoint's logits in fp32 arithmetic (its weights in their own dtype)."""
+def _reference_logits(
+    checkpoint: Path, ids: list[int], adapter: Path | None = None
+) -> np.ndarray[Any, Any]:
+    """The source checkpoint's logits in fp32 arithmetic (its weights in their own dtype),
+    with a PEFT LoRA `adapter` applied where one is given."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto")
-    model.eval()  # type: ignore[no-untyped-call]  # untyped upstream
+    model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto")
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
+    model.eval()
     _fp32_while_running(model)
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0]
@@ -144,9 +151,11 @@ def reference(
     checkpoint: Path,
     context_length: int,
     reference: str = "transformers fp32 of the source checkpoint",
+    adapter: Path | None = None,
 ) -> tuple[list[int], np.ndarray[Any, Any]]:
     """The gate text's ids (cut to `context_length`, 0: not cut) and the source
-    `checkpoint`'s logits for them (`reference` says what the checkpoint is). Computed
+    `checkpoint`'s logits for them (`reference` says what the checkpoint is; with a PEFT
+    `adapter` on it, for that adapter's gate). Computed
     before the baked model is loaded, the checkpoint freed after: at 1.5B its fp32 copy
     (6 GB) and the loaded model (2 GB) together were the bake's peak."""
     with heartbeat("quality gate"):  # transformers' load and forward say nothing for long
@@ -157,7 +166,7 @@ def reference(
             f"quality gate: scoring {len(ids) - 1} tokens of a fixed text with {reference} "
             "and with the baked model"
         )
-        return ids, _reference_logits(checkpoint, ids)
+        return ids, _reference_logits(checkpoint, ids, adapter)
 
 
 def check(
@@ -166,16 +175,17 @@ def check(
     max_ppl_ratio: float,
     random_weights: bool,
     reference: str = "transformers fp32 of the source checkpoint",
+    adapter: str | None = None,
 ) -> QualityCheck:
     """Score the gate text (`scored`: its ids and the reference's logits, from
-    `reference`) with the loaded `baked` engine.
+    `reference`) with the loaded `baked` engine (with its LoRA `adapter`, if named).
 
     Raises:
         BakeError: The ratio is above `max_ppl_ratio` (never for random weights).
     """
     ids, ref_logits = scored
     with heartbeat("quality gate"):
-        ppl_ref, ppl, top1, kl = compare(ref_logits, baked.logits(ids), ids)
+        ppl_ref, ppl, top1, kl = compare(ref_logits, baked.logits(ids, adapter), ids)
     ratio = ppl / ppl_ref
     passed = ratio <= max_ppl_ratio
     status = "passed" if passed else "failed"
@@ -192,12 +202,13 @@ def check(
         kl_divergence=round(kl, 5),
         max_ppl_ratio=max_ppl_ratio,
     )
-    say(f"quality gate: {result.summary()}")
+    who = "" if adapter is None else f" (adapter {adapter})"
+    say(f"quality gate{who}: {result.summary()}")
     if random_weights:
         say("quality gate: random weights, so the figures mean nothing; the gate never fails them")
     elif not passed:
         raise BakeError(
-            f"quality gate failed: perplexity {ratio:.3f}x the source model's (limit "
+            f"quality gate{who} failed: perplexity {ratio:.3f}x the source model's (limit "
             f"{max_ppl_ratio}; top-1 agreement {top1:.1%}): try a smaller --block-size, "
             "--precision int8, or --max-ppl-ratio to accept it"
         )

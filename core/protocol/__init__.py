@@ -91,6 +91,7 @@ class Served:
     aliases: tuple[str, ...] = ()
     also_known_as: tuple[str, ...] = ()
     sampling: SamplingDefaults = HOUSE_SAMPLING
+    adapters: tuple[str, ...] = ()
 
     def sampling_card(self) -> SamplingCard:
         """The sampling defaults, as /v1/models states them."""
@@ -105,8 +106,24 @@ class Served:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Every name listed for it, its id first."""
-        return (self.model, *self.aliases)
+        """Every name listed for it, its id first, then `MODEL:ADAPTER` for each LoRA
+        adapter baked beside it."""
+        return (self.model, *self.aliases, *(f"{self.model}:{a}" for a in self.adapters))
+
+    def answering(self, name: str | None) -> str:
+        """The `model` an answer to a request for `name` states: the model's id, or
+        `MODEL:ADAPTER` for a LoRA adapter's (as vLLM answers)."""
+        adapter = self.adapter_of(name)
+        return self.model if adapter is None else f"{self.model}:{adapter}"
+
+    def adapter_of(self, name: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (`MODEL:ADAPTER`; None: the model
+        alone, or another model)."""
+        listed = self.named(name)
+        if listed is None or not self.adapters:
+            return None
+        head, _, tail = listed.rpartition(":")
+        return tail if head == self.model and tail in self.adapters else None
 
     def named(self, name: str | None) -> str | None:
         """The listed name that `name` (a request's `model`) stands for: any of its names or

@@ -208,7 +208,7 @@ class _OllamaBody(GenerationBody):
     def _instant(self, served: Served, text_field: Literal["response", "message"]) -> OllamaLine:
         """Ollama's answer to a load (or unload) request."""
         self._served_model(served)
-        return OllamaReply(served.model, text_field).instant(
+        return OllamaReply(served.answering(self.model), text_field).instant(
             "unload" if unloads(self.keep_alive) else "load"
         )
 
@@ -224,6 +224,7 @@ class _OllamaBody(GenerationBody):
             repetition_penalty=o.repeat_penalty,
             seed=o.seed,
             speculative=o.speculative,
+            adapter=served.adapter_of(self.model),
         )
 
     def _guidance(self) -> Guidance | None:
@@ -272,7 +273,7 @@ class OllamaGenerateBody(_OllamaBody):
         return self._request(served, messages=messages, template_kwargs=self._template_kwargs())
 
     def reply(self, request_id: str, served: Served) -> Reply:
-        return OllamaReply(served.model, "response")
+        return OllamaReply(served.answering(self.model), "response")
 
 
 class OllamaFunctionCall(Body):
@@ -345,7 +346,7 @@ class OllamaChatBody(_OllamaBody):
         )
 
     def reply(self, request_id: str, served: Served) -> Reply:
-        return OllamaReply(served.model, "message", self._tools(served))
+        return OllamaReply(served.answering(self.model), "message", self._tools(served))
 
 
 class OllamaReply(Reply):
@@ -543,13 +544,13 @@ def _model_entry(served: Served, name: str) -> OllamaModel:
         "modified_at": served.created_at,
         "size": served.size,
         "digest": served.digest,
-        "details": _details(served),
+        "details": _details(served, name),
     }
 
 
-def _details(served: Served) -> OllamaDetails:
+def _details(served: Served, name: str = "") -> OllamaDetails:
     return {
-        "parent_model": "",
+        "parent_model": served.model if served.adapter_of(name) is not None else "",
         "format": "onnx",
         "family": "",
         "families": None,

@@ -172,6 +172,7 @@ class _OpenAIBody(GenerationBody):
             seed=self.seed,
             min_new_tokens=minimum,
             speculative=self.speculative,
+            adapter=served.adapter_of(self.model),
         )
         return options, field
 
@@ -285,7 +286,7 @@ class CompletionBody(_OpenAIBody):
         )
 
     def reply(self, request_id: str, served: Served) -> Reply:
-        header = _Header(f"cmpl-{request_id}", int(time.time()), served.model)
+        header = _Header(f"cmpl-{request_id}", int(time.time()), served.answering(self.model))
         wants = self.logprobs is not None
         return CompletionReply(header, self._include_usage, served.token_bytes if wants else None)
 
@@ -624,7 +625,7 @@ class ChatBody(_OpenAIBody):
 
     def reply(self, request_id: str, served: Served) -> Reply:
         return ChatReply(
-            _Header(f"chatcmpl-{request_id}", int(time.time()), served.model),
+            _Header(f"chatcmpl-{request_id}", int(time.time()), served.answering(self.model)),
             f"fp_{served.digest[:12]}",
             self._include_usage,
             served.token_bytes if self.logprobs else None,
@@ -795,17 +796,7 @@ def _model_card(served: Served, name: str) -> ModelCard:
     """An OpenAI model object for the served model's `name`, with vLLM's `max_model_len`
     (the context; omitted where unknown), `max_tokens`: the most new tokens a request
     may ask for, and the sampling defaults."""
-    if served.context_length:
-        return {
-            "id": name,
-            "object": "model",
-            "created": served.created,
-            "owned_by": "ortserve",
-            "max_model_len": served.context_length,
-            "max_tokens": served.max_new_tokens,
-            "sampling": served.sampling_card(),
-        }
-    return {
+    card: ModelCard = {
         "id": name,
         "object": "model",
         "created": served.created,
@@ -813,3 +804,8 @@ def _model_card(served: Served, name: str) -> ModelCard:
         "max_tokens": served.max_new_tokens,
         "sampling": served.sampling_card(),
     }
+    if served.context_length:
+        card["max_model_len"] = served.context_length
+    if served.adapter_of(name) is not None:  # vLLM's: a LoRA adapter's base model
+        card["parent"] = served.model
+    return card

@@ -190,8 +190,9 @@ class SamplingCard(TypedDict):
 
 class ModelCard(TypedDict):
     """An OpenAI model object, with vLLM's `max_model_len` (the context; left out where
-    unknown), `max_tokens`: the most new tokens a request may ask for, and `sampling`:
-    the model's sampling defaults."""
+    unknown), `max_tokens`: the most new tokens a request may ask for, `sampling`: the
+    model's sampling defaults, and vLLM's `parent`: a LoRA adapter's base model (only on
+    `MODEL:ADAPTER` ids)."""
 
     id: str
     object: Literal["model"]
@@ -200,6 +201,19 @@ class ModelCard(TypedDict):
     max_model_len: NotRequired[int]
     max_tokens: int
     sampling: SamplingCard
+    parent: NotRequired[str]
+
+
+class LoraAdapterReply(TypedDict):
+    """POST /v1/load_lora_adapter, /v1/unload_lora_adapter: the adapter (`id`: how
+    requests name it), whether it is loaded now, whether this request changed that, and
+    every adapter loaded."""
+
+    object: Literal["lora_adapter"]
+    id: str
+    loaded: bool
+    changed: bool
+    loaded_adapters: list[str]
 
 
 class ModelList(TypedDict):
@@ -514,6 +528,7 @@ REPLIES: tuple[type, ...] = (
     ChatCompletionChunk,
     ModelCard,
     ModelList,
+    LoraAdapterReply,
     ResponseObject,
     ResponseLifecycleEvent,
     ResponseItemEvent,

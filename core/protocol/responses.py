@@ -376,6 +376,7 @@ class ResponsesBody(GenerationBody):
             temperature=self.temperature,
             top_p=self.top_p,
             speculative=self.speculative,
+            adapter=served.adapter_of(self.model),
         )
         messages = self.conversation()
         if self.instructions is not None:
@@ -402,7 +403,7 @@ class ResponsesBody(GenerationBody):
             "incomplete_details": None,
             "instructions": self.instructions,
             "max_output_tokens": self.max_output_tokens,
-            "model": served.model,
+            "model": served.answering(self.model),
             "output": [],
             "parallel_tool_calls": self.parallel_tool_calls,
             "previous_response_id": self.previous_response_id,

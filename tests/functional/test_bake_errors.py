@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.support.servers import ORTSERVE
@@ -254,3 +255,44 @@ def test_disk_full(tmp_path: Path) -> None:
     last = proc.stderr.strip().splitlines()[-1]
     assert last == f"ortserve bake: error: disk full while baking into {small}", proc.stderr
     assert proc.stdout.strip() == "", f"left behind: {proc.stdout}"
+
+
+def test_an_adapter_is_for_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    src = copy_without(tiny_model_dir, tmp_path / "src", "manifest.json")
+    message = bake_fails(
+        "--model", str(src), "--target", "gcf", "--adapter", f"a={adapter}", out=tmp_path / "m"
+    )
+    assert "--adapter applies to checkpoints" in message
+    assert not (tmp_path / "m").exists()
+
+
+def test_an_adapter_of_another_model_is_refused(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "lora_alpha": 16}')
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+    wide = {key.format("A"): np.zeros((8, 576), "f4"), key.format("B"): np.zeros((576, 8), "f4")}
+    save_file(wide, str(adapter / "adapter_model.safetensors"))
+    message = bake_fails(
+        "--model",
+        str(tiny_hf_dir),
+        "--target",
+        "gcf",
+        "--adapter",
+        f"big={adapter}",
+        out=tmp_path / "m",
+    )
+    assert "--adapter big: layers.0.q_proj: lora_A (8, 576), lora_B (576, 8) do not fit" in message
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_malformed_adapter_is_refused_before_any_work(tmp_path: Path) -> None:
+    message = bake_fails(
+        "--model", "builtin:tiny-llama", "--target", "gcf", "--adapter", "x", out=tmp_path / "m"
+    )
+    assert "--adapter 'x': expected NAME=PATH (a PEFT adapter folder)" in message

@@ -262,14 +262,16 @@ def test_the_quality_gate_has_a_heartbeat(
     ids = [1, 2, 3, 4]
     logits = np.random.default_rng(0).normal(size=(len(ids), 8))
 
-    def slow_reference(checkpoint: Path, scored: list[int]) -> np.ndarray[Any, Any]:
+    def slow_reference(
+        checkpoint: Path, scored: list[int], adapter: Path | None = None
+    ) -> np.ndarray[Any, Any]:
         time.sleep(0.3)
         return logits
 
     class Baked:
         context_length = 0
 
-        def logits(self, scored: list[int]) -> np.ndarray[Any, Any]:
+        def logits(self, scored: list[int], adapter: str | None = None) -> np.ndarray[Any, Any]:
             return logits
 
     monkeypatch.setattr(errors, "HEARTBEAT_S", 0.05)
