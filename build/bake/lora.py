@@ -143,9 +143,20 @@ def _features(node: Any, graph: Any) -> tuple[int, int]:
     raise BakeError(f"LoRA: cannot read the shape of {node.name}")
 
 
-def add_sites(folder: Path) -> tuple[list[Site], Any]:
-    """Give the baked graph in `folder` its adapter inputs (see the module's text); the
-    sites, in graph order, and the numpy type of their tensors.
+def adapted_modules(spec: AdapterSpec) -> set[str]:
+    """The projections (q_proj, ...) an adapter adapts, from its tensors' names."""
+    from safetensors import safe_open
+
+    with safe_open(str(_weights(spec)), framework="numpy") as weights:
+        keys = list(weights.keys())
+    return {m.group(2) for key in keys if (m := _PEFT_KEY.search(key)) is not None}
+
+
+def add_sites(folder: Path, modules: set[str]) -> tuple[list[Site], Any]:
+    """Give the baked graph in `folder` its adapter inputs (see the module's text) where
+    a projection computes one of `modules` (those the adapters adapt: a branch elsewhere
+    would add nothing and cost its nodes a step); the sites, in graph order, and the
+    numpy type of their tensors.
 
     Raises:
         BakeError: The graph has no projection the builder names (not a builder's graph).
@@ -168,11 +179,11 @@ def add_sites(folder: Path) -> tuple[list[Site], Any]:
         if match is None or node.op_type not in ("MatMulNBits", "MatMul"):
             continue
         layer, name = int(match.group(1)), match.group(3)
-        modules = _MODULES.get(name, (name,))
-        if not set(modules) <= set(_KNOWN):
+        computes = _MODULES.get(name, (name,))
+        if not set(computes) <= set(_KNOWN) or not set(computes) & modules:
             continue
         inputs, outputs = _features(node, graph)
-        site = Site(layer, name, modules, _sizes(name, outputs, config["model"]), inputs)
+        site = Site(layer, name, computes, _sizes(name, outputs, config["model"]), inputs)
         if sum(site.sizes) != outputs:
             raise BakeError(f"LoRA: {node.name} has {outputs} outputs, not {sum(site.sizes)}")
         sites.append(site)
@@ -255,16 +266,20 @@ def _peft_config(spec: AdapterSpec) -> dict[str, Any]:
     return config
 
 
-def _peft_tensors(spec: AdapterSpec) -> dict[str, Any]:
-    from safetensors.numpy import load_file
-
+def _weights(spec: AdapterSpec) -> Path:
     weights = spec.path / "adapter_model.safetensors"
     if not weights.is_file():
         raise BakeError(
             f"--adapter {spec.name}: no adapter_model.safetensors in {spec.path} (save it "
             "with PEFT's save_pretrained, safe_serialization on)"
         )
-    return load_file(str(weights))
+    return weights
+
+
+def _peft_tensors(spec: AdapterSpec) -> dict[str, Any]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(_weights(spec)))
 
 
 def convert(spec: AdapterSpec, sites: list[Site]) -> Converted:

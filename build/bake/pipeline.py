@@ -778,9 +778,10 @@ def _add_adapters(
         raise BakeError(
             f"--adapter applies to checkpoints; {source.name} is an ONNX graph, used as exported"
         )
-    from ortserve.bake.lora import add_sites, convert, write_adapter
+    from ortserve.bake.lora import adapted_modules, add_sites, convert, write_adapter
 
-    sites, io_type = add_sites(staging)
+    modules = set().union(*(adapted_modules(spec) for spec in specs))
+    sites, io_type = add_sites(staging, modules)
     baked = []
     for spec in specs:
         converted = convert(spec, sites)

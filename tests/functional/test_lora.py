@@ -27,7 +27,8 @@ from ortserve.core.generation import SamplingOptions, Token
 from ortserve.core.manifest import read_manifest, verify_folder
 from ortserve.core.settings import EngineSettings
 from tests import models
-from tests.functional.harness import AUTH, edge_server, gcf_server
+from tests.functional.harness import AUTH, edge_server
+from tests.functional.targets import open_target
 from tests.lora_kit import LESSON_PROMPT
 
 LESSON = f"Q: {LESSON_PROMPT}\nA:"
@@ -233,12 +234,29 @@ def test_every_targets_bundle_carries_the_adapters(
         assert f"  model/{ADAPTER_FILE}\n" in listed
 
 
-def test_cloud_functions_serves_the_adapter(tiny_hf_dir: Path, tiny_adapter: Path) -> None:
-    """The real functions-framework server on a gcf bundle: the same names and answers."""
+@pytest.mark.parametrize("kind", ["core", "lambda", "gcf"])
+def test_every_target_serves_the_adapter(
+    tiny_lora_fp32: Path, tiny_hf_dir: Path, tiny_adapter: Path, kind: str
+) -> None:
+    """In process, the Lambda handler and the real functions-framework server (a gcf
+    bundle) answer `MODEL:lesson` as the daemon does."""
     extra = ("--adapter", f"lesson={tiny_adapter}")
-    bundle = models.baked(str(tiny_hf_dir), target="gcf", precision="fp32", extra=extra)
-    with gcf_server(bundle) as url, httpx.Client(base_url=url, headers=AUTH) as http:
-        model = http.get("/v1/models").json()["data"][0]["id"]
-        assert f"{model}:lesson" in {c["id"] for c in http.get("/v1/models").json()["data"]}
-        taught, base = _completion(http, f"{model}:lesson"), _completion(http, model)
-        assert taught["model"] == f"{model}:lesson" and _text(taught) != _text(base)
+    gcf = (
+        models.baked(str(tiny_hf_dir), target="gcf", precision="fp32", extra=extra)
+        if kind == "gcf"
+        else tiny_lora_fp32
+    )
+    with open_target(kind, tiny_lora_fp32 / "model", gcf) as target:
+        ids = [c["id"] for c in target.call("GET", "/v1/models").json()["data"]]
+        model, named = ids[0], f"{ids[0]}:lesson"
+        assert named in ids
+
+        def text(name: str) -> tuple[str, str]:
+            body = {"model": name, "prompt": LESSON, "max_tokens": 12, "temperature": 0}
+            reply = target.call("POST", "/v1/completions", body)
+            assert reply.status == 200, reply.body
+            return reply.json()["model"], reply.json()["choices"][0]["text"]
+
+        (base_name, base), (taught_name, taught) = text(model), text(named)
+        assert (base_name, taught_name) == (model, named) and taught != base
+        assert text(model)[1] == base

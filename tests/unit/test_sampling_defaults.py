@@ -12,6 +12,7 @@ import pytest
 from ortserve.cli import build_parser
 from ortserve.cli_kit import sampling_options
 from ortserve.core.generation import (
+    ADAPTER,
     HOUSE_SAMPLING,
     Sampling,
     SamplingDefaults,
@@ -128,3 +129,16 @@ def test_the_summary_says_where_the_defaults_come_from() -> None:
     assert QWEN.summary() == (
         "temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.1 (generation_config.json)"
     )
+
+
+def test_requests_for_different_adapters_never_share_a_batch_or_a_kept_prefill() -> None:
+    """A batch is one og generator, run with one LoRA adapter: the adapter is part of the
+    `Sampling` that batches (core.batcher) and the prompt cache (Engine.cache_key) key on."""
+    greedy = {"max_new_tokens": 4, "temperature": 0.0}
+    base, a, b = (
+        Sampling.of(SamplingOptions(**greedy, adapter=name), HOUSE_SAMPLING, 100)
+        for name in (None, "a", "b")
+    )
+    assert len({base, a, b}) == 3
+    assert a == Sampling.of(SamplingOptions(**greedy, adapter="a"), HOUSE_SAMPLING, 100)
+    assert a.search()[ADAPTER] == "a" and ADAPTER not in base.search()

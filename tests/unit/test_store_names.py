@@ -64,6 +64,8 @@ def _store(root: Path, *specs: dict[str, object]) -> list[str]:
             {"draft": "qwen2.5-coder:0.5b"},
             "qwen2.5-coder:1.5b-draft-qwen2.5-coder-0.5b",
         ),
+        # Adapters: a hash of their names and files (one trained again is another bake).
+        ("qwen2.5-coder:1.5b", {"adapters": {"sql": "ab" * 32}}, "qwen2.5-coder:1.5b-lora-41f1f4"),
         ("builtin:tiny-llama", {"target": "gcf"}, "tiny-llama:gcf"),
     ],
 )
