@@ -80,6 +80,7 @@ def _post(route: Route) -> dict[str, Any]:
                         ("401", "missing or invalid API key"),
                         ("404", "unknown route or model"),
                         ("405", "method not allowed"),
+                        ("409", "an adapter in use (unloading it)"),
                         ("413", "body too large"),
                         ("503", "busy, loading or shutting down (see Retry-After)"),
                         ("504", "generation timed out"),
