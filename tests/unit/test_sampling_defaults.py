@@ -134,11 +134,12 @@ def test_the_summary_says_where_the_defaults_come_from() -> None:
 def test_requests_for_different_adapters_never_share_a_batch_or_a_kept_prefill() -> None:
     """A batch is one og generator, run with one LoRA adapter: the adapter is part of the
     `Sampling` that batches (core.batcher) and the prompt cache (Engine.cache_key) key on."""
-    greedy = {"max_new_tokens": 4, "temperature": 0.0}
-    base, a, b = (
-        Sampling.of(SamplingOptions(**greedy, adapter=name), HOUSE_SAMPLING, 100)
-        for name in (None, "a", "b")
-    )
+
+    def sampling(adapter: str | None) -> Sampling:
+        options = SamplingOptions(max_new_tokens=4, temperature=0.0, adapter=adapter)
+        return Sampling.of(options, HOUSE_SAMPLING, 100)
+
+    base, a, b = sampling(None), sampling("a"), sampling("b")
     assert len({base, a, b}) == 3
-    assert a == Sampling.of(SamplingOptions(**greedy, adapter="a"), HOUSE_SAMPLING, 100)
+    assert a == sampling("a")
     assert a.search()[ADAPTER] == "a" and ADAPTER not in base.search()
