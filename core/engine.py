@@ -518,7 +518,7 @@ class LocalAdapters:
         self._folder = folder
         self._og: Any = None  # og.Adapters, made with the first load
         self._loaded: set[str] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def load(self, name: str) -> bool:
         """Load adapter `name` (True), unless it is loaded (False).
@@ -557,9 +557,11 @@ class LocalAdapters:
             return sorted(self._loaded)
 
     def activate(self, generator: Any, name: str) -> None:
-        """Make `generator` decode with adapter `name` (loaded first where it is not)."""
-        self.load(name)
-        generator.set_active_adapter(self._og, name)
+        """Make `generator` decode with adapter `name` (loaded first where it is not; an
+        unload waits: og would not find it)."""
+        with self._lock:
+            self.load(name)
+            generator.set_active_adapter(self._og, name)
 
 
 class LocalModel:
