@@ -49,9 +49,8 @@ from ortserve.core.generation import (
 )
 from ortserve.core.manifest import (
     ADAPTER_NAME,
-    ADAPTER_SUFFIX,
-    ADAPTERS_SUBDIR,
     Manifest,
+    adapter_file,
     manifest_digest,
     verify_folder,
 )
@@ -529,7 +528,7 @@ class LocalAdapters:
         with self._lock:
             if name in self._loaded:
                 return False
-            path = self._folder / ADAPTERS_SUBDIR / f"{name}{ADAPTER_SUFFIX}"
+            path = self._folder / adapter_file(name)
             if not re.match(ADAPTER_NAME, name) or not path.is_file():
                 raise RuntimeError(f"no adapter {name!r} in the model folder")
             if self._og is None:

@@ -106,6 +106,11 @@ ADAPTERS_SUBDIR = "adapters"
 ADAPTER_SUFFIX = ".onnx_adapter"
 
 
+def adapter_file(name: str) -> str:
+    """Adapter `name`'s file, relative to the model folder."""
+    return f"{ADAPTERS_SUBDIR}/{name}{ADAPTER_SUFFIX}"
+
+
 class Adapter(BaseModel):
     """A LoRA adapter baked beside the model (`ortserve bake --adapter NAME=PATH`).
 
@@ -129,7 +134,7 @@ class Adapter(BaseModel):
     @property
     def file(self) -> str:
         """Its file, relative to the model folder."""
-        return f"{ADAPTERS_SUBDIR}/{self.name}{ADAPTER_SUFFIX}"
+        return adapter_file(self.name)
 
 
 class Manifest(BaseModel):

@@ -107,14 +107,11 @@ class PromptCache:
             "held": len(self._entries),
         }
 
-    def evict(self, matches: Callable[[object], bool]) -> int:
+    def evict(self, matches: Callable[[object], bool]) -> None:
         """Drop the kept generators whose key `matches` (e.g. those of one LoRA adapter,
-        before it is unloaded); how many went."""
+        before it is unloaded)."""
         with self._lock:
-            kept = [entry for entry in self._entries if not matches(entry.key)]
-            gone = len(self._entries) - len(kept)
-            self._entries = kept
-            return gone
+            self._entries = [entry for entry in self._entries if not matches(entry.key)]
 
     def clear(self) -> None:
         """Drop every kept generator (their KV caches are freed)."""

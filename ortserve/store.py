@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ortserve.core.errors import InvalidRequestError, ModelNotFoundError
-from ortserve.core.manifest import MANIFEST_NAME, Manifest, read_manifest
+from ortserve.core.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_file
 from ortserve.core.names import name_key, same_name
 from ortserve.core.settings import EngineSettings, StoreSettings
 
@@ -167,11 +167,8 @@ def _adapters_spec(adapters: list[str]) -> dict[str, str]:
     for text in adapters:
         name, _, path = text.partition("=")
         folder = Path(path).expanduser()
-        digest = hashlib.sha256()
-        for file in ("adapter_config.json", "adapter_model.safetensors"):
-            if (folder / file).is_file():
-                digest.update((folder / file).read_bytes())
-        spec[name] = digest.hexdigest()
+        files = [folder / f for f in ("adapter_config.json", "adapter_model.safetensors")]
+        spec[name] = _digest([sha256_file(f) for f in files if f.is_file()])
     return spec
 
 
