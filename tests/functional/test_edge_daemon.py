@@ -84,12 +84,12 @@ class Daemon:
                 return
             self.messages.append((time.monotonic(), data.decode()))
 
-    def wait_for(self, prefix: str, timeout: float = 60) -> str:
-        """The first notify message that starts with `prefix`."""
+    def wait_for(self, prefix: str, timeout: float = 60, after: float = 0.0) -> str:
+        """The first notify message that starts with `prefix` (and came after `after`)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for _, message in list(self.messages):
-                if message.startswith(prefix):
+            for t, message in list(self.messages):
+                if t > after and message.startswith(prefix):
                     return message
             time.sleep(0.005)
         raise AssertionError(f"no {prefix!r} in {self.messages}; stderr: {self.stderr()}")
