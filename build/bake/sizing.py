@@ -30,7 +30,7 @@ VmHWM, 2026-12-02, onnxruntime-genai 0.18, the 135M shape: 109 MiB of int4 files
   a runaway allocation fails in the engine before the cgroup's OOM killer could pick the
   daemon.
 
-`tests/functional/test_long_prompts.py` holds the declared concurrency of max-length
+`tests/functional/test_long_prompt_memory.py` holds the declared concurrency of max-length
 prompts on the 135M shape under the declared limit (peak RSS).
 """
 

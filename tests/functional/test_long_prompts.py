@@ -1,7 +1,8 @@
 """Long prompts (issue 23) on the real edge daemon: a prompt of thousands of tokens goes
 into the model in parts (ORTSERVE_PREFILL_CHUNK_TOKENS), so the process keeps answering
 during its prefill, stops it at the drain's deadline, and holds one part's logits rather
-than the whole prompt's; a prompt-cache slot holds what /readyz says.
+than the whole prompt's. The slots (test_long_prompt_slots.py) and the declared memory
+(test_long_prompt_memory.py) are in files of their own, which xdist runs side by side.
 
 These assert what a user sees (answers during the prefill, an exit within the drain,
 memory within the stated bounds), never a speed: the speed figures come from
@@ -183,95 +184,6 @@ def test_a_long_prompt_holds_its_kv_cache_and_one_part(start: Any) -> None:  # n
     assert peak - idle <= kv_mib + 150, (idle, peak, kv_mib)
 
 
-@pytest.mark.slow
-def test_a_prompt_cache_slot_holds_what_readyz_states(start: Any) -> None:  # noqa: F811
-    """Slots keep KV caches only, of at most `tokens_per_slot` tokens: after a kept
-    3,500-token prompt and an unkept 5,000-token one (both `max_tokens` 1, so nothing
-    replaced their prefill's logits), the process holds one more slot than before, and
-    the memory the longer one used is given back."""
-    daemon = start(_shape(), PROMPT_CACHE_SLOTS="2", MAX_NEW_TOKENS="16")
-    daemon.wait_for("READY=1")
-    pid = daemon.proc.pid
-    cache = daemon.http.get("/readyz").json()["prompt_cache"]
-    assert cache["held"] == 1  # the warm-up's
-    before = _status_mib(pid, "VmRSS")
-    for tokens in (3500, 5000):
-        body = {"prompt": _prompt(tokens), "max_tokens": 1, "temperature": 0}
-        reply = daemon.http.post("/v1/completions", json=body, timeout=600)
-        assert reply.status_code == 200, reply.text
-    after = _status_mib(pid, "VmRSS")
-    cache = daemon.http.get("/readyz").json()["prompt_cache"]
-    assert cache["held"] == 2
-    assert cache["tokens_per_slot"] == 4096
-    assert after - before <= cache["mib_per_slot"] + 64, (before, after, cache)
-
-
-@pytest.mark.slow
-def test_the_declared_concurrency_of_longest_prompts_fits_the_declared_memory(
-    start: Any,  # noqa: F811
-) -> None:
-    """The Cloud Run sizing of the 135M shape (`bake.sizing`): its concurrency of prompts
-    of the longest length it allows, each with room for the most new tokens, all
-    prefilling at once, keep the process's peak RSS (VmHWM, load included) under the
-    memory the bake declares."""
-    from ortserve.bake.package_cloudrun import sizing
-    from ortserve.bake.sizing import MAX_NEW_TOKENS
-
-    shape = _shape()
-    size = sizing(shape)
-    assert (size.max_prompt_tokens, size.max_new_tokens) == (4096 - MAX_NEW_TOKENS, MAX_NEW_TOKENS)
-    daemon = start(
-        shape,
-        THREADS=str(size.cpu),
-        MAX_BATCH=str(size.concurrency),
-        MAX_PROMPT_TOKENS=str(size.max_prompt_tokens),
-        MAX_NEW_TOKENS=str(size.max_new_tokens),
-    )
-    daemon.wait_for("READY=1")
-    peak = _peak_of_longest_prompts(daemon, size.concurrency, size.max_prompt_tokens)
-    assert peak <= size.memory_mib, (peak, size)
-
-
-def _peak_of_longest_prompts(daemon: Any, count: int, prompt_tokens: int) -> float:
-    """The daemon's peak RSS (VmHWM, MiB) once `count` streamed requests, each with the
-    longest prompt allowed (`prompt_tokens`; different for each: no shared cache) and
-    room for the most new tokens, all have their first token (their KV room and prefill
-    are done). Batchable (no seed, no min_tokens), as most requests are."""
-    from ortserve.bake.sizing import MAX_NEW_TOKENS
-
-    first_tokens = threading.Barrier(count + 1, timeout=900)
-    counts: list[int] = []
-
-    def ask(index: int) -> None:
-        body = {
-            "prompt": f"{index} " + _prompt(prompt_tokens - 8),
-            "max_tokens": MAX_NEW_TOKENS,
-            "stream": True,
-        }
-        try:
-            with (
-                httpx.Client(base_url=daemon.url, timeout=900) as client,
-                client.stream("POST", "/v1/completions", json=body) as reply,
-            ):
-                assert reply.status_code == 200, reply.read()
-                next(reply.iter_lines())  # the first token
-                counts.append(index)
-                first_tokens.wait()
-        except BaseException:
-            first_tokens.abort()
-            raise
-
-    askers = [threading.Thread(target=ask, args=(i,)) for i in range(count)]
-    for asker in askers:
-        asker.start()
-    first_tokens.wait()
-    peak = _status_mib(daemon.proc.pid, "VmHWM")
-    for asker in askers:
-        asker.join(60)
-    assert len(counts) == count
-    return peak
-
-
 def test_prompts_that_do_not_fit_one_part_together_run_alone(tiny_model_dir: Path) -> None:
     """og 0.18 appends a batch's prompts once: a batch's rows x longest prompt must fit one
     pass (4 parts), so two prompts of more than 32 tokens batch at parts of 256 and run
@@ -319,85 +231,3 @@ def test_a_beam_search_beyond_one_part_is_refused(tiny_model_dir: Path) -> None:
         GenerationRequest(prompt="Hello world", options=SamplingOptions(8, num_beams=4))
     )
     assert done.completion_tokens > 0
-
-
-@pytest.mark.slow
-def test_a_client_that_leaves_during_a_prefill_frees_its_slot(start: Any) -> None:  # noqa: F811
-    """A client that closes its connection in the middle of a long prefill, streamed or
-    buffered, frees its slot at the next part, not when the prefill ends (#35 item 7):
-    the slot is free again in well under the time the whole prefill takes, measured in
-    the same run."""
-    daemon = start(_shape(), MAX_NEW_TOKENS="8", PROMPT_CACHE_SLOTS="0", MAX_BATCH="1")
-    daemon.wait_for("READY=1")
-
-    def active() -> int:
-        return int(daemon.http.get("/healthz").json()["active"])
-
-    def leave_after(seconds: float, path: str, body: dict[str, Any]) -> float:
-        """Send `body`, close the connection `seconds` after the slot is taken; the
-        seconds from the close until the slot is free."""
-
-        def send() -> None:
-            try:
-                with httpx.Client(base_url=daemon.url, timeout=seconds) as client:
-                    if body.get("stream"):
-                        with client.stream("POST", path, json=body) as reply:
-                            reply.read()
-                    else:
-                        client.post(path, json=body)
-            except httpx.TimeoutException:
-                pass  # the client's own timeout closes its connection
-
-        deadline = time.monotonic() + 30
-        asker = threading.Thread(target=send)
-        asker.start()
-        while active() < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        asker.join(120)
-        closed = time.monotonic()
-        while active() > 0 and time.monotonic() < closed + 300:
-            time.sleep(0.02)
-        return time.monotonic() - closed
-
-    streamed = {"prompt": _prompt(6000), "max_tokens": 8, "stream": True}
-    freed_streamed = leave_after(1.0, "/v1/completions", streamed)
-    buffered = {"prompt": _prompt(6000) + " again", "max_new_tokens": 8}
-    freed_buffered = leave_after(1.0, "/generate", buffered)
-    started = time.monotonic()
-    whole = daemon.http.post(
-        "/generate", json={"prompt": _prompt(6000) + " once more", "max_new_tokens": 1}, timeout=600
-    )
-    prefill_s = time.monotonic() - started
-    assert whole.status_code == 200, whole.text
-    assert freed_streamed < prefill_s / 3, (freed_streamed, prefill_s)
-    assert freed_buffered < prefill_s / 3, (freed_buffered, prefill_s)
-    log = "".join(daemon.stdout)  # the access lines
-    assert log.count("client_closed_request") >= 2, log
-
-
-@pytest.mark.slow
-def test_the_edge_bundles_shipped_settings_hold_its_memory_max(start: Any) -> None:  # noqa: F811
-    """#35 item 8: the edge bundle's settings as shipped (its ortserve.env with the bake's
-    caps, everything else default) on the 135M shape (an 8,192 context): prompts past the
-    room the unit's MemoryMax counts are refused, and its sequences of the longest
-    allowed prompts, all at once, peak (VmHWM) under MemoryMax."""
-    from ortserve.bake.package_edge import unit_memory_max, with_caps
-    from ortserve.bake.packaging_common import package_dir
-    from ortserve.bake.sizing import model_memory
-
-    shape = _shape()
-    terms = model_memory(shape, reloads=True)
-    limit_mib = int(unit_memory_max(terms).removesuffix("M"))
-    settings = (package_dir("ortserve.edge") / "ortserve.env").read_text(encoding="utf-8")
-    shipped = dict(
-        line.removeprefix("ORTSERVE_").split("=", 1)
-        for line in with_caps(settings, terms).splitlines()
-        if line.startswith("ORTSERVE_")
-    )
-    assert set(shipped) == {"MAX_PROMPT_TOKENS", "MAX_NEW_TOKENS"}
-    daemon = start(shape, **shipped)
-    daemon.wait_for("READY=1")
-    too_long = daemon.http.post("/v1/completions", json={"prompt": _prompt(8100)}, timeout=60)
-    assert too_long.status_code == 400, too_long.text
-    peak = _peak_of_longest_prompts(daemon, terms.sequences, int(shipped["MAX_PROMPT_TOKENS"]))
-    assert peak <= limit_mib, (peak, limit_mib, terms)
