@@ -7,7 +7,8 @@ Exceptions, by nature, each a 400 that names its reason: a `guided_regex` or
 `guided_grammar` string, a `response_format` or tool `parameters` schema can be
 schema-valid and still not a valid regular expression, grammar or JSON schema for the
 guidance, or one this model's tokens cannot follow; and a prompt can be too long for the
-model's context (no JSON Schema counts tokens); a `previous_response_id` can name a
+model's context, or a beam search's `num_beams` x prompt tokens too many for one pass
+(no JSON Schema counts tokens); a `previous_response_id` can name a
 response this process does not keep (no JSON Schema knows them). And a body over the
 server's size limit is a 413 whatever its content (no JSON Schema counts bytes): 65
 generated tools, one more than `tools` allows, easily pass 64 KiB.
@@ -41,6 +42,7 @@ _GUIDES = ("guided_regex", "guided_grammar")
 # The 400s a schema cannot rule out (see the module's docstring).
 _SEMANTIC = re.compile(
     r"invalid guidance|the guidance cannot be followed|the prompt has \d+ tokens"
+    r"|a beam search prefills num_beams x prompt tokens"
     r"|is not one of the tools|previous_response_id .* is not kept here"
 )
 
