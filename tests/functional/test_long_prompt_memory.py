@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import models
+from tests.functional.long_prompt_kit import long_prompt, status_mib
 from tests.functional.test_edge_daemon import start  # noqa: F401 (the daemon fixture)
-from tests.functional.test_long_prompts import _prompt, _shape, _status_mib
 
 
 @pytest.mark.slow
@@ -27,7 +28,7 @@ def test_the_declared_concurrency_of_longest_prompts_fits_the_declared_memory(
     from ortserve.bake.package_cloudrun import sizing
     from ortserve.bake.sizing import MAX_NEW_TOKENS
 
-    shape = _shape()
+    shape = models.shape_135m()
     size = sizing(shape)
     assert (size.max_prompt_tokens, size.max_new_tokens) == (4096 - MAX_NEW_TOKENS, MAX_NEW_TOKENS)
     daemon = start(
@@ -54,7 +55,7 @@ def _peak_of_longest_prompts(daemon: Any, count: int, prompt_tokens: int) -> flo
 
     def ask(index: int) -> None:
         body = {
-            "prompt": f"{index} " + _prompt(prompt_tokens - 8),
+            "prompt": f"{index} " + long_prompt(prompt_tokens - 8),
             "max_tokens": MAX_NEW_TOKENS,
             "stream": True,
         }
@@ -75,7 +76,7 @@ def _peak_of_longest_prompts(daemon: Any, count: int, prompt_tokens: int) -> flo
     for asker in askers:
         asker.start()
     first_tokens.wait()
-    peak = _status_mib(daemon.proc.pid, "VmHWM")
+    peak = status_mib(daemon.proc.pid, "VmHWM")
     for asker in askers:
         asker.join(60)
     assert len(counts) == count
@@ -92,7 +93,7 @@ def test_the_edge_bundles_shipped_settings_hold_its_memory_max(start: Any) -> No
     from ortserve.bake.packaging_common import package_dir
     from ortserve.bake.sizing import model_memory
 
-    shape = _shape()
+    shape = models.shape_135m()
     terms = model_memory(shape, reloads=True)
     limit_mib = int(unit_memory_max(terms).removesuffix("M"))
     settings = (package_dir("ortserve.edge") / "ortserve.env").read_text(encoding="utf-8")
@@ -104,7 +105,7 @@ def test_the_edge_bundles_shipped_settings_hold_its_memory_max(start: Any) -> No
     assert set(shipped) == {"MAX_PROMPT_TOKENS", "MAX_NEW_TOKENS"}
     daemon = start(shape, **shipped)
     daemon.wait_for("READY=1")
-    too_long = daemon.http.post("/v1/completions", json={"prompt": _prompt(8100)}, timeout=60)
+    too_long = daemon.http.post("/v1/completions", json={"prompt": long_prompt(8100)}, timeout=60)
     assert too_long.status_code == 400, too_long.text
     peak = _peak_of_longest_prompts(daemon, terms.sequences, int(shipped["MAX_PROMPT_TOKENS"]))
     assert peak <= limit_mib, (peak, limit_mib, terms)

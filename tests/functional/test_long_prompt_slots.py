@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import models
+from tests.functional.long_prompt_kit import long_prompt, status_mib
 from tests.functional.test_edge_daemon import start  # noqa: F401 (the daemon fixture)
-from tests.functional.test_long_prompts import _prompt, _shape, _status_mib
 
 
 @pytest.mark.slow
@@ -23,17 +24,17 @@ def test_a_prompt_cache_slot_holds_what_readyz_states(start: Any) -> None:  # no
     3,500-token prompt and an unkept 5,000-token one (both `max_tokens` 1, so nothing
     replaced their prefill's logits), the process holds one more slot than before, and
     the memory the longer one used is given back."""
-    daemon = start(_shape(), PROMPT_CACHE_SLOTS="2", MAX_NEW_TOKENS="16")
+    daemon = start(models.shape_135m(), PROMPT_CACHE_SLOTS="2", MAX_NEW_TOKENS="16")
     daemon.wait_for("READY=1")
     pid = daemon.proc.pid
     cache = daemon.http.get("/readyz").json()["prompt_cache"]
     assert cache["held"] == 1  # the warm-up's
-    before = _status_mib(pid, "VmRSS")
+    before = status_mib(pid, "VmRSS")
     for tokens in (3500, 5000):
-        body = {"prompt": _prompt(tokens), "max_tokens": 1, "temperature": 0}
+        body = {"prompt": long_prompt(tokens), "max_tokens": 1, "temperature": 0}
         reply = daemon.http.post("/v1/completions", json=body, timeout=600)
         assert reply.status_code == 200, reply.text
-    after = _status_mib(pid, "VmRSS")
+    after = status_mib(pid, "VmRSS")
     cache = daemon.http.get("/readyz").json()["prompt_cache"]
     assert cache["held"] == 2
     assert cache["tokens_per_slot"] == 4096
@@ -46,7 +47,7 @@ def test_a_client_that_leaves_during_a_prefill_frees_its_slot(start: Any) -> Non
     buffered, frees its slot at the next part, not when the prefill ends (#35 item 7):
     the slot is free again in well under the time the whole prefill takes, measured in
     the same run."""
-    daemon = start(_shape(), MAX_NEW_TOKENS="8", PROMPT_CACHE_SLOTS="0", MAX_BATCH="1")
+    daemon = start(models.shape_135m(), MAX_NEW_TOKENS="8", PROMPT_CACHE_SLOTS="0", MAX_BATCH="1")
     daemon.wait_for("READY=1")
 
     def active() -> int:
@@ -78,13 +79,15 @@ def test_a_client_that_leaves_during_a_prefill_frees_its_slot(start: Any) -> Non
             time.sleep(0.02)
         return time.monotonic() - closed
 
-    streamed = {"prompt": _prompt(6000), "max_tokens": 8, "stream": True}
+    streamed = {"prompt": long_prompt(6000), "max_tokens": 8, "stream": True}
     freed_streamed = leave_after(1.0, "/v1/completions", streamed)
-    buffered = {"prompt": _prompt(6000) + " again", "max_new_tokens": 8}
+    buffered = {"prompt": long_prompt(6000) + " again", "max_new_tokens": 8}
     freed_buffered = leave_after(1.0, "/generate", buffered)
     started = time.monotonic()
     whole = daemon.http.post(
-        "/generate", json={"prompt": _prompt(6000) + " once more", "max_new_tokens": 1}, timeout=600
+        "/generate",
+        json={"prompt": long_prompt(6000) + " once more", "max_new_tokens": 1},
+        timeout=600,
     )
     prefill_s = time.monotonic() - started
     assert whole.status_code == 200, whole.text

@@ -24,33 +24,14 @@ from ortserve.core.generation import GenerationRequest, SamplingOptions
 from ortserve.core.service import Service
 from ortserve.core.settings import EngineSettings
 from tests import models
+from tests.functional.long_prompt_kit import (
+    KV_BYTES_PER_TOKEN,
+    MIB,
+    long_prompt,
+    reset_peak,
+    status_mib,
+)
 from tests.functional.test_edge_daemon import start  # noqa: F401 (the daemon fixture)
-
-MIB = 1 << 20
-# The 135M shape (SmolLM2: 30 layers, 3 KV heads of 64): fp32 keys and values a token.
-KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4
-
-
-def _shape() -> Path:
-    return models.shape_135m()
-
-
-def _prompt(tokens: int) -> str:
-    """About `tokens` tokens of text (" edge" is four tokens in this shape's vocabulary)."""
-    return " ".join(["edge"] * (tokens // 4))
-
-
-def _status_mib(pid: int, key: str) -> float:
-    """A size from /proc/PID/status (VmRSS, VmHWM), in MiB."""
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        line = next(line for line in status if line.startswith(f"{key}:"))
-    return int(line.split()[1]) / 1024
-
-
-def _reset_peak(pid: int) -> None:
-    """Start VmHWM afresh from the current RSS (Linux 4.0+: clear_refs 5)."""
-    with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as refs:
-        refs.write("5")
 
 
 def test_a_prompt_in_parts_decodes_as_a_prompt_at_once(tiny_model_dir: Path) -> None:
@@ -77,7 +58,7 @@ def test_a_prompt_in_parts_decodes_as_a_prompt_at_once(tiny_model_dir: Path) -> 
 def test_health_and_a_short_request_answer_during_a_long_prefill(start: Any) -> None:  # noqa: F811
     """A 4,000-token prompt no longer freezes the process: /healthz answers all along,
     and a short request that comes during the prefill is answered before it ends."""
-    daemon = start(_shape(), MAX_NEW_TOKENS="16", PROMPT_CACHE_SLOTS="0")
+    daemon = start(models.shape_135m(), MAX_NEW_TOKENS="16", PROMPT_CACHE_SLOTS="0")
     daemon.wait_for("READY=1")
     ended: dict[str, float] = {}
 
@@ -88,7 +69,7 @@ def test_health_and_a_short_request_answer_during_a_long_prefill(start: Any) -> 
         ended[name] = time.monotonic()
 
     started = time.monotonic()
-    long = threading.Thread(target=ask, args=("long", _prompt(4000), 1))
+    long = threading.Thread(target=ask, args=("long", long_prompt(4000), 1))
     long.start()
     latencies = []
     short = None
@@ -118,7 +99,7 @@ def test_sigterm_during_long_prefills_exits_within_the_drain(start: Any) -> None
     `shutting_down` and the process exits within the drain, the stop grace (2 s) and a
     part: not when the prefills end (they would take tens of seconds here)."""
     daemon = start(
-        _shape(),
+        models.shape_135m(),
         MAX_NEW_TOKENS="64",
         MAX_CONCURRENCY="2",
         MAX_BATCH="1",
@@ -132,9 +113,9 @@ def test_sigterm_during_long_prefills_exits_within_the_drain(start: Any) -> None
         with httpx.Client(base_url=daemon.url, timeout=120) as client:
             replies[name] = client.post(path, json=body)
 
-    buffered_body = {"prompt": _prompt(7000), "max_new_tokens": 64}
+    buffered_body = {"prompt": long_prompt(7000), "max_new_tokens": 64}
     stream_body = {
-        "prompt": _prompt(7000) + " more",
+        "prompt": long_prompt(7000) + " more",
         "max_tokens": 64,
         "stream": True,
         "min_tokens": 64,
@@ -168,19 +149,19 @@ def test_sigterm_during_long_prefills_exits_within_the_drain(start: Any) -> None
 def test_a_long_prompt_holds_its_kv_cache_and_one_part(start: Any) -> None:  # noqa: F811
     """Peak RSS of one 4,000-token request: at most idle + its KV cache + 150 MiB (at
     once, its logits alone were 4,000 x 49,152 x 4 B = 750 MiB)."""
-    daemon = start(_shape(), PROMPT_CACHE_SLOTS="0")
+    daemon = start(models.shape_135m(), PROMPT_CACHE_SLOTS="0")
     daemon.wait_for("READY=1")
     pid = daemon.proc.pid
-    idle = _status_mib(pid, "VmRSS")
-    _reset_peak(pid)
+    idle = status_mib(pid, "VmRSS")
+    reset_peak(pid)
     reply = daemon.http.post(
-        "/generate", json={"prompt": _prompt(4000), "max_new_tokens": 4}, timeout=600
+        "/generate", json={"prompt": long_prompt(4000), "max_new_tokens": 4}, timeout=600
     )
     assert reply.status_code == 200, reply.text
     prompt = reply.json()["prompt_tokens"]
     assert prompt > 3900
     kv_mib = (prompt + 4) * KV_BYTES_PER_TOKEN / MIB
-    peak = _status_mib(pid, "VmHWM")
+    peak = status_mib(pid, "VmHWM")
     assert peak - idle <= kv_mib + 150, (idle, peak, kv_mib)
 
 
