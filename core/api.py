@@ -53,6 +53,7 @@ from ortserve.core.records import RequestRecord
 from ortserve.core.routes import METRICS_ROUTE, PUBLIC_ROUTES, TABLE, find, ollama_shaped
 from ortserve.core.settings import ServerSettings
 from ortserve.core.state import ModelState
+from ortserve.core.tenants import tenant_of
 
 if TYPE_CHECKING:  # annotations only: adapters import this module without onnxruntime-genai
     from ortserve.core.service import Choices, Service
@@ -75,6 +76,9 @@ class Context:
     ending: str = ""  # set where the answer ended otherwise (an error)
     filtered: str = ""  # the content filter's rule that refused the request
     reason: str = ""  # why the answer is an error (its code and public message)
+    tenant: str = ""  # whose request it is (core.tenants): "" when no keys are set
+    keyed: bool = False  # it carried a valid API key (or admin key)
+    admin: bool = False  # it carried an admin key (ORTSERVE_ADMIN_KEYS)
 
 
 #: What answers a route (core.routes' `Route.answer`): a function of the API, the request
@@ -110,6 +114,7 @@ class Api:
         self.in_flight = 0
         self._lock = threading.Lock()
         self._keys = [k.encode() for k in settings.api_keys]
+        self._admin_keys = [k.encode() for k in settings.admin_keys]
         self._routes: dict[str, dict[str, Answer]] = {}
         for route in TABLE:
             self._routes.setdefault(route.path, {})[route.method] = route.answer
@@ -241,7 +246,12 @@ class Api:
         # The key is checked before the route: without one, an unknown route or a wrong
         # method answers as a real route does (401), so routes cannot be discovered. A CORS
         # preflight carries no key by design: without one, every path answers it alike.
-        if not public and not self._authorized(request):
+        supplied = _supplied_key(request)
+        admin = _matches(supplied, self._admin_keys)
+        keyed = admin or _matches(supplied, self._keys)
+        ctx.keyed, ctx.admin = keyed, admin
+        ctx.tenant = tenant_of(supplied) if keyed else ""
+        if not public and not (keyed or not (self._keys or self._admin_keys)):
             if request.method == "OPTIONS":
                 return Response(204, [("allow", "GET, HEAD, OPTIONS, POST")])
             raise AuthenticationError(
@@ -274,18 +284,6 @@ class Api:
             return response
         return methods[request.method](self, request, ctx)
 
-    def _authorized(self, request: Request) -> bool:
-        """Whether the request has a valid API key (always, when no keys are set)."""
-        if not self._keys:
-            return True
-        auth = request.headers.get("authorization", "")
-        supplied = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        supplied = supplied or request.headers.get("x-api-key", "").strip()
-        # Compare with every key, in constant time, whatever matches first.
-        given = supplied.encode()
-        matches = [hmac.compare_digest(given, key) for key in self._keys]
-        return bool(supplied) and any(matches)
-
     def _service(self, request: Request) -> Service:
         """The model's service for a new generation (none while draining)."""
         if self.draining:
@@ -303,7 +301,9 @@ class Api:
         instant = body.instant_answer(served)
         if instant is not None:
             return json_response(200, instant)
-        generation = body.to_generation(served)
+        generation = replace(
+            body.to_generation(served), tenant=ctx.tenant, cache_salt=body.cache_salt
+        )
         reply = body.reply(ctx.request_id, served)
         ctx.reply = reply
         if body.choices > 1:
@@ -441,6 +441,21 @@ class Api:
         assert self._scrape is not None  # the route exists only with a scrape
         content_type, body = self._scrape()
         return Response(200, [("content-type", content_type)], body)
+
+
+def _supplied_key(request: Request) -> str:
+    """The API key a request carries (`Authorization: Bearer` or `x-api-key`), or ""."""
+    auth = request.headers.get("authorization", "")
+    supplied = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    return supplied or request.headers.get("x-api-key", "").strip()
+
+
+def _matches(supplied: str, keys: list[bytes]) -> bool:
+    """Whether `supplied` is one of `keys`: compared with every key, in constant time,
+    whatever matches first."""
+    given = supplied.encode()
+    matches = [hmac.compare_digest(given, key) for key in keys]
+    return bool(supplied) and any(matches)
 
 
 def _no_route(path: str) -> str:

@@ -56,6 +56,7 @@ class Sequence:
         paused_at: When the request last handed a token to its reader and is waiting for
             it to ask for the next (None while it computes).
         queued_behind: It arrived while a batch ran (so requests come concurrently).
+        tenant: Whose request it is (core.tenants): its fault record is its tenant's.
     """
 
     input_ids: list[int]
@@ -66,6 +67,7 @@ class Sequence:
     done: threading.Event = field(default_factory=threading.Event)
     paused_at: float | None = field(default_factory=time.monotonic)
     queued_behind: bool = False
+    tenant: str = ""
 
     def pause(self, paused: bool) -> None:
         """Say whether the request is waiting for its reader (or prefilling in parts):

@@ -166,10 +166,13 @@ def _logprob(logits: np.ndarray[Any, Any], token: int, top: int) -> TokenLogprob
     return TokenLogprob(token, float(logprobs[token]), best)
 
 
-def _tag(input_ids: list[int], guidance: Guidance | None = None) -> str:
-    """A short id of what one request gives og (its prompt and guidance), the same alone
-    or in a batch: the engine process counts the crashes each one was in."""
-    digest = hashlib.sha256(np.asarray(input_ids, dtype=np.int64).tobytes())
+def _tag(input_ids: list[int], guidance: Guidance | None = None, tenant: str = "") -> str:
+    """A short id of what one tenant's request gives og (its prompt and guidance), the
+    same alone or in a batch: the engine process counts the crashes each one was in, so a
+    request refused after faults is refused to its own tenant only (another tenant
+    sending the same prompt cannot get it refused for everyone)."""
+    digest = hashlib.sha256(f"{tenant}\0".encode())
+    digest.update(np.asarray(input_ids, dtype=np.int64).tobytes())
     if guidance is not None:
         digest.update(f"{guidance.kind}\0{guidance.data}".encode())
     return digest.hexdigest()[:16]
@@ -831,14 +834,16 @@ class Engine:
 
     # -- decoding -----------------------------------------------------------------------
 
-    def check_admissible(self, input_ids: list[int], guidance: Guidance | None) -> None:
-        """Refuse a request that was in the engine process at repeated faults (it would
-        take every request in flight down again).
+    def check_admissible(
+        self, input_ids: list[int], guidance: Guidance | None, tenant: str = ""
+    ) -> None:
+        """Refuse a request of `tenant` that was in the engine process at repeated faults
+        (it would take every request in flight down again).
 
         Raises:
             InvalidRequestError: It is refused.
         """
-        if self._model.refused(_tag(input_ids, guidance)):
+        if self._model.refused(_tag(input_ids, guidance, tenant)):
             raise InvalidRequestError(
                 "this request was being generated when the engine process failed, twice: "
                 "it is refused rather than tried again (see the server's log)"
@@ -882,10 +887,14 @@ class Engine:
             return None
         return self.speculation
 
-    def cache_key(self, options: SamplingOptions, logprobs: int | None) -> tuple[Sampling, bool]:
+    def cache_key(
+        self, options: SamplingOptions, logprobs: int | None, scope: str = ""
+    ) -> tuple[Sampling, bool, str]:
         """What a kept generator's options must equal for a request to reuse it (the prompt
-        cache): its sampling, and whether it drafts (fixed when og makes it)."""
-        return self.sampling(options), self.speculative(options, logprobs) is not None
+        cache): its sampling, whether it drafts (fixed when og makes it), and whose it is
+        (`scope`, core.tenants.cache_scope: one tenant never reuses, nor learns of,
+        another's prompt)."""
+        return self.sampling(options), self.speculative(options, logprobs) is not None, scope
 
     def sampling(self, options: SamplingOptions) -> Sampling:
         """How `options` pick tokens, as og does it (equal ones may share a batch): the one
@@ -901,6 +910,7 @@ class Engine:
         logprobs: int | None = None,
         paused: Callable[[bool], None] | None = None,
         checkpoint: Callable[[], None] | None = None,
+        tenant: str = "",
     ) -> Decoding:
         """Start decoding one sequence: up to `max_new` new tokens after `input_ids`
         (sampled or greedy, guided or not; `beam_search` and `decode_cached` are the
@@ -933,7 +943,8 @@ class Engine:
         if speculative is not None:
             search[SPECULATIVE] = speculative
         try:
-            generator = self._model.generator(search, guidance, (_tag(input_ids, guidance),))
+            tags = (_tag(input_ids, guidance, tenant),)
+            generator = self._model.generator(search, guidance, tags)
         except RuntimeError as exc:
             if guidance is not None:
                 raise InvalidRequestError(f"invalid guidance: {_first_line(exc)}") from exc
@@ -950,9 +961,18 @@ class Engine:
             )
         )
 
-    def beam_search(self, input_ids: list[int], max_new: int, options: SamplingOptions) -> Decoding:
+    def beam_search(
+        self,
+        input_ids: list[int],
+        max_new: int,
+        options: SamplingOptions,
+        checkpoint: Callable[[], None] | None = None,
+        tenant: str = "",
+    ) -> Decoding:
         """Beam search (og's, CPU; `options.num_beams`): the best beam's tokens, all at
-        the end."""
+        the end. The beams advance one step a call, `checkpoint()` between the steps (it
+        raises to end the search: its client left, its time is up), so a beam search
+        holds the engine no longer than a batch's decode step at a time."""
         prompt_len = len(input_ids)
         search: dict[str, Any] = {
             "max_length": prompt_len + max_new,
@@ -967,7 +987,7 @@ class Engine:
         if options.adapter is not None:
             search[ADAPTER] = options.adapter
         try:
-            generator = self._model.generator(search, None, (_tag(input_ids),))
+            generator = self._model.generator(search, None, (_tag(input_ids, None, tenant),))
         except RuntimeError as exc:
             raise GenerationError(f"cannot start beam search: {_first_line(exc)}") from exc
 
@@ -976,6 +996,11 @@ class Engine:
                 # In one append: og 0.18 crashes (SIGSEGV) on a beam search's second
                 # append_tokens; core.service bounds beams x prompt (one_pass_tokens).
                 generator.append(input_ids)
+                # A step a call (never `finish` in one call: a long search would hold the
+                # engine, and every other request, for minutes, deaf to its client).
+                while generator.step_rows() is not None:
+                    if checkpoint is not None:
+                        checkpoint()
                 sequence = generator.finish(0)[prompt_len:]
             except RuntimeError as exc:
                 raise GenerationError(f"beam search failed: {_first_line(exc)}") from exc
@@ -994,6 +1019,8 @@ class Engine:
         logprobs: int | None = None,
         paused: Callable[[bool], None] | None = None,
         checkpoint: Callable[[], None] | None = None,
+        tenant: str = "",
+        scope: str = "",
     ) -> Decoding:
         """`decode` through the prompt cache, for a greedy, unguided request with no
         minimum length (the search options are fixed per og Generator, and a kept one's
@@ -1002,7 +1029,7 @@ class Engine:
         `PromptCache`). Only with a prompt cache (`prompt_cache` is not None)."""
         cache = self.prompt_cache
         assert cache is not None, "decode_cached needs the prompt cache"
-        key = self.cache_key(options, logprobs)
+        key = self.cache_key(options, logprobs, scope)
         room = len(input_ids) + max_new
         taken = cache.take(input_ids, room, key)
         if taken is not None:
@@ -1020,7 +1047,8 @@ class Engine:
             if speculative is not None:
                 search[SPECULATIVE] = speculative
             try:
-                generator = self._model.generator(search, None, (_tag(input_ids),))
+                tags = (_tag(input_ids, None, tenant),)
+                generator = self._model.generator(search, None, tags)
             except RuntimeError as exc:
                 raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
 
@@ -1135,7 +1163,11 @@ class Engine:
             paused(False)
 
     def batch_steps(
-        self, prompts: list[list[int]], max_new: int, sampling: Sampling
+        self,
+        prompts: list[list[int]],
+        max_new: int,
+        sampling: Sampling,
+        tenants: list[str] | None = None,
     ) -> Generator[list[int], None, None]:
         """Decode `prompts` as one og Generator: each step's new token of every row, until
         `max_new` steps past the longest prompt (or the context) are done. An EOS token
@@ -1156,7 +1188,9 @@ class Engine:
         if self.context_length:
             max_length = min(max_length, self.context_length)
         search = {"batch_size": len(prompts), "max_length": max_length, **sampling.search()}
-        generator = self._model.generator(search, None, tuple(_tag(p) for p in prompts))
+        owners = tenants or [""] * len(prompts)
+        tags = tuple(_tag(p, None, t) for p, t in zip(prompts, owners, strict=True))
+        generator = self._model.generator(search, None, tags)
         # og 0.18 takes a batch's prompts in one append ("AppendTokens can only be called
         # once for batch_size > 1"): the batching rule bounds rows x longest
         # (core.service, one_pass_tokens).

@@ -127,7 +127,9 @@ class GenerationRequest:
     OpenAI's routes), so that an error about it names the field the caller sent;
     `logprobs` asks for each new token's log probability and that many alternatives
     (None: none; 0: the token's own only); `tools` are the JSON schemas of the tools the
-    chat template is told about.
+    chat template is told about. `tenant` is whose request it is and `cache_salt` its own
+    prompt-cache scope (core.tenants): the prompt cache and the fault records are kept
+    per tenant.
     """
 
     prompt: str | None = None
@@ -139,6 +141,8 @@ class GenerationRequest:
     limit_field: str = "max_new_tokens"
     logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
+    tenant: str = ""
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):

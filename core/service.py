@@ -44,6 +44,7 @@ from ortserve.core.generation import (
 )
 from ortserve.core.settings import DEFAULT_NEW_TOKENS, EngineSettings
 from ortserve.core.stops import StopMatcher
+from ortserve.core.tenants import cache_scope
 
 if TYPE_CHECKING:  # onnxruntime-genai comes with the first load, not with this module
     from ortserve.core.engine import Engine
@@ -78,10 +79,13 @@ class Choices:
         starts: list[Callable[[], GenerationStream]],
         stop: threading.Event,
         cancelled: threading.Event | None,
+        release: Callable[[], None] | None = None,
     ) -> None:
         """Run `starts`, whose streams end when `stop` is set; the reader sets it when
-        `cancelled` (the client left) is."""
+        `cancelled` (the client left) is. `release()` once they all have ended (the
+        request's slot)."""
         self.completions: list[Completion | None] = [None] * len(starts)
+        self._release = release
         self._stop = stop
         self._cancelled = cancelled
         self._queue: queue.SimpleQueue[ChoiceDelta | tuple[int, BaseException | None]]
@@ -138,6 +142,9 @@ class Choices:
         self._stop.set()
         for thread in self._threads:
             thread.join(30)
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     def collect(self) -> list[Completion]:
         """Run every choice to its end and return their completions, in order."""
@@ -293,6 +300,16 @@ class _Answer:
     def completion(self) -> Completion | None:
         """The result, once the generation has ended (None before)."""
         return self._completion
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A request ready for a slot: screened, its prompt tokenized, its budget set."""
+
+    request: GenerationRequest
+    redactions: int  # spans the content filter's input rules replaced
+    input_ids: list[int]
+    budget: int
 
 
 class Service:
@@ -455,7 +472,24 @@ class Service:
                 "prompt or fewer beams)",
                 "num_beams",
             )
-        return min(wanted, context - prompt_len) if context else wanted
+        new = min(wanted, context - prompt_len) if context else wanted
+        if beams > 1 and beams * (prompt_len + new) > self.beam_positions:
+            # Each beam holds a KV cache of prompt + new tokens: together no more than one
+            # sequence of the whole context (what the sizing formula counts for a slot).
+            raise InvalidRequestError(
+                f"a beam search holds num_beams x (prompt + new tokens) positions: {beams} x "
+                f"({prompt_len} + {new}) is above this server's {self.beam_positions} "
+                f"(fewer beams, or a lower {request.limit_field})",
+                "num_beams",
+            )
+        return new
+
+    @property
+    def beam_positions(self) -> int:
+        """The most token positions (beams x (prompt + new tokens)) a beam search may
+        hold: one sequence of the model's context (`UNKNOWN_CONTEXT_TOKENS` where the
+        model does not say it), so that its KV caches fit a slot's memory."""
+        return self.engine.context_length or UNKNOWN_CONTEXT_TOKENS
 
     @property
     def one_pass_tokens(self) -> int:
@@ -484,8 +518,9 @@ class Service:
         cache = self.engine.prompt_cache
         assert cache is not None
         room = len(input_ids) + budget
+        scope = cache_scope(request.tenant, request.cache_salt)
         held = cache.match(
-            input_ids, room, self.engine.cache_key(request.options, request.logprobs)
+            input_ids, room, self.engine.cache_key(request.options, request.logprobs, scope)
         )
         return held >= _CACHE_HIT_TOKENS
 
@@ -563,17 +598,10 @@ class Service:
             BusyError: No slot within the queue timeout, or the queue is full.
             ClientClosedError: `cancelled` was set before a slot was taken.
         """
-        engine = self.engine
-        redactions = 0
-        if self.content_filter is not None:
-            screened = self.content_filter.screen(request)
-            request, redactions = screened.request, screened.redactions
         self._arrive(1)
         try:
-            input_ids = engine.prompt_ids(request)
-            budget = self.budget(len(input_ids), request)
-            engine.check_admissible(input_ids, request.guidance)
-            engine.check_options(request.options)
+            prepared = self._prepare(request)
+            request, input_ids, budget = prepared.request, prepared.input_ids, prepared.budget
             cache = self._cacheable(request)
             # A prompt the cache holds enough of runs alone, on the kept KV cache.
             batched = self._batchable(request) and not (
@@ -587,11 +615,42 @@ class Service:
         def release() -> None:
             self.admission.release(time.monotonic() - held_from, batched)
 
-        check = self._checker(cancelled, deadline)
+        return self._start(prepared, batched, self._checker(cancelled, deadline), release)
+
+    def _prepare(self, request: GenerationRequest) -> _Prepared:
+        """`request` screened by the content filter's input rules, its prompt's tokens and
+        its token budget, checked: everything before a slot is taken.
+
+        Raises:
+            As `stream`, but for the slot.
+        """
+        engine = self.engine
+        redactions = 0
+        if self.content_filter is not None:
+            screened = self.content_filter.screen(request)
+            request, redactions = screened.request, screened.redactions
+        input_ids = engine.prompt_ids(request)
+        budget = self.budget(len(input_ids), request)
+        engine.check_admissible(input_ids, request.guidance, request.tenant)
+        engine.check_options(request.options)
+        return _Prepared(request, redactions, input_ids, budget)
+
+    def _start(
+        self,
+        prepared: _Prepared,
+        batched: bool,
+        check: Callable[[], None],
+        release: Callable[[], None],
+    ) -> GenerationStream:
+        """Start the generation `prepared` asks for, in a batch or alone, once its slot is
+        taken; `release` frees the slot however the generation ends."""
+        engine = self.engine
+        request, input_ids, budget = prepared.request, prepared.input_ids, prepared.budget
         try:
             if batched:
                 assert self._batcher is not None  # _batchable says so
-                sequence = Sequence(input_ids, budget, key=engine.sampling(request.options))
+                key = engine.sampling(request.options)
+                sequence = Sequence(input_ids, budget, key=key, tenant=request.tenant)
                 self._batcher.submit(sequence)
                 steps = Decoding(self._batched(sequence, request, check), sequence.leave)
             else:
@@ -599,7 +658,7 @@ class Service:
         except BaseException:
             release()
             raise
-        answer = _Answer(len(input_ids), request, self.content_filter, redactions)
+        answer = _Answer(len(input_ids), request, self.content_filter, prepared.redactions)
 
         def close_unstarted() -> None:
             steps.close()  # the og Generator, or the batch place, goes
@@ -619,39 +678,64 @@ class Service:
         cancelled: threading.Event | None = None,
         deadline: float | None = None,
     ) -> Choices:
-        """Start `n` generations of one request (OpenAI's `n`), side by side: each is a
-        request of its own to admission and the batching rule (with a seed, choice i
-        uses seed + i, so choices differ and each is reproducible). The first starts
+        """Start `n` generations of one request (OpenAI's `n`), side by side: with a seed,
+        choice i uses seed + i, so choices differ and each is reproducible.
+
+        The request passes admission once, as one generation: its choices never queue
+        against each other (behind a slot one of them holds), whatever the number of
+        slots. Within it, at most MAX_BATCH choices decode at once (each alone: the
+        memory of one generation's batch), the others as those end. The first starts
         here, so that a bad request or a full server is an error before any byte.
 
         Raises:
-            As `stream`, for the first choice.
+            As `stream`.
         """
-        options = request.options
-        requests = [
-            replace(request, options=replace(options, seed=options.seed + i))
-            if options.seed is not None
-            else request
-            for i in range(n)
-        ]
         stop = threading.Event()  # ends every choice: closed, or the client left
         if cancelled is not None and cancelled.is_set():
             stop.set()
-        self._arrive(n - 1)  # the others are on their way: a batch waits for them
+        prepared = self._prepare(request)
+        self.admission.acquire(False, cancelled)
+        held_from = time.monotonic()
+
+        def release() -> None:
+            self.admission.release(time.monotonic() - held_from, False)
+
+        options = prepared.request.options
+        choices = [
+            replace(
+                prepared, request=replace(prepared.request, options=replace(options, seed=seed))
+            )
+            for seed in (
+                [options.seed + i for i in range(n)] if options.seed is not None else [None] * n
+            )
+        ]
+        check = self._checker(stop, deadline)  # one time limit for the whole request
+        wave = max(1, self.settings.max_batch)
+        at_once = threading.BoundedSemaphore(wave)
+        # Unseeded choices batch (together: the batcher waits for the first wave's).
+        batched = self._batchable(prepared.request)
+        coming = min(n, wave) - 1 if batched else 0
+        self._arrive(coming)
         try:
-            first = self.stream(requests[0], stop, deadline)
+            at_once.acquire()
+            first = self._start(choices[0], batched, check, at_once.release)
         except BaseException:
-            self._arrive(-(n - 1))
+            self._arrive(-coming)
+            release()
             raise
+
+        def start(index: int, choice: _Prepared) -> GenerationStream:
+            try:
+                while not at_once.acquire(timeout=CANCEL_POLL_S):
+                    check()  # the client left, or the time is up, while it waited
+            finally:
+                if index <= coming:
+                    self._arrive(-1)
+            return self._start(choice, batched, check, at_once.release)
+
         starts: list[Callable[[], GenerationStream]] = [lambda: first]
-        for other in requests[1:]:
-
-            def start(other: GenerationRequest = other) -> GenerationStream:
-                self._arrive(-1)
-                return self.stream(other, stop, deadline)
-
-            starts.append(start)
-        return Choices(starts, stop, cancelled)
+        starts += [functools.partial(start, i, c) for i, c in enumerate(choices) if i]
+        return Choices(starts, stop, cancelled, release)
 
     def _arrive(self, delta: int) -> None:
         with self._arriving_lock:
@@ -669,12 +753,16 @@ class Service:
         prompt cache (`_cacheable`), or a plain decode (sampled or guided too); `check`
         runs between the parts of its prefill."""
         engine, options, logprobs = self.engine, request.options, request.logprobs
+        tenant = request.tenant
         if options.num_beams > 1:
-            return engine.beam_search(input_ids, max_new, options)
+            return engine.beam_search(input_ids, max_new, options, check, tenant)
         if self._cacheable(request):
-            return engine.decode_cached(input_ids, max_new, options, logprobs, paused, check)
+            scope = cache_scope(tenant, request.cache_salt)
+            return engine.decode_cached(
+                input_ids, max_new, options, logprobs, paused, check, tenant, scope
+            )
         guidance = request.guidance
-        return engine.decode(input_ids, max_new, options, guidance, logprobs, paused, check)
+        return engine.decode(input_ids, max_new, options, guidance, logprobs, paused, check, tenant)
 
     def _batched(
         self, sequence: Sequence, request: GenerationRequest, check: Callable[[], None]
@@ -785,7 +873,10 @@ def run_batch(engine: Engine, batch: list[Sequence]) -> None:
     counts = [0] * len(batch)
     active = set(range(len(batch)))
     steps = engine.batch_steps(
-        [s.input_ids for s in batch], max(s.max_new for s in batch), sampling
+        [s.input_ids for s in batch],
+        max(s.max_new for s in batch),
+        sampling,
+        [s.tenant for s in batch],
     )
     try:
         for step in steps:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # The most new tokens MAX_NEW_TOKENS (and so any request) may name: 128k.
@@ -165,6 +165,10 @@ class ServerSettings(EngineSettings):
         host: Address the edge daemon binds to.
         port: Port the edge daemon listens on.
         api_keys: Accepted API keys (comma-separated in ORTSERVE_API_KEYS); none: no auth.
+            Each key is a tenant (core.tenants).
+        admin_keys: Keys that may also change what the server holds (load and unload
+            adapters, reload), comma-separated in ORTSERVE_ADMIN_KEYS. An admin key is
+            accepted wherever an API key is, as a tenant of its own.
         max_body_bytes: Larger request bodies get 413.
         drain_timeout_s: On shutdown, how long in-flight requests may take to finish.
         metrics_public: /metrics answers without an API key (for a scraper) even when
@@ -182,6 +186,7 @@ class ServerSettings(EngineSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    admin_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     metrics_public: bool = False
@@ -209,13 +214,14 @@ class ServerSettings(EngineSettings):
             return [o.strip().rstrip("/") for o in value.split(",") if o.strip()]
         return value
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
-    def _split_keys(cls, value: object) -> object:
+    def _split_keys(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str):
             keys = [k.strip() for k in value.split(",") if k.strip()]
             if value.strip() and not keys:
                 # " , " would otherwise turn auth off without a word.
-                raise ValueError("ORTSERVE_API_KEYS holds no key: unset it, or give keys")
+                name = f"ORTSERVE_{(info.field_name or 'api_keys').upper()}"
+                raise ValueError(f"{name} holds no key: unset it, or give keys")
             return keys
         return value

@@ -290,6 +290,13 @@ class GenerationBody(Body):
     """A body that asks for a generation."""
 
     stream: bool = False
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="only requests of this API key with the same salt share prompt-cache "
+        "entries (vLLM's `cache_salt`); left out: every request of this API key may",
+    )
 
     @property
     def choices(self) -> int:

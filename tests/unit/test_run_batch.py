@@ -26,7 +26,11 @@ class _Engine:
         self.closed = False
 
     def batch_steps(
-        self, prompts: list[list[int]], max_new: int, sampling: Sampling
+        self,
+        prompts: list[list[int]],
+        max_new: int,
+        sampling: Sampling,
+        tenants: list[str] | None = None,
     ) -> Generator[list[int], None, None]:
         self.asked = (prompts, max_new, sampling)
         try:

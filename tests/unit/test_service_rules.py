@@ -83,6 +83,17 @@ def test_a_beam_search_is_bounded_by_one_pass() -> None:
     assert caught.value.param == "num_beams"
 
 
+def test_a_beam_search_holds_at_most_one_contexts_positions() -> None:
+    # 8 beams x 4,000 new tokens (issue 49) held the engine for minutes: refused first.
+    service = _service(context=1000, prefill_chunk_tokens=64)
+    assert service.beam_positions == 1000
+    assert service.budget(20, _request(105, num_beams=8)) == 105  # 8 x 125 = 1,000
+    with pytest.raises(InvalidRequestError, match=r"8 x \(20 \+ 106\)") as caught:
+        service.budget(20, _request(106, num_beams=8))
+    assert caught.value.param == "num_beams"
+    assert service.budget(20, _request(106)) == 106  # one sequence: the context bounds it
+
+
 def test_only_unseeded_unguided_plain_requests_batch() -> None:
     service = _service()
     assert service._batchable(_request())

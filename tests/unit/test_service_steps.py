@@ -45,7 +45,7 @@ class _Engine:
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         return [5, 6, 7]
 
-    def check_admissible(self, input_ids: list[int], guidance: Any) -> None:
+    def check_admissible(self, input_ids: list[int], guidance: Any, tenant: str = "") -> None:
         pass
 
     def check_options(self, options: SamplingOptions) -> None:
@@ -63,6 +63,7 @@ class _Engine:
         logprobs: int | None,
         paused: Callable[[bool], None] | None,
         checkpoint: Callable[[], None] | None,
+        tenant: str = "",
     ) -> Decoding:
         self.checkpoint = checkpoint
 
