@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -37,26 +37,46 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ortserve.core.errors import InvalidRequestError
-from ortserve.core.fold import fold, load_tables
+from ortserve.core.fold import decodings, fold, forms, load_tables
 from ortserve.core.generation import GenerationRequest
 
 Kind = Literal["email", "phone", "card"]
 
 # Personal data, as found in free text (none is perfect: they err towards redacting). They
-# run on the folded text (core.fold): fullwidth and small at-signs are `@`, an NBSP is a
-# space, every dash is `-`, zero-width characters are gone, JSON escapes are decoded.
-# Addresses take any letters (`josé@example.com`, `bob@examplé.com`).
-_EMAIL = r"(?<![\w.%+-])[\w.%+-]+@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}"
-_CARD = r"(?<![\d/_-])\d(?:[ /_.-]?\d){12,18}(?![\d/_-])"  # 13 to 19 digits, Luhn-checked
-_PHONE = r"(?<![\w+])\+?(?:\(\d{1,4}\)[ .-]?)?\d(?:[ ().-]{0,2}\d){6,14}(?!\w)"
+# run on the folded forms (core.fold): fullwidth and small at-signs are `@`, an NBSP or a
+# Braille blank is a space, every dash is `-`, zero-width characters are gone, JSON
+# escapes, HTML character references and percent-encodings are decoded (`%40`, `&#64;`).
+# Addresses take any letters (`josé@example.com`, `bob@examplé.com`) and the usual
+# disguises of their `@` and dots: ` @ `, `(at)`, `[at]`, `{at}`, `(dot)`, `[dot]`.
+_AT = r"(?: ?@ ?| ?[(\[{] ?at ?[)\]}] ?)"
+_DOT = r"(?:\.| ?[(\[{] ?dot ?[)\]}] ?)"
+_EMAIL = rf"(?<![\w.%+-])[\w.%+-]+{_AT}[\w-]+(?:{_DOT}[\w-]+)*{_DOT}[^\W\d_]{{2,}}"
+# 13 to 19 digits, Luhn-checked, each pair apart by nothing, a space, one of `/_.,:|-`, or
+# one of those with a space on either side (`4111 - 1111`).
+_CARD = (
+    r"(?<![\d/_-])(?<!\d[.,])\d(?: ?[/_.,:|-] ?| )?(?:\d(?: ?[/_.,:|-] ?| )?){11,17}\d(?![\d/_-])"
+)
+# 7 to 15 digits apart by spaces, dots, dashes, brackets; or groups of 2 to 4 digits apart
+# by one `,` or `/` each (`555/123/4567`), not all of a length (`10,20,30`, a list).
+_PHONE = (
+    r"(?<![\w+])(?<!\d[.,])\+?(?:\(\d{1,4}\)[ .-]?)?\d(?:[ ().-]{0,2}\d){6,14}(?!\w)"
+    r"|(?<![\w+,/.-])\d{2,4}(?P<sep>[,/])\d{2,4}(?:(?P=sep)\d{2,4}){1,3}(?![,/.-]?\d)(?!\w)"
+)
 _DATE = re.compile(r"\d{4}([-./])\d{1,2}\1\d{1,2}|\d{1,2}([-./])\d{1,2}\2\d{4}")  # not phones
+_DECIMAL = re.compile(r"\d+\.\d+")  # 3.14159265: neither a phone nor a card
+_FRACTION = re.compile(r"\.\d{5,}")  # nor is `3.14159 2` (phones group 4 digits at most)
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+")  # 12,345,678: a number, not a card or phone
 # Controls a text may not hold when `control_characters` is false: C0 but tab, LF, CR;
 # DEL; C1.
 _CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 # The end of a text that may still become personal data as more text comes: its last
 # word (an address), or a run of digits and separators (a card, a phone number). A
 # stream holds it back (up to MAX_OPEN_CHARS) so that a span is redacted whole.
-_OPEN_TAIL = re.compile(r"(?:\S*|[\d ()/_.+-]*)\Z")
+# An address's disguised `@` (` @ `, ` (at) `) may be coming: the word before a last space,
+# or before an `@` or `(at)` begun, is held too.
+_OPEN_TAIL = re.compile(
+    r"(?:\S+ (?:[@(\[{]\S*)? ?)?\S*\Z|\S+ ?[@(\[{]\S* ?\S*\Z|[\d ()/_.,:|+-]*\Z"
+)
 MAX_OPEN_CHARS = 320
 
 
@@ -72,13 +92,66 @@ def _digits(text: str) -> str:
     return "".join(c for c in text if c.isdigit())
 
 
-# Each kind: its pattern and a check of a match (None: every match counts). Order
-# matters: a card number is not also redacted as a phone number.
-_KINDS: dict[str, tuple[re.Pattern[str], Callable[[str], bool] | None]] = {
-    "email": (re.compile(_EMAIL), None),
-    "card": (re.compile(_CARD), lambda m: _luhn(_digits(m))),
-    "phone": (re.compile(_PHONE), lambda m: 7 <= len(_digits(m)) <= 15 and not _DATE.fullmatch(m)),
+def _card(match: str) -> bool:
+    """A card number, not a decimal (2.718281828459045), a number written with thousands
+    separators or a list of numbers (`1, 2, 3, ...`): apart by `,`, `:` or `|`, its groups
+    have 4 digits or more (the last 3 or more), as cards are printed."""
+    if not _luhn(_digits(match)) or _THOUSANDS.fullmatch(match) or _DECIMAL.fullmatch(match):
+        return False
+    groups = [len(g) for g in re.findall(r"\d+", match)]
+    return not re.search(r"[,:|]", match) or (min(groups[:-1]) >= 4 and groups[-1] >= 3)
+
+
+def _phone(match: str) -> bool:
+    """A phone number, not a date, a decimal, a number with thousands separators or a
+    list of numbers of one length."""
+    if not 7 <= len(_digits(match)) <= 15 or _DATE.fullmatch(match):
+        return False
+    if _DECIMAL.fullmatch(match) or _THOUSANDS.fullmatch(match) or _FRACTION.search(match):
+        return False
+    groups = re.findall(r"\d+", match)
+    return not (re.search(r"[,/]", match) and len({len(g) for g in groups}) == 1)
+
+
+def _card_part(text: str, match: re.Match[str]) -> tuple[int, int] | None:
+    """The card number in a run of digit groups that is not one as a whole (a card after
+    other numbers, or before them: `12, 4111 1111 1111 1111, 55`): the longest run of
+    whole groups of 4 or more digits (the last may have 3) that is one, earliest first."""
+    groups = list(re.finditer(r"\d+", match.group()))
+    for i in range(len(groups)):
+        for j in range(len(groups) - 1, i, -1):
+            if min(len(g.group()) for g in groups[i:j]) < 4 or len(groups[j].group()) < 3:
+                continue
+            part = match.group()[groups[i].start() : groups[j].end()]
+            if 13 <= len(_digits(part)) <= 19 and _card(part):
+                base = match.start()
+                return base + groups[i].start(), base + groups[j].end()
+    return None
+
+
+# Each kind: its pattern, a check of a match (None: every match counts), and where to look
+# for it inside a match the check refuses (None: nowhere). Order matters: a card number is
+# not also redacted as a phone number.
+_Finder = Callable[[str, re.Match[str]], tuple[int, int] | None]
+_KINDS: dict[str, tuple[re.Pattern[str], Callable[[str], bool] | None, _Finder | None]] = {
+    "email": (re.compile(_EMAIL), None, None),
+    "card": (re.compile(_CARD), _card, _card_part),
+    "phone": (re.compile(_PHONE), _phone, None),
 }
+
+
+def _found(
+    text: str, rx: re.Pattern[str], check: Callable[[str], bool] | None, inside: _Finder | None
+) -> Iterator[tuple[int, int]]:
+    """The spans of `text` that `rx` matches and `check` accepts (or `inside` finds)."""
+    at = 0
+    while at <= len(text) and (m := rx.search(text, at)) is not None:
+        span: tuple[int, int] | None = m.span()
+        if check is not None and not check(m.group()):
+            span = inside(text, m) if inside is not None else None
+        if span is not None:
+            yield span
+        at = max(m.end(), m.start() + 1) if span is None else max(span[1], m.start() + 1)
 
 
 class _Rules(BaseModel):
@@ -143,8 +216,10 @@ class Screened:
 class _Compiled:
     """One stage's rules, compiled: deny regexes (in order), then the redactors.
 
-    Deny regexes see the text as written and folded (core.fold), deny words and the
-    redactors the folded text only; matches are mapped back onto the text as written."""
+    Deny regexes see the text at each level of decoding (core.fold: as written, decoded
+    once, twice, ...: what a client sees however many times it decodes it), unfolded and
+    folded; deny words and the redactors the folded forms only. Matches are mapped back
+    onto the text as written."""
 
     def __init__(self, rules: _Rules, redaction: str) -> None:
         deny = [(f"deny[{i}]", re.compile(p)) for i, p in enumerate(rules.deny)]
@@ -160,33 +235,28 @@ class _Compiled:
     def denied(self, text: str, after: int = 0) -> tuple[str, int] | None:
         """The earliest deny match in `text` that ends past `after`: its rule's name and
         where it starts in `text` (text before `after` is context, already let through)."""
-        folded = fold(text)
         found: list[tuple[int, str]] = []
         for name, rx, as_written in self.deny:
-            for m in rx.finditer(folded.text):
-                start, end = folded.span(m.start(), m.end())
-                if end > after:
+            for form in (*forms(text), *(decodings(text) if as_written else ())):
+                spans = (form.span(*m.span()) for m in rx.finditer(form.text))
+                start = next((s for s, e in spans if e > after), None)
+                if start is not None:
                     found.append((start, name))
-                    break
-            if as_written:
-                written = next((m for m in rx.finditer(text) if m.end() > after), None)
-                if written is not None:
-                    found.append((written.start(), name))
         if not found:
             return None
         start, name = min(found)
         return name, start
 
     def spans(self, text: str) -> list[tuple[int, int, str]]:
-        """Personal data in `text`: (start, end, kind), not overlapping, in order."""
-        folded = fold(text)
+        """Personal data in `text`: (start, end, kind), not overlapping, in order. The most
+        decoded form's spans come first: they are what the client reads."""
         spans: list[tuple[int, int, str]] = []
-        for kind, rx, check in self.redactors:
-            for m in rx.finditer(folded.text):
-                start, end = folded.span(m.start(), m.end())
-                overlaps = any(s < end and start < e for s, e, _ in spans)
-                if not overlaps and (check is None or check(m.group())):
-                    spans.append((start, end, kind))
+        for kind, rx, check, inside in self.redactors:
+            for folded in reversed(forms(text)):
+                for found in _found(folded.text, rx, check, inside):
+                    start, end = folded.span(*found)
+                    if not any(s < end and start < e for s, e, _ in spans):
+                        spans.append((start, end, kind))
         return sorted(spans)
 
     def open_tail(self, text: str) -> int:
@@ -194,9 +264,11 @@ class _Compiled:
         nothing may; never more than MAX_OPEN_CHARS back)."""
         if not self.redactors:
             return len(text)
-        folded = fold(text)
-        tail = _OPEN_TAIL.search(folded.text)
-        start = folded.span(tail.start(), tail.start())[0] if tail is not None else len(text)
+        start = len(text)
+        for folded in forms(text):
+            tail = _OPEN_TAIL.search(folded.text)
+            if tail is not None:
+                start = min(start, folded.span(tail.start(), tail.start())[0])
         return max(start, len(text) - MAX_OPEN_CHARS)
 
     def redact(self, text: str, spans: list[tuple[int, int, str]] | None = None) -> tuple[str, int]:
@@ -288,6 +360,17 @@ def _screened_message(message: dict[str, Any], check: Callable[[str], str]) -> d
     return out
 
 
+def _word_start(text: str, at: int) -> int:
+    """Where the word that `at` falls inside begins (`at` itself at a word's edge, or in a
+    word that begins more than MAX_OPEN_CHARS back)."""
+    if not 0 < at < len(text) or text[at].isspace():
+        return at
+    floor, start = max(0, at - MAX_OPEN_CHARS), at
+    while start > floor and not text[start - 1].isspace():
+        start -= 1
+    return start if start == 0 or text[start - 1].isspace() else at
+
+
 class OutputGuard:
     """The output rules over a stream of text deltas (after the stop strings).
 
@@ -339,6 +422,7 @@ class OutputGuard:
         cut = len(text)
         if not final:
             cut = min(max(0, len(text) - self._hold), self._rules.open_tail(text))
+            cut = _word_start(text, cut)  # a date cut in two may look like a phone number
             for start, end, _ in spans:
                 if start < cut < end:
                     cut = start  # keep a span whole for later

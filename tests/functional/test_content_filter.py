@@ -27,7 +27,7 @@ deny_words = ["forbidden"]
 redact = ["email", "phone", "card"]
 [output]
 deny = ['SECRET']
-deny_words = ["password dump"]
+deny_words = ["password dump", "forbidden"]
 redact = ["email", "card"]
 """
 CHAT = "/v1/chat/completions"
@@ -228,6 +228,64 @@ def test_tool_call_arguments_are_filtered_as_the_client_gets_them(
     lines = [json.loads(line) for line in ollama.body.splitlines() if line.strip()]
     calls = [c for line in lines for c in line["message"].get("tool_calls", [])]
     assert [c["function"]["arguments"] for c in calls] == [{"x": "[card]"}], ollama.body
+
+
+def _tool_call_by_format(argument_pattern: str, stream: bool) -> dict[str, Any]:
+    """A chat with a tool, whose `response_format` makes the model write a call to it with
+    `arguments` as a string matching `argument_pattern` (the server parses that string as
+    JSON and sends the arguments re-encoded)."""
+    parameters = {"type": "object", "properties": {"q": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    call = {
+        "type": "object",
+        "properties": {
+            "name": {"const": "f"},
+            "arguments": {"type": "string", "pattern": argument_pattern},
+        },
+        "required": ["name", "arguments"],
+    }
+    response_format = {"type": "json_schema", "json_schema": {"name": "call", "schema": call}}
+    return {
+        **_chat("Call f", max_tokens=80, stream=stream),
+        "tools": tools,
+        "response_format": response_format,
+    }
+
+
+def _calls(reply: Reply) -> list[dict[str, Any]]:
+    """A chat reply's tool calls (a stream's pieces joined), buffered or streamed."""
+    if not reply.headers["content-type"].startswith("text/event-stream"):
+        return list(reply.json()["choices"][0]["message"].get("tool_calls") or [])
+    events = [e for e in reply.events() if isinstance(e, dict) and e.get("choices")]
+    calls: dict[int, dict[str, Any]] = {}
+    for piece in (c for e in events for c in e["choices"][0]["delta"].get("tool_calls", [])):
+        call = calls.setdefault(piece["index"], {"function": {"name": "", "arguments": ""}})
+        for key in ("name", "arguments"):
+            call["function"][key] += piece["function"].get(key, "")
+    return list(calls.values())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_arguments_decoded_twice_are_filtered_as_the_client_gets_them(
+    target: Target, stream: bool
+) -> None:
+    """Arguments written as a JSON string holding JSON escapes (`forbid\\u0064en`): the
+    server decodes them twice and sends `forbidden`, so the output rules see them so
+    (#49 item 7)."""
+    denied = target.call("POST", CHAT, _tool_call_by_format(r'^\{"q":"forbid\\u0064en"\}$', stream))
+    assert denied.status == 200, denied.body
+    text, finish = _content(denied)
+    assert finish == "content_filter" and "forbid" not in text, text
+    assert _calls(denied) == [] and "forbidden" not in denied.body.decode()
+    pattern = r'^\{"q":"bob\\u0040example\.com"\}$'
+    redacted = target.call("POST", CHAT, _tool_call_by_format(pattern, stream))
+    assert redacted.status == 200, redacted.body
+    (call,) = _calls(redacted)
+    assert json.loads(call["function"]["arguments"]) == {"q": "[email]"}
+    assert "example" not in redacted.body.decode()
+    pattern = r'^\{"q":"forbid\\u0064ance"\}$'  # no rule: the call as the model made it
+    (call,) = _calls(target.call("POST", CHAT, _tool_call_by_format(pattern, stream)))
+    assert json.loads(call["function"]["arguments"]) == {"q": "forbiddance"}
 
 
 def test_log_probabilities_are_refused_while_output_is_filtered(target: Target) -> None:

@@ -271,3 +271,112 @@ def test_a_stop_string_cut_is_seen_by_the_output_rules(text: str, stop: str, out
             if cuts.ended:
                 break
         assert sent + cuts.flush() == out
+
+
+# -- #49 items 6 and 7: blanks, letters with strokes and small capitals, other encodings ----
+
+
+def _screened(text: str) -> str:
+    """The prompt as the model gets it, or the rule that refused it."""
+    try:
+        return FOLDING.screen(GenerationRequest(prompt=text)).request.prompt or ""
+    except ContentFilterError as exc:
+        return exc.rule
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "password\u3164dump",  # Hangul filler: a blank, not nothing
+        "password\u2800dump",  # Braille blank
+        "password\u115fdump",
+        "password\u1160dump",
+        "password\uffa0dump",
+        "passw\u00f8rd dump",  # o with stroke
+        "\u1d18\u1d00\ua731\ua731\u1d21\u1d0f\u0280\u1d05 \u1d05\u1d1c\u1d0d\u1d18",  # small caps
+        "forbi\u0111den",  # d with stroke
+        "password%20dump",  # percent-encoded
+        "password&#32;dump",  # an HTML character reference
+        "passw&oacute;rd&nbsp;dump",
+        "pass\\\\u0077ord dump",  # a JSON string in a JSON string: decoded twice
+        "password\\\\u0020dump",
+    ],
+)
+def test_deny_words_see_blanks_base_letters_and_every_decoding(text: str) -> None:
+    rules = ContentFilter(
+        FilterFile.model_validate(
+            {
+                "input": {"deny_words": ["password dump", "forbidden"]},
+                "output": {"deny_words": ["password dump", "forbidden"]},
+            }
+        )
+    )
+    with pytest.raises(ContentFilterError) as caught:
+        rules.screen(GenerationRequest(prompt=f"say {text} now"))
+    assert caught.value.rule == "input.deny_words"
+    for parts in ([f"say {text} now"], list(f"say {text} now")):  # whole, a character a time
+        assert _streamed(rules, parts) == ("say ", "output.deny_words", 0)
+
+
+def test_a_deny_regex_sees_each_decoding_as_written_too() -> None:
+    """`SECRET` (no `(?i)`) matches the text decoded, not only the folded (lower-case) form."""
+    rules = ContentFilter(FilterFile.model_validate({"output": {"deny": ["SECRET"]}}))
+    for text in ("a SECR\\u0045T", "a SECR\\\\u0045T", "a SECR%45T", "a SECR&#69;T"):
+        assert _streamed(rules, [text, " b"]) == ("a ", "output.deny[0]", 0), text
+    assert _streamed(rules, ["a secret b"]) == ("a secret b", "", 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("4111,1111,1111,1111", "[card]"),
+        ("4111:1111:1111:1111", "[card]"),
+        ("4111|1111|1111|1111", "[card]"),
+        ("4111\u28001111\u28001111\u28001111", "[card]"),
+        ("4111 - 1111 - 1111 - 1111", "[card]"),
+        ("4111, 1111, 1111, 1111", "[card]"),
+        ("ref 12, 4111 1111 1111 1111, 55", "ref 12, [card], 55"),  # numbers about it
+        ("4111 1111 1111 1111, 5500 0000 0000 0004", "[card], [card]"),
+        ("4111%201111%201111%201111", "[card]"),
+        ("call 555/123/4567 now", "call [phone] now"),
+        ("call 555,123,4567 now", "call [phone] now"),
+        ("call 555\u2800123\u28004567 now", "call [phone] now"),
+        ("to john.doe(at)example.com", "to [email]"),
+        ("to john.doe[at]example.com", "to [email]"),
+        ("to john.doe (AT) example (dot) com", "to [email]"),
+        ("to john.doe {at} example [dot] com.", "to [email]."),
+        ("to john.doe @ example.com", "to [email]"),
+        ("to john.doe%40example.com", "to [email]"),
+        ("to john.doe&#64;example.com", "to [email]"),
+        ("to john.doe&commat;example.com", "to [email]"),
+        ("to john.doe%2540example.com", "to [email]"),  # percent-encoded twice
+        ('{"q":"bob\\\\u0040example.com"}', '{"q":"[email]"}'),  # JSON in a JSON string
+    ],
+)
+def test_redaction_sees_other_separators_disguises_and_encodings(text: str, redacted: str) -> None:
+    assert _screened(text) == redacted
+    assert _streamed(FOLDING, list(text))[0] == redacted  # streamed a character at a time
+    assert _streamed(FOLDING, [text])[0] == redacted
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "released on 2026-12-06, or 06/12/2026, or 2026/12/06 at 12:30:45",
+        "version 1.2.3 and 10.20.30, build 2026.12.06",
+        "x = [1, 2, 3, 4, 5, 6, 7, 8]; f(1,2,3,4,5,6,7,8,9)",
+        "weights = [10,20,30,40] and [100,200,300,400,500]",
+        "pi is 3.14159265 1 more; e = 2.718281828459045",
+        "population 1,234,567 12,345,678 and 8,336,817",
+        "mask 0x7fffffff on port 8080 for 250 ms",
+        "a / b / c: 12/34, 1/2/3",
+        "meet me at example.com, jane at example dot com",
+        "AT&T &amp; 100% sure, 50%zz off",
+        "a = b @ c.T; d = e@f",
+        "C:\\\\new\\\\table and \\n and \\u12",
+    ],
+)
+def test_ordinary_text_is_not_redacted(text: str) -> None:
+    assert _screened(text) == text
+    assert _streamed(FOLDING, list(text)) == (text, "", 0)
+    assert _streamed(FOLDING, [text]) == (text, "", 0)

@@ -1,11 +1,15 @@
 """Tool calls' plan (core.protocol.tools.ToolPlan) and the log-probability ledger
-(core.generation.LogprobLedger): pure logic, no model (#28 item 7)."""
+(core.generation.LogprobLedger): pure logic, no model (#28 item 7); the output rules on
+calls whose arguments the server decodes twice (#49 item 7)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import pytest
+
+from ortserve.core.content_filter import ContentFilter, FilterFile
 from ortserve.core.generation import Completion, LogprobLedger, Timings, TokenLogprob
 from ortserve.core.protocol.tools import ToolPlan, family
 
@@ -82,3 +86,45 @@ def test_the_ledger_releases_a_token_once_all_its_text_is_sent() -> None:
     assert ledger.take(7) == [_lp(2)]
     assert ledger.take(100) == []  # each token once
     assert ledger.within(3) == (_lp(1),)
+
+
+# -- #49 item 7: the output rules see a call's arguments as the client gets them ------------
+
+_RULES = ContentFilter(
+    FilterFile.model_validate(
+        {"output": {"deny_words": ["forbidden"], "redact": ["email"]}, "redaction": "[{kind}]"}
+    )
+)
+_ARGUMENTS = {"type": "function", "function": {"name": "f"}}
+
+
+def _guarded(text: str, parts: int) -> tuple[str, str]:
+    """`text` through the output rules in `parts` pieces: what goes out, and the rule."""
+    guard = _RULES.guard()
+    size = max(1, len(text) // parts)
+    out = "".join(guard.feed(text[i : i + size]) for i in range(0, len(text), size))
+    return out + guard.flush(), guard.rule
+
+
+@pytest.mark.parametrize("parts", [1, 7, 1000])
+@pytest.mark.parametrize("family", ["generic", "hermes"])
+def test_arguments_written_as_a_string_are_filtered_as_decoded(parts: int, family: Any) -> None:
+    """A call whose `arguments` is a JSON string holding JSON escapes: the server decodes
+    it twice (`forbid\\\\u0064en` becomes `forbidden`), so the rules do too."""
+    plan = ToolPlan(family, [_ARGUMENTS], "auto")
+
+    def call(argument: str) -> str:
+        encoded = json.dumps({"name": "f", "arguments": argument})
+        return f"<tool_call>{encoded}</tool_call>" if family == "hermes" else encoded
+
+    denied = call('{"q":"forbid\\u0064en"}')
+    assert "forbid\\\\u0064en" in denied  # as the model writes it
+    out, rule = _guarded(denied, parts)
+    assert rule == "output.deny_words" and plan.parse(out) == []
+    assert "forbid" not in out
+    out, rule = _guarded(call('{"q":"bob\\u0040example.com"}'), parts)
+    (redacted,) = plan.parse(out)
+    assert (rule, json.loads(redacted.arguments)) == ("", {"q": "[email]"})
+    fine = call('{"q":"forbid\\u0064ance"}')
+    (kept,) = plan.parse(_guarded(fine, parts)[0])
+    assert json.loads(kept.arguments) == {"q": "forbiddance"}
