@@ -19,6 +19,9 @@ VmHWM, 2026-12-02, onnxruntime-genai 0.18, the 135M shape: 109 MiB of int4 files
   256 (`benchmarks.long_prompt`): `PART_FACTOR`.
 - the prompt cache: its slots' KV caches (`PROMPT_CACHE_TOKENS` tokens each) and the
   logits of each one's last prompt part (`KEPT_LOGITS_TOKENS` positions at most).
+- kept responses: the Responses API's conversations kept for `previous_response_id`
+  (core.protocol.responses), at most `KEPT_RESPONSE_BYTES` (16 MiB) as they count them.
+  They live in the serving process, once: a reload does not double them.
 - a reload (the edge daemon's blue/green SIGHUP): the new model and its cache load
   beside the serving one.
 - the engine process (the edge daemon and the Cloud Run image: og in a child process):
@@ -44,6 +47,7 @@ from typing import Any
 
 from ortserve.core.manifest import read_manifest
 from ortserve.core.prefill import KEPT_LOGITS_TOKENS
+from ortserve.core.protocol.responses import KEPT_RESPONSE_BYTES
 from ortserve.core.service import ONE_PASS_PARTS
 from ortserve.core.settings import EngineSettings
 
@@ -91,6 +95,7 @@ class Memory:
         parts_mib: One prefill part's logits and activations for each sequence (at
             least `ONE_PASS_PARTS`: a batch's or a beam search's one pass).
         cache_mib: The prompt cache's slots.
+        kept_mib: The Responses API's kept conversations (`KEPT_RESPONSE_BYTES`).
         reload_mib: A second model and its cache during a reload (0: no reloads), and
             its engine process's runtime where the model runs in one.
         engine_mib: The engine process's own runtime (0: og in the serving process).
@@ -110,6 +115,7 @@ class Memory:
     kv_mib: int
     parts_mib: int
     cache_mib: int
+    kept_mib: int
     reload_mib: int
     engine_mib: int
     sequences: int
@@ -123,7 +129,7 @@ class Memory:
         """The terms as `sizing.json` states them."""
         return {
             **asdict(self),
-            "formula": "runtime + engine + model + kv + parts + cache + reload",
+            "formula": "runtime + engine + model + kv + parts + cache + kept + reload",
         }
 
 
@@ -170,15 +176,17 @@ def memory_for(
     parts = mib(passes * PART_FACTOR * min(chunk, tokens) * vocab * FP32_BYTES)
     slot = min(context, PROMPT_CACHE_TOKENS) * per_token + KEPT_LOGITS_TOKENS * vocab * FP32_BYTES
     cache = mib(cache_slots * slot)
+    kept = mib(KEPT_RESPONSE_BYTES)
     engine = ENGINE_PROCESS_MIB if engine_process else 0
     reload = model + cache + engine if reloads else 0
     return Memory(
-        total_mib=RUNTIME_MIB + engine + model + kv + parts + cache + reload,
+        total_mib=RUNTIME_MIB + engine + model + kv + parts + cache + kept + reload,
         runtime_mib=RUNTIME_MIB,
         model_mib=model,
         kv_mib=kv,
         parts_mib=parts,
         cache_mib=cache,
+        kept_mib=kept,
         reload_mib=reload,
         engine_mib=engine,
         sequences=sequences,

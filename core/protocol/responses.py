@@ -6,23 +6,27 @@ is a system message, the input items are the conversation (`function_call` and
 `function_call_output` items are the calls and results of core.protocol.tools), and
 function tools go through the same tool plan.
 
-`previous_response_id` continues a conversation this process answered: the last
-KEPT_RESPONSES responses (those with `store` true, the default) are kept in memory, each
-as its conversation in text (input items and output, not the instructions, which
-OpenAI does not carry over either); an older one, or one another instance answered, is
-a 400 that says to send the whole conversation.
+`previous_response_id` continues a conversation this process answered for the same
+tenant (API key, core.tenants): recent responses (those with `store` true, the default)
+are kept in memory, each as its conversation in text (input items and output, not the
+instructions, which OpenAI does not carry over either), at most KEPT_RESPONSES of them
+and KEPT_RESPONSE_BYTES in all. Any other id (evicted, answered by another instance, or
+kept for another tenant) is the same 400, which says to send the whole conversation: it
+tells nothing of other tenants' responses.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, PrivateAttr, Tag
+from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, PrivateAttr, Tag
 from pydantic.config import JsonDict
 
 from ortserve.core.errors import InvalidRequestError, OrtServeError
@@ -68,6 +72,7 @@ from ortserve.core.protocol.tools import (
     plan_tools,
     with_tools,
 )
+from ortserve.core.tenants import ANYONE
 
 if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
     from ortserve.core.api import Api, Context
@@ -76,32 +81,91 @@ if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
 
 #: How many responses each process keeps for `previous_response_id` (the most recent).
 KEPT_RESPONSES = 32
+#: The most bytes the kept conversations take in all (their strings and containers, as
+#: `conversation_bytes` counts them): the memory formula (bake.sizing) counts this much.
+#: It is one capacity all tenants share; only lookups are per tenant.
+KEPT_RESPONSE_BYTES = 16 << 20
+
+Conversation = tuple[dict[str, Any], ...]
+
+
+def conversation_bytes(value: Any) -> int:
+    """The memory `value` (a conversation: lists and dicts of strings) takes, as
+    `sys.getsizeof` counts each object in it: a string of one non-Latin-1 character and a
+    megabyte of ASCII is 4 MB, as CPython stores it, not its 1 MB of UTF-8."""
+    size = sys.getsizeof(value)
+    if isinstance(value, dict):
+        size += sum(conversation_bytes(k) + conversation_bytes(v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        size += sum(conversation_bytes(v) for v in value)
+    return size
 
 
 class _Kept:
-    """The conversations of the last `size` responses, by response id (an LRU)."""
+    """The conversations of recent responses, by tenant and response id: an LRU of at
+    most `size` entries and `max_bytes` bytes (`conversation_bytes` of each entry).
 
-    def __init__(self, size: int) -> None:
+    A tenant finds only its own entries: another tenant's id is not there, exactly as an
+    id that never was. The bounds are shared capacity: one tenant's new entries may evict
+    another's (the least recently used go first), never read them.
+
+    A conversation that continues a kept one shares that one's turns in memory, but is
+    counted whole: the count is an upper bound of what the entries hold.
+    """
+
+    def __init__(self, size: int, max_bytes: int = KEPT_RESPONSE_BYTES) -> None:
         self.size = size
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[Conversation, int]] = OrderedDict()
+        self._bytes = 0
 
-    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self._items[response_id] = messages
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+    @property
+    def bytes(self) -> int:
+        """What the kept conversations count now (`conversation_bytes`)."""
+        return self._bytes
 
-    def get(self, response_id: str) -> list[dict[str, Any]] | None:
+    def put(self, tenant: str, response_id: str, messages: Sequence[dict[str, Any]]) -> bool:
+        """Keep `messages` as `tenant`'s response `response_id`, evicting the least
+        recently used entries (any tenant's) past the bounds; False: larger than
+        `max_bytes` alone, not kept."""
+        kept = tuple(messages)
+        size = conversation_bytes(kept)
+        if size > self.max_bytes:
+            return False
         with self._lock:
-            messages = self._items.get(response_id)
-            if messages is not None:
-                self._items.move_to_end(response_id)
-            return messages
+            old = self._items.pop((tenant, response_id), None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._items[(tenant, response_id)] = (kept, size)
+            self._bytes += size
+            while len(self._items) > self.size or self._bytes > self.max_bytes:
+                _, (_, freed) = self._items.popitem(last=False)
+                self._bytes -= freed
+        return True
+
+    def get(self, tenant: str, response_id: str) -> Conversation | None:
+        """`tenant`'s kept response `response_id`, now the most recently used; None:
+        none of `tenant`'s (evicted, never kept, or another tenant's)."""
+        with self._lock:
+            entry = self._items.get((tenant, response_id))
+            if entry is None:
+                return None
+            self._items.move_to_end((tenant, response_id))
+            return entry[0]
 
 
 #: This process's kept responses.
 KEPT = _Kept(KEPT_RESPONSES)
+
+#: Whose request the body being read is (core.tenants): `responses` sets it around the
+#: request, since `Api.generate` hands a body nothing but the served model.
+_TENANT: ContextVar[str] = ContextVar("ortserve_responses_tenant", default=ANYONE)
+
+
+def _request_tenant() -> str:
+    """The tenant of the request being answered (`responses` sets it)."""
+    return _TENANT.get()
 
 
 # -- the body ----------------------------------------------------------------------------
@@ -161,13 +225,53 @@ def _item_kind(value: Any) -> str:
     return str(kind or "message")
 
 
+_ITEM_TYPES = ("message", "function_call", "function_call_output")
+_ROLES = ("user", "assistant", "system", "developer")
+_SHOWN = 64  # characters of an unknown type or role an error repeats
+
+
+def _known_item(value: Any) -> Any:
+    """Refuse, in words, an item of a type (or a message of a role) this server does not
+    take, rather than as the `input` union's "Input should be a valid string"."""
+    if not isinstance(value, dict):
+        raise ValueError("Input should be an object (an input item)")
+    kind = _item_kind(value)
+    if kind not in _ITEM_TYPES:
+        raise ValueError(
+            f"item type {kind[:_SHOWN]!r} is not supported here; supported: "
+            + ", ".join(_ITEM_TYPES)
+        )
+    role = value.get("role")
+    if kind == "message" and isinstance(role, str) and role not in _ROLES:
+        hint = " (a tool's result is a function_call_output item)" if role == "tool" else ""
+        raise ValueError(
+            f"message role {role[:_SHOWN]!r} is not supported here; supported roles: "
+            + ", ".join(_ROLES)
+            + hint
+        )
+    return value
+
+
 #: An input item: a message, a function call or a call's output.
 InputItem = Annotated[
     Annotated[InputMessage, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutput, Tag("function_call_output")],
     Discriminator(_item_kind),
+    BeforeValidator(_known_item),
 ]
+
+
+def _input_kind(value: Any) -> str:
+    return "items" if isinstance(value, list) else "text"
+
+
+def _input_shape(value: Any) -> Any:
+    """Refuse an `input` of neither shape as such (not as one member's error, which
+    would name the member's tag)."""
+    if not isinstance(value, str | list) or value == []:
+        raise ValueError("Input should be a string or a list of at least one item")
+    return value
 
 
 class FunctionTool(Body):
@@ -265,9 +369,13 @@ class ResponsesBody(GenerationBody):
     }
 
     model: str | None = None
-    input: str | Annotated[list[InputItem], Field(min_length=1)] = Field(
-        description="a user message, or the conversation's items"
-    )
+    input: Annotated[
+        Annotated[str, Tag("text")] | Annotated[list[InputItem], Field(min_length=1), Tag("items")],
+        # Only the member the value's shape picks reports errors: an item's own (a
+        # missing field) rather than the string member's "Input should be a valid string".
+        Discriminator(_input_kind),
+        BeforeValidator(_input_shape),
+    ] = Field(description="a user message, or the conversation's items")
     instructions: str | None = Field(default=None, description="a system message")
     max_output_tokens: TokenLimit | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description=TEMPERATURE_DOC)
@@ -281,8 +389,9 @@ class ResponsesBody(GenerationBody):
     previous_response_id: str | None = Field(
         default=None,
         max_length=128,  # ids are resp_ and 32 hex digits; the 400 repeats the id it names
-        description=f"continue one of the last {KEPT_RESPONSES} responses this process "
-        "answered (kept in memory; others are a 400)",
+        description=f"continue one of the last {KEPT_RESPONSES} responses (at most "
+        f"{KEPT_RESPONSE_BYTES >> 20} MiB in all) this process answered for this API key "
+        "(kept in memory; others are a 400)",
     )
     store: bool = Field(default=True, description="false: not kept for previous_response_id")
     parallel_tool_calls: bool = Field(
@@ -290,6 +399,8 @@ class ResponsesBody(GenerationBody):
     )
 
     _conversation: list[dict[str, Any]] | None = PrivateAttr(default=None)
+    # Whose request this is (core.tenants): previous_response_id looks among its own.
+    _tenant: str = PrivateAttr(default_factory=_request_tenant)
 
     def conversation(self) -> list[dict[str, Any]]:
         """The conversation as chat templates take it, the instructions left out: the
@@ -302,11 +413,13 @@ class ResponsesBody(GenerationBody):
             return self._conversation
         messages: list[dict[str, Any]] = []
         if self.previous_response_id is not None:
-            kept = KEPT.get(self.previous_response_id)
+            kept = KEPT.get(self._tenant, self.previous_response_id)
             if kept is None:
+                # The same words for an id of another tenant's as for one that never was.
                 raise InvalidRequestError(
                     f"previous_response_id {self.previous_response_id!r} is not kept here: "
-                    f"each process keeps its last {KEPT_RESPONSES} responses in memory; "
+                    f"each process keeps the last {KEPT_RESPONSES} responses of its API keys "
+                    f"in memory, {KEPT_RESPONSE_BYTES >> 20} MiB in all; "
                     "send the whole conversation as input instead",
                     "previous_response_id",
                 )
@@ -331,7 +444,8 @@ class ResponsesBody(GenerationBody):
                 }
                 last = messages[-1] if messages else None
                 if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                    last["tool_calls"] = [*last["tool_calls"], call]
+                    # A new dict: the last turn may be a kept conversation's own.
+                    messages[-1] = {**last, "tool_calls": [*last["tool_calls"], call]}
                 else:
                     messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         self._conversation = messages
@@ -418,7 +532,7 @@ class ResponsesBody(GenerationBody):
             "usage": None,
         }
         kept = self.conversation() if self.store else None
-        return ResponsesReply(echo, self.tool_plan(served), kept)
+        return ResponsesReply(echo, self.tool_plan(served), kept, self._tenant)
 
 
 # -- the answer --------------------------------------------------------------------------
@@ -442,16 +556,21 @@ class ResponsesReply(Reply):
     """A `response` object, or its stream of `response.*` events (no `[DONE]`). With
     tools, the text is read for calls once it is whole: a stream holds it back and sends
     the calls (or the text) as whole items at the end. `kept`: the conversation to keep
-    for `previous_response_id`, with the answer added (None: store false)."""
+    for `previous_response_id`, with the answer added (None: store false), as `tenant`'s."""
 
     done_marker = False
 
     def __init__(
-        self, echo: ResponseObject, tools: ToolPlan | None, kept: list[dict[str, Any]] | None
+        self,
+        echo: ResponseObject,
+        tools: ToolPlan | None,
+        kept: list[dict[str, Any]] | None,
+        tenant: str = ANYONE,
     ) -> None:
         self.echo = echo
         self.tools = tools
         self.kept = kept
+        self.tenant = tenant
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self._sequence = 0
 
@@ -490,7 +609,7 @@ class ResponsesReply(Reply):
         else:
             whole["status"] = "completed"
         if self.kept is not None:
-            KEPT.put(whole["id"], [*self.kept, _as_message(output)])
+            KEPT.put(self.tenant, whole["id"], [*self.kept, _as_message(output)])
         return whole
 
     def body(self, done: Completion) -> Event:
@@ -607,5 +726,10 @@ def _as_message(output: list[OutputMessage | OutputFunctionCall]) -> dict[str, A
 
 
 def responses(api: Api, request: Request, ctx: Context) -> Response:
-    """POST /v1/responses."""
-    return api.generate(ResponsesBody, request, ctx)
+    """POST /v1/responses: as the request's tenant (`previous_response_id` looks among,
+    and the answer is kept with, that tenant's responses)."""
+    token = _TENANT.set(ctx.tenant)
+    try:
+        return api.generate(ResponsesBody, request, ctx)
+    finally:
+        _TENANT.reset(token)

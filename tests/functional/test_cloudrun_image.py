@@ -293,8 +293,9 @@ def test_sizing_of_real_model_shapes() -> None:
     small = sizing_for(150 << 20, SMOLLM2_135M)
     # bake.sizing at parts of 64 tokens: 256 MiB + the engine process's 64 MiB + 1.25 x
     # 150 MiB + 4 x 4096 tokens x 45 KiB (fp32 KV) + 4 parts of 64 x 49,152 x 4 B x 1.5 +
-    # a cache slot (180 MiB + 64 positions of logits) = 1492 MiB -> 1536 MiB
-    assert small.memory.total_mib == 256 + 64 + 188 + 720 + 72 + 192
+    # a cache slot (180 MiB + 64 positions of logits) + 16 MiB of stored responses =
+    # 1508 MiB -> 1536 MiB
+    assert small.memory.total_mib == 256 + 64 + 188 + 720 + 72 + 192 + 16
     assert (small.concurrency, small.cpu, small.memory_mib, small.kv_mib) == (4, 2, 1536, 720)
     # The KV cache is sized for 4096 tokens: prompt and new tokens are capped to fit.
     assert (small.max_prompt_tokens, small.max_new_tokens) == (4096 - 512, 512)

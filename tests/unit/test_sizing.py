@@ -33,7 +33,8 @@ def test_the_terms_of_smollm2_135m() -> None:
     assert terms.parts_mib == 288  # 4 x 1.5 x 256 tokens x 49,152 x 4 B
     assert terms.cache_mib == 180 + 12  # one slot: 4,096 tokens, 64 positions of logits
     assert terms.reload_mib == 0
-    assert terms.total_mib == 256 + 188 + 720 + 288 + 192
+    assert terms.kept_mib == 16  # the Responses API's stored conversations, at most
+    assert terms.total_mib == 256 + 188 + 720 + 288 + 192 + 16
     # The context (8,192) is longer than a sequence's room: prompts and new tokens are
     # capped to fit (the default limit, the context, would not).
     assert (terms.tokens_per_sequence, terms.max_prompt_tokens) == (4096, 4096 - 512)
