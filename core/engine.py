@@ -887,14 +887,10 @@ class Engine:
             return None
         return self.speculation
 
-    def cache_key(
-        self, options: SamplingOptions, logprobs: int | None, scope: str = ""
-    ) -> tuple[Sampling, bool, str]:
+    def cache_key(self, options: SamplingOptions, logprobs: int | None) -> tuple[Sampling, bool]:
         """What a kept generator's options must equal for a request to reuse it (the prompt
-        cache): its sampling, whether it drafts (fixed when og makes it), and whose it is
-        (`scope`, core.tenants.cache_scope: one tenant never reuses, nor learns of,
-        another's prompt)."""
-        return self.sampling(options), self.speculative(options, logprobs) is not None, scope
+        cache): its sampling, and whether it drafts (fixed when og makes it)."""
+        return self.sampling(options), self.speculative(options, logprobs) is not None
 
     def sampling(self, options: SamplingOptions) -> Sampling:
         """How `options` pick tokens, as og does it (equal ones may share a batch): the one
@@ -1026,12 +1022,13 @@ class Engine:
         minimum length (the search options are fixed per og Generator, and a kept one's
         must equal the request's): a kept generator that holds the start of `input_ids`
         is reused (a `Cached` step says how many), and this one is kept afterwards (see
-        `PromptCache`). Only with a prompt cache (`prompt_cache` is not None)."""
+        `PromptCache`), both within `scope` (whose prompt it is: core.tenants); `tenant`
+        owns its fault record. Only with a prompt cache (`prompt_cache` is not None)."""
         cache = self.prompt_cache
         assert cache is not None, "decode_cached needs the prompt cache"
-        key = self.cache_key(options, logprobs, scope)
+        key = self.cache_key(options, logprobs)
         room = len(input_ids) + max_new
-        taken = cache.take(input_ids, room, key)
+        taken = cache.take(input_ids, room, key, scope)
         if taken is not None:
             slot, common = taken
             generator, max_length = slot.generator, slot.max_length
@@ -1056,7 +1053,7 @@ class Engine:
             # ... unless its KV buffer is larger than a slot's bound (a slot holds what
             # /readyz states, never more).
             if max_length <= cache.max_tokens:
-                cache.put(list(input_ids), generator, max_length, key)
+                cache.put(list(input_ids), generator, max_length, key, scope)
 
         def steps() -> Generator[Step, None, None]:
             if common:

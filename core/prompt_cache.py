@@ -24,6 +24,7 @@ class _Slot:
     generator: Any
     max_length: int
     key: object  # what a request's options must equal to reuse it (Engine.cache_key)
+    scope: str  # whose prompt it is (core.tenants.cache_scope): only they reuse it
 
 
 class PromptCache:
@@ -48,21 +49,26 @@ class PromptCache:
         self._entries: list[_Slot] = []  # most recently used last
         self._lock = threading.Lock()
 
-    def _choose(self, ids: list[int], room: int, key: object) -> tuple[int, int]:
+    def _choose(self, ids: list[int], room: int, key: object, scope: str) -> tuple[int, int]:
         """(index, common prefix) of the kept generator to reuse for `ids` (-1: none).
 
-        One whose whole prompt begins `ids` (the next turn of its conversation) is taken
-        first. One that shares only a part is taken only when the cache is full (it would
-        lose an entry anyway): with room left, a new generator keeps the others intact.
-        When the cache is full and nothing is shared, the least recently used one is
-        taken all the same, from position 0: its KV buffer is allocated already (a
-        4,096-token buffer costs ~80 ms to allocate on the 135M shape).
+        Only a generator of the same `scope` (tenant) is reused for its prompt: another
+        tenant's prompt is never a hit, and so never tells of itself. One whose whole
+        prompt begins `ids` (the next turn of its conversation) is taken first. One that
+        shares only a part is taken only when the cache is full (it would lose an entry
+        anyway): with room left, a new generator keeps the others intact. When the cache
+        is full and nothing is shared, the least recently used one is taken all the same,
+        whoever's it was, from position 0 (nothing of its prompt is reused: the slots are
+        shared capacity): its KV buffer is allocated already (a 4,096-token buffer costs
+        ~80 ms to allocate on the 135M shape).
         """
         best, best_common, best_whole, oldest = -1, 0, False, -1
         for i, entry in enumerate(self._entries):
             if entry.key != key or entry.max_length < room:
                 continue
             oldest = i if oldest < 0 else oldest
+            if entry.scope != scope:
+                continue
             common = common_prefix(entry.prompt, ids)
             whole = common == len(entry.prompt)
             if (whole, common) > (best_whole, best_common):
@@ -76,23 +82,28 @@ class PromptCache:
         # could change (it did, at the 22nd token of a 2,277-token chat prompt).
         return best, max(0, min(best_common, len(ids) - MIN_APPENDED))
 
-    def match(self, ids: list[int], room: int, key: object) -> int:
+    def match(self, ids: list[int], room: int, key: object, scope: str = "") -> int:
         """How many of `ids` the kept generator `take` would give holds (0: none)."""
         with self._lock:
-            return self._choose(ids, room, key)[1]
+            return self._choose(ids, room, key, scope)[1]
 
-    def take(self, ids: list[int], room: int, key: object) -> tuple[_Slot, int] | None:
-        """The kept generator to reuse for `ids`, out of the cache, and how much it holds."""
+    def take(
+        self, ids: list[int], room: int, key: object, scope: str = ""
+    ) -> tuple[_Slot, int] | None:
+        """The kept generator to reuse for `ids` (a request of `scope`), out of the cache,
+        and how much of `ids` it holds."""
         with self._lock:
-            index, common = self._choose(ids, room, key)
+            index, common = self._choose(ids, room, key, scope)
             if index < 0:
                 return None
             return self._entries.pop(index), common
 
-    def put(self, prompt: list[int], generator: Any, max_length: int, key: object) -> None:
-        """Keep `generator`, whose cache holds `prompt` (the oldest entry may go)."""
+    def put(
+        self, prompt: list[int], generator: Any, max_length: int, key: object, scope: str = ""
+    ) -> None:
+        """Keep `generator`, whose cache holds `scope`'s `prompt` (the oldest entry may go)."""
         with self._lock:
-            self._entries.append(_Slot(prompt, generator, max_length, key))
+            self._entries.append(_Slot(prompt, generator, max_length, key, scope))
             del self._entries[: max(0, len(self._entries) - self.slots)]
 
     def describe(self, kv_bytes_per_token: int, vocab_size: int) -> dict[str, Any]:

@@ -519,9 +519,8 @@ class Service:
         assert cache is not None
         room = len(input_ids) + budget
         scope = cache_scope(request.tenant, request.cache_salt)
-        held = cache.match(
-            input_ids, room, self.engine.cache_key(request.options, request.logprobs, scope)
-        )
+        key = self.engine.cache_key(request.options, request.logprobs)
+        held = cache.match(input_ids, room, key, scope)
         return held >= _CACHE_HIT_TOKENS
 
     # -- the batching rule ---------------------------------------------------------------

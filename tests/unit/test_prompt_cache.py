@@ -59,6 +59,20 @@ def test_when_full_and_nothing_shared_the_oldest_buffer_is_reused_from_zero() ->
     assert taken is not None and taken[0].prompt == [1, 1] and taken[1] == 0
 
 
+def test_another_scopes_prompt_is_never_a_hit_but_its_slot_is_capacity() -> None:
+    # Issue 49: key B read key A's system prompt from `cached_tokens`, guess by guess.
+    cache = PromptCache(2, max_tokens=100)
+    cache.put([1, 2, 3, 4], object(), 100, GREEDY, scope="tenant-a")
+    assert cache.match([1, 2, 3, 4, 5], 10, GREEDY, "tenant-b") == 0
+    assert cache.take([1, 2, 3, 4, 5], 10, GREEDY, "tenant-b") is None  # room: a new one
+    assert cache.match([1, 2, 3, 4, 5], 10, GREEDY, "tenant-a") == 5 - MIN_APPENDED
+    cache.put([7, 7], object(), 100, GREEDY, scope="tenant-b")
+    # Full: B's own entry shares nothing, and A's shares 4 tokens that B may not have. The
+    # oldest (A's) KV buffer is taken from position 0: capacity, not content.
+    taken = cache.take([1, 2, 3, 4, 5], 10, GREEDY, "tenant-b")
+    assert taken is not None and taken[0].prompt == [1, 2, 3, 4] and taken[1] == 0
+
+
 def test_other_search_options_or_too_little_room_never_match() -> None:
     cache = _cache(1, [1, 2, 3, 4], max_length=8)
     assert cache.take([1, 2, 3, 4, 5], 10, PENALIZED) is None
