@@ -41,6 +41,7 @@ from ortserve.core.http import (
     sse_event,
     sse_response,
 )
+from ortserve.core.logs import escaped
 from ortserve.core.protocol import (
     Event,
     GenerationBody,
@@ -141,7 +142,8 @@ class Api:
             if isinstance(exc, ContentFilterError):
                 ctx.filtered = exc.rule
         except Exception:  # never a traceback in a body; the log has it
-            log.exception("unhandled error in %s %s", request.method, request.path)
+            # The path is the client's: escaped, one line (log forging).
+            log.exception("unhandled error in %s %s", request.method, escaped(request.path))
             internal = OrtServeError("internal error")
             response = error_response(internal, ollama)
             ctx.reason = _reason(internal)

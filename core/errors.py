@@ -83,6 +83,13 @@ class AuthenticationError(OrtServeError):
     code = "invalid_api_key"
 
 
+class PermissionDeniedError(OrtServeError):
+    """A valid key that may not do this (an API key where an admin key is needed)."""
+
+    status = 403
+    code = "permission_denied"
+
+
 class NotFoundError(OrtServeError):
     """No such route or model."""
 

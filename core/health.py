@@ -1,9 +1,18 @@
 """The probes' answers: GET /healthz (the process is alive) and GET /readyz (the model is
-loaded and ready), both from the model's state (core.state) and the API's drain."""
+loaded and ready), both from the model's state (core.state) and the API's drain.
+
+What a probe says depends on who asks. A request with a valid key (API or admin) gets
+everything: what is loaded, from where, the engine's process. Without one, on a server
+that has keys, a probe says its status only (a load balancer needs no more, and an
+unauthenticated caller learns nothing of the model or the machine). On a server without
+any key, anyone may ask: it says what is loaded, never where from (no file paths) nor
+which process runs it (no pid).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import re
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ortserve.core.http import Request, Response, json_response
 from ortserve.core.protocol.replies import Health
@@ -11,30 +20,43 @@ from ortserve.core.protocol.replies import Health
 if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
     from ortserve.core.api import Api, Context
 
+Status = Literal["loading", "ready", "restarting", "failed", "draining"]
+
+# Fields that hold a location on the machine or a process id, wherever they are nested:
+# an adapter's and a reload's folder, the engine process's pid.
+_PRIVATE_FIELDS = frozenset({"pid", "model_dir", "source"})
+# An absolute path in free text (a reason): its folders; the file's own name stays, as
+# it says what is wrong (`…/model.onnx.data does not match its sha256`). A URL's path
+# (after `scheme:/`) is not one.
+_FOLDERS = re.compile(r"(?<![\w.:/~-])/(?:[^\s/'\"`,;:()\[\]{}]+/)*")
+
 
 def healthz(api: Api, request: Request, ctx: Context) -> Response:
     """GET /healthz: always 200 while the process answers, with what /readyz says."""
-    health = _health(api)
+    health = _health(api, ctx)
     health["alive"] = True
     return json_response(200, health)
 
 
 def readyz(api: Api, request: Request, ctx: Context) -> Response:
     """GET /readyz: 200 once the model is ready, else 503 with its status and why."""
-    payload = _health(api)
-    ready = payload["status"] == "ready"
+    full = _health(api, ctx, shown=False)
+    status = full["status"]
+    ready = status == "ready"
     # Retry-After only where waiting helps: not after a failed load.
-    retry = not ready and payload["status"] != "failed"
-    if not ready:
-        why = payload.get("reason")
-        ctx.reason = f"not ready: {payload['status']}" + (f" ({why})" if why else "")
+    retry = not ready and status != "failed"
+    if not ready:  # the record (the server's own log) says why, whoever asked
+        why = full.get("reason")
+        ctx.reason = f"not ready: {status}" + (f" ({why})" if why else "")
+    payload = _shown(api, ctx, full)
     return json_response(200 if ready else 503, payload, [("retry-after", "5")] if retry else None)
 
 
-def _health(api: Api) -> Health:
+def _health(api: Api, ctx: Context, *, shown: bool = True) -> Health:
+    """The probes' answer: everything (`shown` False), or what `ctx`'s caller may see."""
     state = api.state
     engine = state.engine
-    status: Literal["loading", "ready", "restarting", "failed", "draining"] = state.status
+    status: Status = state.status
     if engine is not None and engine.model.state != "ready":  # its process restarts
         status = "failed" if engine.model.state == "failed" else "restarting"
     status = "draining" if api.draining else status
@@ -44,4 +66,30 @@ def _health(api: Api) -> Health:
     if service is not None:
         stats = service.stats()
         payload["active"], payload["waiting"] = stats.active, stats.waiting
-    return payload
+    return _shown(api, ctx, payload) if shown else payload
+
+
+def _shown(api: Api, ctx: Context, payload: Health) -> Health:
+    """What of `payload` the request's caller may see (the module's docstring)."""
+    if ctx.keyed:
+        return payload
+    settings = api.settings
+    if settings.api_keys or settings.admin_keys:
+        return {"status": payload["status"]}
+    return cast(Health, _without_locations(payload))
+
+
+def _without_locations(value: Any) -> Any:
+    """`value` (JSON data) without pids and paths: `_PRIVATE_FIELDS` dropped, and each
+    absolute path in text cut to its file's name."""
+    if isinstance(value, dict):
+        return {
+            key: _without_locations(item)
+            for key, item in value.items()
+            if key not in _PRIVATE_FIELDS
+        }
+    if isinstance(value, list):
+        return [_without_locations(item) for item in value]
+    if isinstance(value, str):
+        return _FOLDERS.sub("…/", value)
+    return value

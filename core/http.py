@@ -145,8 +145,10 @@ def sse_response(chunks: Iterator[bytes]) -> Response:
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    409: "invalid_request_error",  # a conflict with the server's state, as OpenAI's are
     413: "invalid_request_error",
     503: "server_error",
     504: "server_error",

@@ -5,11 +5,15 @@ journald, CloudWatch Logs and Cloud Logging each parse one JSON object per line,
 edge daemon, both Lambda images and Cloud Functions log through `JsonLog`: a level, a
 message and fields, and one line per request record. At a terminal the edge daemon writes
 `access_line` instead (edge.logs). No engine is imported here.
+
+Every format writes request-supplied text (a path, an unknown field's name, a reason)
+through `escaped`, so no request can end a log line early or start a forged one.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -17,6 +21,25 @@ from dataclasses import asdict
 from typing import Any, TextIO
 
 from ortserve.core.records import RequestRecord
+
+# C0 controls (newline, carriage return, ESC ...), DEL, C1 controls (NEL ...), the line and
+# paragraph separators, and lone surrogates (which no UTF-8 stream can write).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def escaped(text: str) -> str:
+    """`text` with each control character written as a JSON escape (`\\u000a` for a
+    newline, `\\u001b` for ESC): one log line stays one line, and a terminal shows it as
+    sent rather than obeying it.
+
+    The escape is JSON's own, so a JSON line passed through it stays valid JSON; applying
+    it twice changes nothing more.
+    """
+    return _UNSAFE.sub(_escape, text)
 
 
 def record_fields(record: RequestRecord) -> dict[str, Any]:
@@ -56,7 +79,7 @@ def access_line(record: RequestRecord) -> str:
     if record.reason:
         parts.append(record.reason)
     head = f"{record.method} {record.route} {record.status} {_seconds(record.duration_s)}"
-    return f"{head}: {', '.join(parts)}" if parts else head
+    return escaped(f"{head}: {', '.join(parts)}" if parts else head)
 
 
 class JsonLog:
@@ -89,7 +112,8 @@ class JsonLog:
     def write(self, level: str, message: str, **fields: Any) -> None:
         """One line: `{level_key: level, "message": message, **fields}`.
 
-        Values JSON cannot encode are written as their `str()`.
+        Values JSON cannot encode are written as their `str()`; control characters in
+        any value are escaped (`escaped`).
         """
         context = self._context() if self._context is not None else {}
         self._line({self._level_key: level, "message": message, **fields, **context})
@@ -99,7 +123,10 @@ class JsonLog:
         self.write("INFO", "request", event="request", **record_fields(record), **extra)
 
     def _line(self, fields: Mapping[str, Any]) -> None:
-        line = json.dumps(fields, separators=(",", ":"), default=str) + "\n"
+        # ASCII JSON escapes every control character already, in the form `escaped`
+        # writes; passing the line through it keeps that so whatever the encoder does.
+        encoded = json.dumps(fields, ensure_ascii=True, separators=(",", ":"), default=str)
+        line = escaped(encoded) + "\n"
         stream = self._stream if self._stream is not None else sys.stdout
         with self._lock:
             stream.write(line)

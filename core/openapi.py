@@ -78,6 +78,7 @@ def _post(route: Route) -> dict[str, Any]:
                     for code, text in (
                         ("400", "invalid request"),
                         ("401", "missing or invalid API key"),
+                        ("403", "an admin key's route (loading or unloading adapters)"),
                         ("404", "unknown route or model"),
                         ("405", "method not allowed"),
                         ("409", "an adapter in use (unloading it)"),

@@ -378,7 +378,7 @@ def _alive(pid: int) -> bool:
 
 def run_switch(args: argparse.Namespace) -> int:
     """`ortserve rollback` / `ortserve reload`: 0 once the daemon serves the model."""
-    from ortserve.edge.switch import SwitchError, listen_url, switch
+    from ortserve.edge.switch import SwitchError, listen_url, local_key, switch
 
     command = "rollback" if args.rollback else "reload"
     url = args.url or listen_url(args.env_file)
@@ -392,6 +392,7 @@ def run_switch(args: argparse.Namespace) -> int:
             unit=args.unit,
             reload=reload,
             timeout=args.timeout,
+            key=local_key(args.env_file),
         )
     except SwitchError as exc:
         print(f"ortserve {command}: error: {exc}", file=sys.stderr)

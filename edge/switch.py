@@ -10,7 +10,9 @@ A board keeps each model in a versioned folder and names the serving one with sy
 A rollback swaps the two links (each replaced atomically, `current` last), asks the daemon
 to reload (SIGHUP: `systemctl reload ortserve`, or a PID) and waits until /readyz serves
 the expected manifest digest. If the daemon reports that the reload failed, the links are
-put back, so they name what serves. Standard library only: the CLI imports this lazily.
+put back, so they name what serves. On a daemon with keys, /readyz says only its status
+without one: the switch asks it with the first admin key (else API key) of the daemon's
+settings file. Standard library only: the CLI imports this lazily.
 """
 
 from __future__ import annotations
@@ -126,8 +128,8 @@ def swap(state_dir: Path) -> tuple[str, str]:
     return previous, current
 
 
-def listen_url(env_file: Path) -> str:
-    """The daemon's URL from its settings file (ORTSERVE_HOST/PORT), else the default."""
+def env_values(env_file: Path) -> dict[str, str]:
+    """The settings in the daemon's settings file (`NAME=value` lines); none if unreadable."""
     values: dict[str, str] = {}
     try:
         lines = env_file.read_text(encoding="utf-8").splitlines()
@@ -137,7 +139,23 @@ def listen_url(env_file: Path) -> str:
         key, sep, value = line.strip().partition("=")
         if sep and not key.startswith("#"):
             values[key.strip()] = value.strip().strip("'\"")
-    return local_url(values)
+    return values
+
+
+def listen_url(env_file: Path) -> str:
+    """The daemon's URL from its settings file (ORTSERVE_HOST/PORT), else the default."""
+    return local_url(env_values(env_file))
+
+
+def local_key(env_file: Path) -> str | None:
+    """A key /readyz answers in full to: the first of ORTSERVE_ADMIN_KEYS, else of
+    ORTSERVE_API_KEYS, in the daemon's settings file; None without either."""
+    values = env_values(env_file)
+    for name in ("ORTSERVE_ADMIN_KEYS", "ORTSERVE_API_KEYS"):
+        keys = [k.strip() for k in values.get(name, "").split(",") if k.strip()]
+        if keys:
+            return keys[0]
+    return None
 
 
 def local_url(values: Mapping[str, str]) -> str:
@@ -152,17 +170,20 @@ def local_url(values: Mapping[str, str]) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def readyz(url: str, timeout: float = 5.0) -> dict[str, Any]:
-    """GET /readyz's JSON (a 503 has a body too).
+def readyz(url: str, timeout: float = 5.0, key: str | None = None) -> dict[str, Any]:
+    """GET /readyz's JSON (a 503 has a body too), asked with `key` where given (a daemon
+    with keys tells its model and reloads only to a request with one).
 
     Raises:
         SwitchError: The daemon does not answer.
     """
     if not url.startswith(("http://", "https://")):
         raise SwitchError(f"not an http(s) URL: {url}")
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    # The scheme is checked above (no file: or custom schemes).
+    request = urllib.request.Request(f"{url.rstrip('/')}/readyz", headers=headers)  # noqa: S310
     try:
-        # The scheme is checked above (no file: or custom schemes).
-        with urllib.request.urlopen(f"{url.rstrip('/')}/readyz", timeout=timeout) as reply:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310
             body = reply.read()
     except urllib.error.HTTPError as exc:
         body = exc.read()
@@ -201,8 +222,10 @@ def signal_reload(pid: int | None, unit: str) -> None:
         raise SwitchError(f"systemctl reload {unit} failed: {proc.stderr.strip()}")
 
 
-def wait_served(url: str, digest: str, count_before: int, timeout: float) -> dict[str, Any]:
-    """Wait until /readyz serves `digest`; the payload then.
+def wait_served(
+    url: str, digest: str, count_before: int, timeout: float, key: str | None = None
+) -> dict[str, Any]:
+    """Wait until /readyz (asked with `key`) serves `digest`; the payload then.
 
     Raises:
         SwitchError: The daemon reported a failed reload (with its reason), or the time ran out.
@@ -211,7 +234,7 @@ def wait_served(url: str, digest: str, count_before: int, timeout: float) -> dic
     payload: dict[str, Any] = {}
     while time.monotonic() < deadline:
         try:
-            payload = readyz(url)
+            payload = readyz(url, key=key)
         except SwitchError:
             payload = {}  # restarting, or briefly too busy: ask again
         if payload.get("manifest_digest") == digest and payload.get("status") == "ready":
@@ -235,11 +258,13 @@ def switch(
     unit: str = UNIT,
     reload: bool = True,
     timeout: float = 120.0,
+    key: str | None = None,
 ) -> Outcome:
     """Roll back (swap `current` and `previous`) or only reload, and wait for /readyz.
 
     Without `reload` the links are swapped and nothing is asked of the daemon (it serves
-    the new `current` from its next start or reload).
+    the new `current` from its next start or reload). /readyz is asked with `key`
+    (None: `local_key` of ENV_FILE, the unit's settings).
 
     Raises:
         SwitchError: Nothing to switch to, the daemon is unreachable, or it could not load
@@ -254,7 +279,8 @@ def switch(
         digest = folder_digest(target)
     except OSError as exc:
         raise SwitchError(f"no model at {target}: {exc.strerror or exc}") from None
-    before = readyz(url) if reload else {}
+    key = key if key is not None else local_key(ENV_FILE)
+    before = readyz(url, key=key) if reload else {}
     count_before = reload_count(before)
     start = time.monotonic()
     links = {name: link_target(state_dir, name) for name in (PREVIOUS, CURRENT)}
@@ -264,7 +290,7 @@ def switch(
         return Outcome(None, time.monotonic() - start)
     try:
         signal_reload(pid, unit)
-        payload = wait_served(url, digest, count_before, timeout)
+        payload = wait_served(url, digest, count_before, timeout, key)
     except SwitchError as exc:
         if rollback:
             # The links name what serves again: set, not swapped back (the daemon itself

@@ -24,6 +24,8 @@ from tests.functional.test_edge_daemon import LONG, PROMPT, Daemon
 pytestmark = pytest.mark.slow
 
 WAIT_S = 600  # the longest a request here may take before the test calls it hung
+KEY = "engine-test-key"
+OTHER_KEY = "engine-test-other-key"  # another tenant
 
 
 @pytest.fixture
@@ -31,7 +33,12 @@ def start(tiny_model_dir: Path) -> Iterator[Any]:
     daemons: list[Daemon] = []
 
     def start_daemon(model_dir: Path | None = None, **env: str) -> Daemon:
-        daemon = Daemon(model_dir or tiny_model_dir, {f"ORTSERVE_{k}": v for k, v in env.items()})
+        settings = {"API_KEYS": KEY, **env}
+        daemon = Daemon(
+            model_dir or tiny_model_dir, {f"ORTSERVE_{k}": v for k, v in settings.items()}
+        )
+        # A probe shows the engine's pid (and the requests in it) only to a request with a key.
+        daemon.http.headers["authorization"] = f"Bearer {KEY}"
         daemons.append(daemon)
         daemon.wait_for("READY=1")
         return daemon
@@ -123,8 +130,14 @@ def test_a_signal_mid_prefill_is_a_503_to_retry_and_a_request_in_two_faults_is_r
     # suite's other workers), so the kill lands in it (before the first token). No prompt
     # cache: a retried prompt would be in it, with next to nothing to prefill. The waits
     # are for that slowest case: they bound a hang, they time nothing.
+    # Two tenants (issue 49): a fault counts against the tenant whose request was in it;
+    # another tenant sending the same prompt is not refused (nor can it get it refused).
     daemon = start(
-        models.shape_135m(), PREFILL_CHUNK_TOKENS="16", MAX_BATCH="1", PROMPT_CACHE_SLOTS="0"
+        models.shape_135m(),
+        PREFILL_CHUNK_TOKENS="16",
+        MAX_BATCH="1",
+        PROMPT_CACHE_SLOTS="0",
+        API_KEYS=f"{KEY},{OTHER_KEY}",
     )
     body = {"prompt": "The quick brown fox jumps. " * 250, "max_new_tokens": 1}
 
@@ -132,7 +145,9 @@ def test_a_signal_mid_prefill_is_a_503_to_retry_and_a_request_in_two_faults_is_r
         answer: dict[str, httpx.Response] = {}
 
         def ask() -> None:
-            with httpx.Client(base_url=daemon.url, timeout=WAIT_S) as client:
+            with httpx.Client(
+                base_url=daemon.url, timeout=WAIT_S, headers={"authorization": f"Bearer {KEY}"}
+            ) as client:
                 answer["reply"] = client.post("/generate", json=body)
 
         pid = _engine(daemon)["pid"]
@@ -160,6 +175,10 @@ def test_a_signal_mid_prefill_is_a_503_to_retry_and_a_request_in_two_faults_is_r
     assert "twice" in refused.json()["error"]["message"]
     other = daemon.http.post("/generate", json={"prompt": PROMPT, "max_new_tokens": 4})
     assert other.status_code == 200, other.text
+    theirs = daemon.http.post(
+        "/generate", json=body, headers={"authorization": f"Bearer {OTHER_KEY}"}, timeout=WAIT_S
+    )
+    assert theirs.status_code == 200, theirs.text  # the same prompt, another tenant: served
     assert _engine(daemon)["restarts"] == {sig.name: 2}
 
 

@@ -216,7 +216,12 @@ def test_cold_start_figures_in_one_line(
     assert figures["model_source"] == "image"
     assert "within the 8 s budget" in figures["load_plan"]
     # The log says what /readyz says of the model (same names, same values).
-    ready = json.loads(app.handle(_event("rest-readyz.json"))["body"])
+    # A load balancer's probe (no key) gets the status only; a key gets the model.
+    probe = _event("rest-readyz.json")
+    assert json.loads(app.handle(probe)["body"]) == {"status": "ready"}
+    probe["headers"]["x-api-key"] = API_KEY
+    probe["multiValueHeaders"]["x-api-key"] = [API_KEY]
+    ready = json.loads(app.handle(probe)["body"])
     for key in ("model", "manifest_digest", "execution_provider", "skipped_providers"):
         assert figures[key] == ready[key]
     capsys.readouterr()

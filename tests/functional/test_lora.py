@@ -153,7 +153,11 @@ def test_through_the_http_api(real_lora: Path) -> None:
     Ollama's routes, keeps each request's answer whatever ran before or beside it (the
     prompt cache and batching keep adapters apart), and loads and unloads it at runtime
     while the model stays."""
-    with edge_server(real_lora / "model") as url, httpx.Client(base_url=url, headers=AUTH) as http:
+    admin = {"ORTSERVE_ADMIN_KEYS": "lora-admin-key"}
+    with (
+        edge_server(real_lora / "model", admin) as url,
+        httpx.Client(base_url=url, headers=AUTH) as http,
+    ):
         model = http.get("/v1/models").json()["data"][0]["id"]
         named = f"{model}:lesson"
         cards = {c["id"]: c for c in http.get("/v1/models").json()["data"]}
@@ -188,7 +192,11 @@ def test_through_the_http_api(real_lora: Path) -> None:
         assert unknown.status_code == 404
         assert unknown.json()["error"]["code"] == "model_not_found"
 
-        unload = http.post("/v1/unload_lora_adapter", json={"lora_name": named}).json()
+        # Loading and unloading change what the server holds: an admin key's to ask.
+        as_admin = {"authorization": "Bearer lora-admin-key"}
+        unload = http.post(
+            "/v1/unload_lora_adapter", json={"lora_name": named}, headers=as_admin
+        ).json()
         assert unload == {
             "object": "lora_adapter",
             "id": named,
@@ -197,13 +205,18 @@ def test_through_the_http_api(real_lora: Path) -> None:
             "loaded_adapters": [],
         }
         assert _text(_completion(http, model)) == base  # the model stayed
-        load = http.post("/v1/load_lora_adapter", json={"lora_name": "lesson"}).json()
+        load = http.post(
+            "/v1/load_lora_adapter", json={"lora_name": "lesson"}, headers=as_admin
+        ).json()
         assert load["changed"] and load["loaded_adapters"] == ["lesson"]
         assert "swordfish-seven" in _text(_completion(http, named))
         elsewhere = http.post(
-            "/v1/load_lora_adapter", json={"lora_name": "lesson", "lora_path": "/etc/passwd"}
+            "/v1/load_lora_adapter",
+            json={"lora_name": "lesson", "lora_path": "/etc/passwd"},
+            headers=as_admin,
         )
         assert elsewhere.status_code == 400 and "lora_path" in elsewhere.text
+        assert "/etc/passwd" not in elsewhere.text
 
 
 def test_an_adapter_in_use_is_not_unloaded(tiny_lora_fp32: Path) -> None:
