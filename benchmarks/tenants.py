@@ -82,7 +82,9 @@ def main() -> None:
         f"{args.model}: {args.turns} turns, {args.tokens} new tokens each, {args.threads} "
         f"threads, 2 cache slots, medians of {args.reps}"
     )
-    print("turn  A alone: cached  TTFT     B sending A's messages: cached  TTFT")
+    # B's first turn is the probe: A' (A's key) has just sent the same prompt; B's own
+    # earlier chats share only the template's first tokens with it.
+    print("turn  A alone: cached  TTFT     B right after A's same messages: cached  TTFT")
     for turn in range(args.turns):
         a_ttft = statistics.median(r[turn][0] for r in alone) * 1000
         b_ttft = statistics.median(r[turn][0] for r in probed) * 1000

@@ -1,4 +1,4 @@
-"""The Responses API through the in-process core and the edge daemon: a kept response is
+"""The Responses API on every target: a kept response is
 its API key's alone (another key's `previous_response_id` of it answers exactly as an id
 that never was), and input items this server does not take are refused by type."""
 
@@ -12,16 +12,17 @@ from typing import Any
 import pytest
 
 from tests.functional.harness import Reply, Target
-from tests.functional.targets import open_target
+from tests.functional.targets import TARGETS, open_target
 
 RESPONSES = "/v1/responses"
 OTHER = {"authorization": "Bearer other-key"}  # the harness's servers' second key
 
 
-@pytest.fixture(scope="module", params=["core", "edge"])
-def target(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Iterator[Target]:
-    # The gcf bundle is used by the gcf target only.
-    with open_target(request.param, tiny_model_dir, tiny_model_dir) as target:
+@pytest.fixture(scope="module", params=TARGETS)
+def target(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, tiny_gcf_bundle: Path
+) -> Iterator[Target]:
+    with open_target(request.param, tiny_model_dir, tiny_gcf_bundle) as target:
         yield target
 
 
