@@ -298,13 +298,14 @@ class Api:
         """Answer a generation route (its answer in core.protocol names `body_type`): the
         body says what to generate and how to answer; the service generates."""
         body = parse(body_type, request.body)
+        body.sent_by(ctx.tenant)
         service = self._service(request)
         served = self.served(service)
         instant = body.instant_answer(served)
         if instant is not None:
             return json_response(200, instant)
         generation = replace(
-            body.to_generation(served), tenant=ctx.tenant, cache_salt=body.cache_salt
+            body.to_generation(served), tenant=body.tenant, cache_salt=body.cache_salt
         )
         reply = body.reply(ctx.request_id, served)
         ctx.reply = reply

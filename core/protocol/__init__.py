@@ -28,6 +28,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     model_validator,
 )
@@ -297,6 +298,17 @@ class GenerationBody(Body):
         description="only requests of this API key with the same salt share prompt-cache "
         "entries (vLLM's `cache_salt`); left out: every request of this API key may",
     )
+    _tenant: str = PrivateAttr(default="")
+
+    @property
+    def tenant(self) -> str:
+        """Whose request it is (core.tenants): what it may find of earlier requests (a
+        stored response) is that tenant's only."""
+        return self._tenant
+
+    def sent_by(self, tenant: str) -> None:
+        """Say whose request it is (`Api.generate`, once the body is parsed)."""
+        self._tenant = tenant
 
     @property
     def choices(self) -> int:

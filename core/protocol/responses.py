@@ -23,7 +23,6 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, PrivateAttr, Tag
@@ -157,15 +156,6 @@ class _Kept:
 
 #: This process's kept responses.
 KEPT = _Kept(KEPT_RESPONSES)
-
-#: Whose request the body being read is (core.tenants): `responses` sets it around the
-#: request, since `Api.generate` hands a body nothing but the served model.
-_TENANT: ContextVar[str] = ContextVar("ortserve_responses_tenant", default=ANYONE)
-
-
-def _request_tenant() -> str:
-    """The tenant of the request being answered (`responses` sets it)."""
-    return _TENANT.get()
 
 
 # -- the body ----------------------------------------------------------------------------
@@ -399,8 +389,6 @@ class ResponsesBody(GenerationBody):
     )
 
     _conversation: list[dict[str, Any]] | None = PrivateAttr(default=None)
-    # Whose request this is (core.tenants): previous_response_id looks among its own.
-    _tenant: str = PrivateAttr(default_factory=_request_tenant)
 
     def conversation(self) -> list[dict[str, Any]]:
         """The conversation as chat templates take it, the instructions left out: the
@@ -413,7 +401,7 @@ class ResponsesBody(GenerationBody):
             return self._conversation
         messages: list[dict[str, Any]] = []
         if self.previous_response_id is not None:
-            kept = KEPT.get(self._tenant, self.previous_response_id)
+            kept = KEPT.get(self.tenant, self.previous_response_id)
             if kept is None:
                 # The same words for an id of another tenant's as for one that never was.
                 raise InvalidRequestError(
@@ -532,7 +520,7 @@ class ResponsesBody(GenerationBody):
             "usage": None,
         }
         kept = self.conversation() if self.store else None
-        return ResponsesReply(echo, self.tool_plan(served), kept, self._tenant)
+        return ResponsesReply(echo, self.tool_plan(served), kept, self.tenant)
 
 
 # -- the answer --------------------------------------------------------------------------
@@ -728,8 +716,4 @@ def _as_message(output: list[OutputMessage | OutputFunctionCall]) -> dict[str, A
 def responses(api: Api, request: Request, ctx: Context) -> Response:
     """POST /v1/responses: as the request's tenant (`previous_response_id` looks among,
     and the answer is kept with, that tenant's responses)."""
-    token = _TENANT.set(ctx.tenant)
-    try:
-        return api.generate(ResponsesBody, request, ctx)
-    finally:
-        _TENANT.reset(token)
+    return api.generate(ResponsesBody, request, ctx)

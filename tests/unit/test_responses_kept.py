@@ -12,7 +12,6 @@ from ortserve.bake.sizing import MIB, memory_for
 from ortserve.core.errors import InvalidRequestError
 from ortserve.core.protocol import Served, parse
 from ortserve.core.protocol.responses import (
-    _TENANT,
     KEPT,
     KEPT_RESPONSE_BYTES,
     KEPT_RESPONSES,
@@ -111,11 +110,9 @@ _SERVED = Served(
 
 
 def _body(tenant: str, **fields: Any) -> ResponsesBody:
-    token = _TENANT.set(tenant)
-    try:
-        return parse(ResponsesBody, json.dumps(fields).encode())
-    finally:
-        _TENANT.reset(token)
+    body = parse(ResponsesBody, json.dumps(fields).encode())
+    body.sent_by(tenant)
+    return body
 
 
 def test_previous_response_id_of_another_tenant_is_refused_as_an_unknown_one() -> None:
