@@ -224,11 +224,14 @@ def functions_framework(bundle: Path, env: dict[str, str]) -> ServerProcess:
 
 
 def daemon_pids(base: str, pid: int) -> list[int]:
-    """The daemon's process and, when it runs og in one, its engine process (/healthz
-    says which): what a benchmark's memory and CPU figures of "the daemon" must count."""
-    engine = httpx.get(f"{base}/healthz", timeout=30).json().get("engine") or {}
-    child = engine.get("pid")
-    return [pid, int(child)] if child else [pid]
+    """The daemon's process and, when it runs og in one, its engine process: what a
+    benchmark's memory and CPU figures of "the daemon" must count. The engine process is
+    the daemon's child (/proc), since /healthz names its pid to a request with a key only.
+    """
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        children += [int(child) for child in task.read_text().split()]
+    return [pid, *sorted(set(children))]
 
 
 def memory_kib(pids: list[int], key: str) -> int:

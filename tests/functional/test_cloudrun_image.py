@@ -401,8 +401,10 @@ def service(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 def test_the_service_is_ready_on_port(service: str) -> None:
-    ready = httpx.get(f"{service}/readyz", timeout=10)
+    ready = httpx.get(f"{service}/readyz", timeout=10, headers=AUTH)
     assert ready.status_code == 200 and ready.json()["execution_provider"] == "cpu"
+    # Cloud Run's own probe carries no key: the status, nothing else.
+    assert httpx.get(f"{service}/readyz", timeout=10).json() == {"status": "ready"}
     assert httpx.get(f"{service}/healthz", timeout=10).status_code == 200
 
 

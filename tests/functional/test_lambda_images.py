@@ -306,18 +306,20 @@ def test_the_streaming_image_streams_the_same_sse_bytes(
         assert normalized(got.body) == normalized(want.body), path
     # And it streams: the first event arrives while the model is still generating. The
     # tiny model is fast (2,000 tokens in a fraction of a second, during which og holds
-    # the GIL the health answer needs): four choices of 2,000 forced tokens each (they
-    # run one after another) keep it generating four times as long; health is asked on a
-    # connection opened beforehand, so that asking takes one loopback round trip.
+    # the GIL the health answer needs): eight choices of 2,000 forced tokens each (two
+    # batches of four, one after the other) keep it generating longer; health is asked
+    # on a connection opened beforehand, with the key (without one it says the status
+    # only), so that asking takes one loopback round trip.
     body = {
         "prompt": "Hello",
         "max_tokens": 2000,
-        "n": 4,
+        "n": 8,
         "ignore_eos": True,
         "temperature": 0,
         "stream": True,
     }
-    with httpx.Client(base_url=stream_server, timeout=60) as health:
+    auth = {"authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=stream_server, timeout=60, headers=auth) as health:
         assert health.get("/healthz").json()["active"] == 0
         with target.open_stream("/v1/completions", body) as chunks:
             assert next(chunks).startswith(b"data: {")

@@ -204,7 +204,7 @@ def test_the_gate_is_recorded_and_shown(real_model_dir: Path) -> None:
     with edge_server(real_model_dir) as base:
         import httpx
 
-        ready = httpx.get(f"{base}/readyz").json()
+        ready = httpx.get(f"{base}/readyz", headers={"authorization": f"Bearer {API_KEY}"}).json()
     assert ready["quality"]["ppl_ratio"] == quality.ppl_ratio
     assert ready["quality"]["status"] == "passed"
 
