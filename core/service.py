@@ -682,8 +682,9 @@ class Service:
 
         The request passes admission once, as one generation: its choices never queue
         against each other (behind a slot one of them holds), whatever the number of
-        slots. Within it, at most MAX_BATCH choices decode at once (each alone: the
-        memory of one generation's batch), the others as those end. The first starts
+        slots. Within it, at most MAX_BATCH choices decode at once (in one batch when the
+        request can batch, else each alone: the memory of one generation's batch), the
+        others as those end, all within one request timeout. The first starts
         here, so that a bad request or a full server is an error before any byte.
 
         Raises:
