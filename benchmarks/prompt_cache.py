@@ -65,20 +65,29 @@ def _chat(client: httpx.Client, base: str, turns: int, tokens: int) -> list[tupl
     return out
 
 
-def main() -> None:
-    """Run the benchmark and print the table."""
-    parser = argparse.ArgumentParser(description=__doc__)
+def chat_options(doc: str | None, turns: int, tokens: int) -> argparse.Namespace:
+    """The command line of a multi-turn chat benchmark (this one's, benchmarks.tenants')."""
+    parser = argparse.ArgumentParser(description=doc)
     parser.add_argument("--model", default="builtin:smollm2-135m-shape")
     parser.add_argument("--model-dir", type=Path, help="a baked model folder (default: bake)")
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--tokens", type=int, default=32, help="new tokens per turn")
+    parser.add_argument("--turns", type=int, default=turns)
+    parser.add_argument("--tokens", type=int, default=tokens, help="new tokens per turn")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench")
-    args = parser.parse_args()
-    model_dir = (
-        args.model_dir or baked(args.work, args.model, "edge-x86_64", package=False) / "model"
-    )
+    return parser.parse_args()
+
+
+def model_folder(args: argparse.Namespace) -> Path:
+    """The model folder `chat_options` name: `--model-dir`, or `--model` baked."""
+    folder: Path = args.model_dir or baked(args.work, args.model, "edge-x86_64", package=False)
+    return folder if args.model_dir else folder / "model"
+
+
+def main() -> None:
+    """Run the benchmark and print the table."""
+    args = chat_options(__doc__, turns=6, tokens=32)
+    model_dir = model_folder(args)
     env = {**os.environ, "ORTSERVE_THREADS": str(args.threads), "ORTSERVE_PROVIDERS": "cpu"}
     runs: dict[str, list[list[tuple[float, str, int]]]] = {"cache": [], "none": []}
     with (

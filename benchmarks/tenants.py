@@ -12,19 +12,15 @@ for docs/measurements.md, from one run on a shared machine.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.bakes import baked
-from benchmarks.prompt_cache import SYSTEM, _turn
+from benchmarks.prompt_cache import SYSTEM, _turn, chat_options, model_folder
 from benchmarks.support.servers import daemon
 
-ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("tenant-a", "tenant-b")
 
 
@@ -53,18 +49,8 @@ def _play(
 
 def main() -> None:
     """Run the benchmark and print the table."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="builtin:smollm2-135m-shape")
-    parser.add_argument("--model-dir", type=Path, help="a baked model folder (default: bake)")
-    parser.add_argument("--turns", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=16, help="new tokens per turn")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench")
-    args = parser.parse_args()
-    model_dir = (
-        args.model_dir or baked(args.work, args.model, "edge-x86_64", package=False) / "model"
-    )
+    args = chat_options(__doc__, turns=5, tokens=16)
+    model_dir = model_folder(args)
     env = {
         **os.environ,
         "ORTSERVE_THREADS": str(args.threads),
