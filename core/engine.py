@@ -31,6 +31,7 @@ from ortserve.core.errors import (
     ModelUnavailableError,
     OrtServeError,
     ProviderUnavailableError,
+    first_line,
 )
 from ortserve.core.generation import (
     ADAPTER,
@@ -148,11 +149,6 @@ def _kv_bytes_per_token(model_config: dict[str, Any], element_bytes: int) -> int
     return total
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _logprob(logits: np.ndarray[Any, Any], token: int, top: int) -> TokenLogprob:
     """`token`'s log probability under `logits` (one position's), and the `top` best."""
     values = logits.astype(np.float64)
@@ -250,9 +246,9 @@ def _speculation(
     except RuntimeError as exc:
         if draft:
             raise ModelUnavailableError(
-                f"its draft model cannot draft for it: {_first_line(exc)}"
+                f"its draft model cannot draft for it: {first_line(exc)}"
             ) from exc
-        return None, f"off: {_first_line(exc)}"
+        return None, f"off: {first_line(exc)}"
     return options, f"{kind}, up to {settings.speculative_draft_tokens} drafts a pass"
 
 
@@ -282,7 +278,7 @@ def probe_providers(
                 config.append_provider(_OG_PROVIDER[name])
             return og.Model(config), name, skipped
         except RuntimeError as exc:
-            first = _first_line(exc)
+            first = first_line(exc)
             skipped[name] = (
                 NOT_INSTALLED if _NOT_IN_BUILD in first else f"failed to initialise: {first}"
             )
@@ -804,7 +800,7 @@ class Engine:
         try:
             return bool(self._model.adapter("load", name))
         except RuntimeError as exc:
-            raise GenerationError(f"cannot load adapter {name!r}: {_first_line(exc)}") from exc
+            raise GenerationError(f"cannot load adapter {name!r}: {first_line(exc)}") from exc
 
     def unload_adapter(self, name: str) -> bool:
         """Free a loaded adapter's memory (the model stays; a later request loads it
@@ -822,7 +818,7 @@ class Engine:
         except RuntimeError as exc:
             raise ConflictError(
                 f"adapter {name!r} is in use by a request: unload it when it is done "
-                f"({_first_line(exc)})"
+                f"({first_line(exc)})"
             ) from exc
 
     def loaded_adapters(self) -> list[str]:
@@ -943,8 +939,8 @@ class Engine:
             generator = self._model.generator(search, guidance, tags)
         except RuntimeError as exc:
             if guidance is not None:
-                raise InvalidRequestError(f"invalid guidance: {_first_line(exc)}") from exc
-            raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
+                raise InvalidRequestError(f"invalid guidance: {first_line(exc)}") from exc
+            raise GenerationError(f"cannot start generation: {first_line(exc)}") from exc
         return Decoding(
             self._steps(
                 generator,
@@ -985,7 +981,7 @@ class Engine:
         try:
             generator = self._model.generator(search, None, (_tag(input_ids, None, tenant),))
         except RuntimeError as exc:
-            raise GenerationError(f"cannot start beam search: {_first_line(exc)}") from exc
+            raise GenerationError(f"cannot start beam search: {first_line(exc)}") from exc
 
         def best() -> Generator[Step, None, None]:
             try:
@@ -999,7 +995,7 @@ class Engine:
                         checkpoint()
                 sequence = generator.finish(0)[prompt_len:]
             except RuntimeError as exc:
-                raise GenerationError(f"beam search failed: {_first_line(exc)}") from exc
+                raise GenerationError(f"beam search failed: {first_line(exc)}") from exc
             ended = next((i for i, t in enumerate(sequence) if t in self.eos_ids), None)
             for token in sequence[:ended]:
                 yield Token(token)
@@ -1035,7 +1031,7 @@ class Engine:
             try:
                 generator.rewind(common)
             except RuntimeError as exc:
-                raise GenerationError(f"cannot reuse a cached prompt: {_first_line(exc)}") from exc
+                raise GenerationError(f"cannot reuse a cached prompt: {first_line(exc)}") from exc
         else:
             common = 0
             max_length = min(max(room, cache.max_tokens), self.context_length or room)
@@ -1047,7 +1043,7 @@ class Engine:
                 tags = (_tag(input_ids, None, tenant),)
                 generator = self._model.generator(search, None, tags)
             except RuntimeError as exc:
-                raise GenerationError(f"cannot start generation: {_first_line(exc)}") from exc
+                raise GenerationError(f"cannot start generation: {first_line(exc)}") from exc
 
         def keep() -> None:  # the prompt's prefill is in its cache: keep it for the next
             # ... unless its KV buffer is larger than a slot's bound (a slot holds what
@@ -1122,9 +1118,9 @@ class Engine:
             prefilled = False  # a failed generator is not kept
             if guided:
                 raise InvalidRequestError(
-                    f"the guidance cannot be followed with this model's tokens: {_first_line(exc)}"
+                    f"the guidance cannot be followed with this model's tokens: {first_line(exc)}"
                 ) from exc
-            raise GenerationError(f"generation failed: {_first_line(exc)}") from exc
+            raise GenerationError(f"generation failed: {first_line(exc)}") from exc
         finally:
             if prefilled and keep is not None:
                 keep()

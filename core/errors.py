@@ -155,3 +155,10 @@ class ClientClosedError(OrtServeError):
 
     status = 499
     code = "client_closed_request"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of `exc`'s message (native errors carry whole stacks), or its type's
+    name when it has none: what an error message may repeat of it."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -24,6 +24,7 @@ from ortserve.core.errors import (
     InvalidRequestError,
     OrtServeError,
     RequestTimeoutError,
+    first_line,
 )
 from ortserve.core.generation import (
     Cached,
@@ -789,10 +790,7 @@ class Service:
                 if isinstance(item, OrtServeError):  # the engine process ended, say
                     raise item
                 if isinstance(item, BaseException):
-                    reason = str(item).strip().splitlines()[0] if str(item).strip() else ""
-                    raise GenerationError(
-                        f"generation failed: {reason or type(item).__name__}"
-                    ) from item
+                    raise GenerationError(f"generation failed: {first_line(item)}") from item
                 yield item
                 if isinstance(item, Finish):
                     return

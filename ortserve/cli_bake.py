@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _add_bake_choices(parser: argparse.ArgumentParser, *, run: bool) -> None:
-    """Declare the seven options that shape a bake, which `bake` and `run` share: for
+    """Declare the options that shape a bake, which `bake` and `run` share: for
     `bake`, with their whole help and --target required; for `run`, with help that points
     at `ortserve bake`'s, and this machine's edge target by default."""
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ortserve.bake.errors import BakeError, heartbeat, say
 from ortserve.bake.gguf_blocks import MAPPED_TYPES, Array, decode
+from ortserve.core.errors import first_line
 from ortserve.core.manifest import sha256_file
 
 # What the conversion's output must hold for the builder and the runtime.
@@ -100,8 +101,7 @@ def _convert(gguf: Path, out: Path, digest: str) -> None:
             config = AutoConfig.from_pretrained(folder, gguf_file=name)
             tensors = _state_dict(gguf, config)
     except (ValueError, KeyError, RuntimeError, OSError, NotImplementedError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BakeError(f"transformers cannot convert {gguf.name}: {first}") from exc
+        raise BakeError(f"transformers cannot convert {gguf.name}: {first_line(exc)}") from exc
     out.mkdir(parents=True)
     _save(tensors, config, out)
     tokenizer.save_pretrained(str(out))

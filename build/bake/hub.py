@@ -11,6 +11,7 @@ from pathlib import Path
 from ortserve.bake.errors import BakeError
 from ortserve.bake.onnx_source import GRAPH_DIR, Variant, choose_variant, data_patterns, graphs_in
 from ortserve.bake.source_files import HF_PATTERNS, ONNX_PATTERNS, ONNX_SMALL_FILES
+from ortserve.core.errors import first_line
 
 
 def _patterns(
@@ -116,7 +117,7 @@ def download(
             f"cannot download {repo_id}@{rev}: the hub is unreachable ({exc}); no network?"
         ) from None
     except HfHubHTTPError as exc:
-        raise BakeError(f"hub download of {repo_id}@{rev} failed: {exc}".splitlines()[0]) from None
+        raise BakeError(f"hub download of {repo_id}@{rev} failed: {first_line(exc)}") from None
     except OSError as exc:
         raise BakeError(f"hub download of {repo_id}@{rev} failed: {exc}") from None
     # The snapshot folder's name is the commit sha the revision resolved to.

@@ -2,8 +2,9 @@
 dependencies for core/ and the front, the `edge`, `aws`, `gcp` and `bake` extras for their
 folders, `dev` for tests and benchmarks (`bench` too for the benchmarks). Imports inside
 functions count: a lazy import still fails where its package is missing. A package that
-comes only as another's dependency is not declared (h11 with uvicorn, httpx2 with
-huggingface_hub 2.x, flask with functions-framework): its bound can move under us."""
+another's dependency brings is declared all the same when a module imports it (h11 beside
+uvicorn, httpx2 beside huggingface_hub 2.x, flask beside functions-framework): else its
+bound could move under us."""
 
 from __future__ import annotations
 
