@@ -84,7 +84,7 @@ def test_a_loaded_model_s_probe_by_who_asks(tiny_lora: Path) -> None:
 def test_through_the_daemon_no_key_no_pid_no_path(tiny_lora: Path) -> None:
     """The daemon runs its engine in a process of its own: a key sees its pid."""
     env = {"ORTSERVE_ADMIN_KEYS": ADMIN_KEY}
-    with edge_server(tiny_lora, env) as url, httpx.Client(base_url=url) as http:
+    with edge_server(tiny_lora, env) as url, httpx.Client(base_url=url, timeout=600) as http:
         for path in ("/readyz", "/healthz"):
             bare = http.get(path).json()
             assert bare in ({"status": "ready"}, {"status": "ready", "alive": True}), bare
@@ -92,7 +92,7 @@ def test_through_the_daemon_no_key_no_pid_no_path(tiny_lora: Path) -> None:
         assert isinstance(full["engine"]["pid"], int) and full["adapters"]["lesson"]["source"]
     with (
         edge_server(tiny_lora, {"ORTSERVE_API_KEYS": ""}) as url,
-        httpx.Client(base_url=url) as http,
+        httpx.Client(base_url=url, timeout=600) as http,
     ):
         open_ = http.get("/healthz").json()
         assert open_["manifest_digest"] == full["manifest_digest"]
@@ -153,7 +153,7 @@ def test_in_process_the_adapter_routes_rules(tiny_lora: Path) -> None:
 
 def test_through_the_daemon_the_adapter_routes_rules(tiny_lora: Path) -> None:
     env = {"ORTSERVE_ADMIN_KEYS": ADMIN_KEY}
-    with edge_server(tiny_lora, env) as url, httpx.Client(base_url=url, timeout=60) as http:
+    with edge_server(tiny_lora, env) as url, httpx.Client(base_url=url, timeout=600) as http:
         source = http.get("/readyz", headers=AUTH).json()["adapters"]["lesson"]["source"]
         _lora_rules(lambda path, body, headers: http.post(path, json=body, headers=headers), source)
 
