@@ -83,6 +83,8 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 # HTML character references: numeric ones with or without `;` (as browsers read them),
 # named ones with it (`&amp;`; `AT&T` stays).
 _ENTITY = re.compile(r"&(?:#[0-9]{1,7};?|#[xX][0-9a-fA-F]{1,6};?|[A-Za-z][A-Za-z0-9]{1,31};)")
+# What may begin an encoding (`_unit`): a backslash, an ampersand, a percent sign.
+_ENCODED = re.compile(r"[\\&%]")
 _MAX_LEVELS = 8  # decodings tried (each one shortens the text, so this bounds the work)
 
 
@@ -231,6 +233,8 @@ def _unit(text: str, i: int) -> tuple[str, int]:
 def decode(text: str) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
     """`text` decoded once (the module's decodings), with each decoded character's source
     span in `text` (starts, ends)."""
+    if not _ENCODED.search(text):  # most text: nothing to decode, each character its own
+        return text, tuple(range(len(text))), tuple(range(1, len(text) + 1))
     out: list[str] = []
     starts: list[int] = []
     ends: list[int] = []
