@@ -1,11 +1,15 @@
-"""A multi-turn chat with and without the prompt cache: `python -m benchmarks.prompt_cache`.
+"""Chats with and without the prompt cache: `python -m benchmarks.prompt_cache`.
 
-Two edge daemons on the same model, ORTSERVE_PROMPT_CACHE_SLOTS=1 and 0. Each repetition
-plays one 6-turn greedy chat with a ~1,000-token system prompt against each (the order
-alternates), streaming every turn and timing its TTFT (request sent → first SSE event);
-the answers are fed back as the conversation goes. Prints the median TTFT per turn, the
-ratio, and whether both daemons gave the same answers (they must). Not a test: figures
-for docs/measurements.md, from one run on a shared machine.
+Two edge daemons on the same model, ORTSERVE_PROMPT_CACHE_SLOTS=`--slots` (1) and 0. Each
+repetition plays the scenario against each (the order alternates), streaming every
+request and timing its TTFT (request sent → first SSE event); the answers are fed back as
+the conversations go. `--scenario chat`: one chat of `--turns` turns with a ~1,000-token
+system prompt; `--scenario shared`: `--users` chats with that system prompt, `--turns`
+turns each, their turns interleaved (user 1's first, user 2's first, ...). `--sampling
+greedy` sends temperature 0; `defaults` sends no sampling field (the model's own: Qwen's
+sample). Prints the median TTFT per request, the ratio, and whether both daemons gave the
+same answers (they must where the answers are greedy). Not a test: figures for
+docs/measurements.md, from one run on a shared machine.
 """
 
 from __future__ import annotations
@@ -29,15 +33,23 @@ SYSTEM = " ".join(
 )
 
 
+SAMPLINGS: dict[str, dict[str, Any]] = {"greedy": {"temperature": 0}, "defaults": {}}
+Row = tuple[float, str, int]  # TTFT (s), answer, cached tokens
+
+
 def _turn(
-    client: httpx.Client, base: str, messages: list[dict[str, Any]], tokens: int
-) -> tuple[float, str, int]:
+    client: httpx.Client,
+    base: str,
+    messages: list[dict[str, Any]],
+    tokens: int,
+    sampling: dict[str, Any] | None = None,
+) -> Row:
     body = {
         "messages": messages,
         "max_tokens": tokens,
-        "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(SAMPLINGS["greedy"] if sampling is None else sampling),
     }
     start = time.perf_counter()
     first = 0.0
@@ -55,13 +67,26 @@ def _turn(
     return first, text, cached
 
 
-def _chat(client: httpx.Client, base: str, turns: int, tokens: int) -> list[tuple[float, str, int]]:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+def _chat(
+    client: httpx.Client,
+    base: str,
+    turns: int,
+    tokens: int,
+    sampling: dict[str, Any] | None = None,
+    users: int = 1,
+) -> list[Row]:
+    """`users` chats of `turns` turns with one system prompt, their turns interleaved."""
+    chats: list[list[dict[str, Any]]] = [
+        [{"role": "system", "content": SYSTEM}] for _ in range(users)
+    ]
     out = []
     for turn in range(turns):
-        messages.append({"role": "user", "content": f"Question {turn + 1}: what can you do?"})
-        out.append(_turn(client, base, messages, tokens))
-        messages.append({"role": "assistant", "content": out[-1][1]})
+        for user, messages in enumerate(chats):
+            who = f"I am user {user + 1}. " if users > 1 else ""
+            question = f"{who}Question {turn + 1}: what can you do?"
+            messages.append({"role": "user", "content": question})
+            out.append(_turn(client, base, messages, tokens, sampling))
+            messages.append({"role": "assistant", "content": out[-1][1]})
     return out
 
 
@@ -75,6 +100,10 @@ def chat_options(doc: str | None, turns: int, tokens: int) -> argparse.Namespace
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench")
+    parser.add_argument("--sampling", choices=sorted(SAMPLINGS), default="greedy")
+    parser.add_argument("--scenario", choices=["chat", "shared"], default="chat")
+    parser.add_argument("--users", type=int, default=4, help="chats of --scenario shared")
+    parser.add_argument("--slots", type=int, default=1, help="the cached daemon's slots")
     return parser.parse_args()
 
 
@@ -89,31 +118,37 @@ def main() -> None:
     args = chat_options(__doc__, turns=6, tokens=32)
     model_dir = model_folder(args)
     env = {**os.environ, "ORTSERVE_THREADS": str(args.threads), "ORTSERVE_PROVIDERS": "cpu"}
-    runs: dict[str, list[list[tuple[float, str, int]]]] = {"cache": [], "none": []}
+    users = args.users if args.scenario == "shared" else 1
+    sampling = SAMPLINGS[args.sampling]
+    runs: dict[str, list[list[Row]]] = {"cache": [], "none": []}
+    cached_env = {**env, "ORTSERVE_PROMPT_CACHE_SLOTS": str(args.slots)}
     with (
-        daemon(model_dir, {**env, "ORTSERVE_PROMPT_CACHE_SLOTS": "1"}) as (on, _),
+        daemon(model_dir, cached_env) as (on, _),
         daemon(model_dir, {**env, "ORTSERVE_PROMPT_CACHE_SLOTS": "0"}) as (off, _),
         httpx.Client(timeout=600) as client,
     ):
         for rep in range(args.reps):
             order = [("cache", on), ("none", off)]
             for name, base in order if rep % 2 == 0 else order[::-1]:
-                runs[name].append(_chat(client, base, args.turns, args.tokens))
+                runs[name].append(_chat(client, base, args.turns, args.tokens, sampling, users))
     same = all(
         [t[1] for t in a] == [t[1] for t in b]
         for a, b in zip(runs["cache"], runs["none"], strict=True)
     )
     print(
-        f"{args.model}: {args.turns} turns, {args.tokens} new tokens each, "
+        f"{args.model}: {args.scenario}, {users} user(s) x {args.turns} turns, "
+        f"{args.tokens} new tokens each, sampling {args.sampling}, {args.slots} slot(s), "
         f"{args.threads} threads, medians of {args.reps}; same answers: {same}"
     )
-    print("turn  cached tokens  TTFT with cache  without  ratio")
-    for turn in range(args.turns):
-        with_cache = statistics.median(r[turn][0] for r in runs["cache"]) * 1000
-        without = statistics.median(r[turn][0] for r in runs["none"]) * 1000
-        cached = runs["cache"][-1][turn][2]
+    print("request        cached tokens  TTFT with cache  without  ratio")
+    for i in range(len(runs["cache"][0])):
+        with_cache = statistics.median(r[i][0] for r in runs["cache"]) * 1000
+        without = statistics.median(r[i][0] for r in runs["none"]) * 1000
+        cached = statistics.median(r[i][2] for r in runs["cache"])
+        turn, user = divmod(i, users)
+        label = f"turn {turn + 1}" + (f", user {user + 1}" if users > 1 else "")
         print(
-            f"{turn + 1:>4}  {cached:>13}  {with_cache:>12.0f} ms  {without:>6.0f} ms"
+            f"{label:<15}{cached:>13.0f}  {with_cache:>12.0f} ms  {without:>6.0f} ms"
             f"  {with_cache / without:5.2f}"
         )
 

@@ -56,6 +56,7 @@ from ortserve.core.manifest import (
     verify_folder,
 )
 from ortserve.core.memory import return_freed_memory
+from ortserve.core.picker import Picker
 from ortserve.core.prefill import KEPT_LOGITS_TOKENS, prefill_parts
 from ortserve.core.prompt_cache import MIN_APPENDED, PromptCache
 from ortserve.core.settings import EngineSettings, disable_telemetry
@@ -299,6 +300,12 @@ def adapter_call(adapters: LocalAdapters, action: str, name: str) -> Any:
     raise RuntimeError(f"unknown adapter action {action}")
 
 
+def neutral(adapter: str | None) -> Sampling:
+    """The og search options of a generator whose tokens the engine picks (`Steps.pick`):
+    greedy with no penalty, so og's search takes the token it is handed as it is."""
+    return Sampling(0.0, 1.0, 0, 1.0, adapter)
+
+
 def _adapter_of(key: object) -> str | None:
     """The adapter of a prompt cache key (`Engine.cache_key`: its Sampling first)."""
     sampling = key[0] if isinstance(key, tuple) and key else None
@@ -349,7 +356,14 @@ class Steps(Protocol):
         ...
 
     def rewind(self, length: int) -> None:
-        """Keep the first `length` tokens (and their KV cache) only."""
+        """Keep the first `length` tokens (and their KV cache) only (and pick the next
+        tokens og's way again)."""
+        ...
+
+    def pick(self, sampling: Sampling, seed: int | None) -> None:
+        """Pick this sequence's next tokens our way (`core.picker`: `sampling`, with a
+        random generator seeded with `seed`), not with the generator's own search options
+        (which must then be greedy with no penalty: `neutral`), until the next rewind."""
         ...
 
     def last_logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
@@ -383,6 +397,7 @@ class LocalSteps:
                 raise RuntimeError(f"no adapters here: cannot decode with {adapter!r}")
             adapters.activate(self._generator, adapter)
         self._speculative = speculative is not None
+        self._picker: Picker | None = None
         self._drafted = (0, 0)  # og's counts when the current sequence began (see `rewind`)
         self._count: int | None = None  # token_count() after the last step (None: unknown)
 
@@ -390,6 +405,8 @@ class LocalSteps:
         """Append prompt tokens (one part; a batch's padded rows in one call)."""
         self._generator.append_tokens(input_ids)
         self._count = None
+        if self._picker is not None:
+            self._picker.saw(np.asarray(input_ids).reshape(-1).tolist())
 
     def step(self, top: int | None) -> tuple[int, TokenLogprob | None, Drafts | None]:
         """One new token of a single sequence, and (with `top`, the alternatives wanted)
@@ -401,8 +418,15 @@ class LocalSteps:
         # og 0.18 computes a position's logits when the token before it goes in: the
         # ones the next token is picked from are there before the step. (In n-gram mode og
         # gives none: the engine asks for no log probabilities there.)
-        logits = None if top is None else np.array(generator.get_logits())
+        picker = self._picker
+        logits = None
+        if top is not None or picker is not None:
+            logits = np.array(generator.get_logits()).reshape(-1)
         count = generator.token_count() if self._count is None else self._count
+        if picker is not None and logits is not None:  # our pick, og's greedy takes it
+            picked = picker.pick(logits.copy())
+            generator.set_logits(picker.forcing(picked, logits.shape[0]))
+            picker.saw((picked,))
         # A speculative generator verifies a round of drafts in one forward pass, then
         # gives the accepted tokens one a call from its buffer (a call per token, as here).
         generator.generate_next_token()
@@ -410,7 +434,7 @@ class LocalSteps:
         if self._count == count:  # an EOS ends it without being appended
             return EOS, None, self._drafts()
         token = int(generator.get_next_tokens()[0])
-        logprob = None if logits is None else _logprob(logits.reshape(-1), token, top or 0)
+        logprob = None if logits is None or top is None else _logprob(logits, token, top)
         return token, logprob, self._drafts()
 
     def _counts(self) -> tuple[int, int]:
@@ -446,8 +470,14 @@ class LocalSteps:
         """Keep the first `length` tokens (and their KV cache) only."""
         self._generator.rewind_to(length)
         self._count = None
+        self._picker = None
         if self._speculative:  # a new sequence begins: its drafts count from here
             self._drafted = self._counts()
+
+    def pick(self, sampling: Sampling, seed: int | None) -> None:
+        """See `Steps.pick`."""
+        sequence = self._generator.get_sequence(0)
+        self._picker = Picker(sampling, seed, np.asarray(sequence).tolist())
 
     def last_logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         """The logits of the last forward pass's positions (first sequence)."""
@@ -883,10 +913,36 @@ class Engine:
             return None
         return self.speculation
 
-    def cache_key(self, options: SamplingOptions, logprobs: int | None) -> tuple[Sampling, bool]:
+    def cache_key(
+        self, options: SamplingOptions, logprobs: int | None
+    ) -> tuple[Sampling, bool] | None:
         """What a kept generator's options must equal for a request to reuse it (the prompt
-        cache): its sampling, and whether it drafts (fixed when og makes it)."""
-        return self.sampling(options), self.speculative(options, logprobs) is not None
+        cache): its og search options, and whether it drafts. On a model that does not
+        draft, a kept generator is neutral (`neutral`: greedy, no penalty) and each request
+        picks its own tokens on it (`picking`), so any request may reuse it, greedy,
+        sampled or seeded. On one that drafts (`speculation`), og's own search picks the
+        tokens (a draft is verified with it, and a seed draws as plain decoding does), fixed
+        when og makes the generator: only greedy requests keep and reuse those (None: this
+        request does not use the cache)."""
+        if self.speculation is None:
+            return neutral(options.adapter), False
+        sampling = self.sampling(options)
+        if sampling.temperature > 0:
+            return None
+        return sampling, self.speculative(options, logprobs) is not None
+
+    def picking(self, options: SamplingOptions) -> Sampling | None:
+        """How a lone, unguided sequence's tokens are picked in our code (core.picker) on
+        a neutral generator: its sampling, unless og's greedy search gives the same tokens
+        (greedy, no penalty), the model drafts (og's search verifies the drafts, and a
+        seeded request draws the same with drafts and without), or a minimum length
+        applies (og's). None: og's search picks them."""
+        if self.speculation is not None or options.min_new_tokens > 0:
+            return None
+        sampling = self.sampling(options)
+        if sampling.temperature == 0 and sampling.repetition_penalty == 1:
+            return None
+        return sampling
 
     def sampling(self, options: SamplingOptions) -> Sampling:
         """How `options` pick tokens, as og does it (equal ones may share a batch): the one
@@ -921,12 +977,16 @@ class Engine:
             GenerationError: og cannot start the generation.
         """
         prompt_len = len(input_ids)
+        # An unguided sequence picks its tokens as it would through the prompt cache
+        # (`picking`): a seed gives the same tokens with the cache and without it.
+        picking = None if guidance is not None else self.picking(options)
+        sampling = self.sampling(options) if picking is None else neutral(options.adapter)
         search: dict[str, Any] = {
             "max_length": prompt_len + max_new,
             "min_length": prompt_len + min(options.min_new_tokens, max_new),
-            **self.sampling(options).search(),
+            **sampling.search(),
         }
-        if options.seed is not None:
+        if options.seed is not None and picking is None:
             # onnxruntime-genai takes a non-negative int32 seed (2**31 and up fail with a
             # native error; -1 means "random"): fold any int64 into that range, the same
             # way every time.
@@ -941,6 +1001,8 @@ class Engine:
             if guidance is not None:
                 raise InvalidRequestError(f"invalid guidance: {first_line(exc)}") from exc
             raise GenerationError(f"cannot start generation: {first_line(exc)}") from exc
+        if picking is not None:
+            generator.pick(picking, options.seed)
         return Decoding(
             self._steps(
                 generator,
@@ -1014,15 +1076,17 @@ class Engine:
         tenant: str = "",
         scope: str = "",
     ) -> Decoding:
-        """`decode` through the prompt cache, for a greedy, unguided request with no
-        minimum length (the search options are fixed per og Generator, and a kept one's
-        must equal the request's): a kept generator that holds the start of `input_ids`
-        is reused (a `Cached` step says how many), and this one is kept afterwards (see
+        """`decode` through the prompt cache, for an unguided request with no minimum
+        length (`cache_key` is not None: greedy, sampled or seeded; greedy only where the
+        model drafts): a kept generator that holds the start of `input_ids` is reused (a
+        `Cached` step says how many), and this one is kept afterwards (see
         `PromptCache`), both within `scope` (whose prompt it is: core.tenants); `tenant`
-        owns its fault record. Only with a prompt cache (`prompt_cache` is not None)."""
+        owns its fault record. The request picks its own tokens on it (`picking`). Only
+        with a prompt cache (`prompt_cache` is not None)."""
         cache = self.prompt_cache
         assert cache is not None, "decode_cached needs the prompt cache"
         key = self.cache_key(options, logprobs)
+        assert key is not None, "decode_cached needs a request the cache takes"
         room = len(input_ids) + max_new
         taken = cache.take(input_ids, room, key, scope)
         if taken is not None:
@@ -1044,6 +1108,9 @@ class Engine:
                 generator = self._model.generator(search, None, tags)
             except RuntimeError as exc:
                 raise GenerationError(f"cannot start generation: {first_line(exc)}") from exc
+        picking = self.picking(options)
+        if picking is not None:
+            generator.pick(picking, options.seed)
 
         def keep() -> None:  # the prompt's prefill is in its cache: keep it for the next
             # ... unless its KV buffer is larger than a slot's bound (a slot holds what

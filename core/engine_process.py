@@ -47,7 +47,7 @@ from ortserve.core.errors import (
     ModelUnavailableError,
     OrtServeError,
 )
-from ortserve.core.generation import Drafts, Guidance, TokenLogprob
+from ortserve.core.generation import Drafts, Guidance, Sampling, TokenLogprob
 from ortserve.core.manifest import verify_folder
 from ortserve.core.settings import EngineSettings
 
@@ -135,6 +135,10 @@ class RemoteSteps:
     def rewind(self, length: int) -> None:
         """See `Steps.rewind`."""
         self._call("rewind", length)
+
+    def pick(self, sampling: Sampling, seed: int | None) -> None:
+        """See `Steps.pick`."""
+        self._call("pick", sampling, seed)
 
     def last_logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         """See `Steps.last_logits`."""

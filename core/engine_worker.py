@@ -18,7 +18,7 @@ from ortserve.core.errors import OrtServeError
 from ortserve.core.memory import return_freed_memory
 
 # What the parent may call on a generator (`Steps`'s methods).
-_METHODS = frozenset({"append", "step", "step_rows", "finish", "rewind", "last_logits"})
+_METHODS = frozenset({"append", "step", "step_rows", "finish", "rewind", "pick", "last_logits"})
 
 
 def serve_calls(conn: Connection) -> None:

@@ -1,4 +1,4 @@
-"""The prompt cache: recent greedy requests' og generators, kept with their KV caches
+"""The prompt cache: recent requests' og generators, kept with their KV caches
 for the next request whose prompt begins the same way (see `PromptCache`). It holds the
 choice rule only; the engine makes, rewinds and feeds the generators.
 """
@@ -14,6 +14,9 @@ from ortserve.core.prefill import KEPT_LOGITS_TOKENS
 
 #: Prompt tokens a reused generator prefills at least (see `PromptCache._choose`).
 MIN_APPENDED = 2
+#: Tokens a kept prompt must share with a new one for the cache to give it up to that one
+#: while it has room for both (see `worth_sharing`).
+MIN_SHARED = 64
 
 
 @dataclass
@@ -28,9 +31,11 @@ class _Slot:
 
 
 class PromptCache:
-    """The KV caches of recent greedy requests, kept for the next request whose prompt
-    begins the same way (llama-server's `cache_prompt`): it rewinds a kept generator to
-    the longest common prefix and prefills only the rest.
+    """The KV caches of recent requests, kept for the next request whose prompt begins
+    the same way (llama-server's `cache_prompt`): it rewinds a kept generator to the
+    longest common prefix and prefills only the rest. Greedy, sampled and seeded requests
+    alike: a kept generator's own search is neutral, and each request picks its tokens on
+    it its own way (core.picker).
 
     Only a prompt's own tokens are reused. Their cache comes from a prefill, as a fresh
     request's would (and a prefill in two parts equals one here); the cache of tokens a
@@ -54,15 +59,19 @@ class PromptCache:
 
         Only a generator of the same `scope` (tenant) is reused for its prompt: another
         tenant's prompt is never a hit, and so never tells of itself. One whose whole
-        prompt begins `ids` (the next turn of its conversation) is taken first. One that
-        shares only a part is taken only when the cache is full (it would lose an entry
-        anyway): with room left, a new generator keeps the others intact. When the cache
-        is full and nothing is shared, the least recently used one is taken all the same,
-        whoever's it was, from position 0 (nothing of its prompt is reused: the slots are
-        shared capacity): its KV buffer is allocated already (a 4,096-token buffer costs
-        ~80 ms to allocate on the 135M shape).
+        prompt begins `ids` (the next turn of its conversation) is taken first. Else the
+        one sharing the longest start (a system prompt, a preamble), the one that would
+        lose least on a tie. og 0.18 cannot copy a generator's KV cache, so taking it
+        gives up the rest of its prompt (its conversation would prefill that again): with
+        room left in the cache, it is taken only when what it shares is at least
+        `MIN_SHARED` tokens and at least as long as what it loses (`worth_sharing`), and
+        otherwise a new generator keeps the others whole. When the cache is full and
+        nothing is shared, the least recently used one is taken all the same, whoever's
+        it was, from position 0 (nothing of its prompt is reused: the slots are shared
+        capacity): its KV buffer is allocated already (a 4,096-token buffer costs ~80 ms
+        to allocate on the 135M shape).
         """
-        best, best_common, best_whole, oldest = -1, 0, False, -1
+        best, best_rank, oldest = -1, (False, 0, 0), -1
         for i, entry in enumerate(self._entries):
             if entry.key != key or entry.max_length < room:
                 continue
@@ -70,10 +79,15 @@ class PromptCache:
             if entry.scope != scope:
                 continue
             common = common_prefix(entry.prompt, ids)
-            whole = common == len(entry.prompt)
-            if (whole, common) > (best_whole, best_common):
-                best, best_common, best_whole = i, common, whole
-        if not best_whole and len(self._entries) < self.slots:
+            lost = len(entry.prompt) - common
+            rank = (lost == 0, common, -lost)
+            if common and rank > best_rank:
+                best, best_rank = i, rank
+        whole, best_common = best_rank[0], best_rank[1]
+        room_left = len(self._entries) < self.slots
+        if (room_left and not whole) and (
+            best < 0 or not worth_sharing(best_common, len(self._entries[best].prompt))
+        ):
             return -1, 0
         if best < 0:  # full, and nothing shared: reuse the oldest's KV buffer (from 0)
             return oldest, 0
@@ -128,6 +142,15 @@ class PromptCache:
         """Drop every kept generator (their KV caches are freed)."""
         with self._lock:
             self._entries.clear()
+
+
+def worth_sharing(common: int, held: int) -> bool:
+    """Whether a kept prompt of `held` tokens that shares its first `common` with a new
+    prompt is worth giving up to it while the cache has room for both: the new prompt
+    saves `common` tokens of prefill now, and the kept one's conversation may prefill the
+    `held - common` it loses later; at least `MIN_SHARED` are shared (a short common
+    start, e.g. a chat template's first tokens, is not a shared prefix)."""
+    return common >= MIN_SHARED and common >= held - common
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -501,16 +501,16 @@ class Service:
     # -- the prompt cache ----------------------------------------------------------------
 
     def _cacheable(self, request: GenerationRequest) -> bool:
-        """Whether a request may use and refill the prompt cache: greedy (a kept og
-        Generator's search options are fixed, and a sampled one's random state is not
-        the request's), unguided, with no minimum length."""
+        """Whether a request may use and refill the prompt cache: unguided, with no
+        minimum length, no beams, and a kept generator it can pick its tokens on (any
+        sampling; greedy only where the model drafts: `Engine.cache_key`)."""
         options = request.options
         return (
             self.engine.prompt_cache is not None
-            and self.engine.sampling(options).temperature == 0
             and request.guidance is None
             and options.min_new_tokens == 0
             and options.num_beams == 1
+            and self.engine.cache_key(options, request.logprobs) is not None
         )
 
     def _cache_hit(self, input_ids: list[int], budget: int, request: GenerationRequest) -> bool:

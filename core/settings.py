@@ -55,7 +55,7 @@ class EngineSettings(BaseSettings):
             batching): greedy ones and sampled ones without a seed and with the same
             sampling options. A seeded or guided request runs alone and counts as a batch.
         request_timeout_s: A generation running longer is stopped with a timeout error.
-        prompt_cache_slots: KV caches of recent greedy requests kept for a next request
+        prompt_cache_slots: KV caches of recent requests kept for a next request
             that begins the same way (0: no prompt cache); each holds up to 4,096 tokens
             (the context, if shorter) of fp32 KV cache.
         warmup: Run one short generation after the load, before the model is ready (the

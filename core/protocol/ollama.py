@@ -390,7 +390,9 @@ class OllamaReply(Reply):
         line["done_reason"] = public_finish(done)
         line["total_duration"] = round((timings.ttft_s + timings.decode_s) * _NS)
         line["load_duration"] = 0
-        line["prompt_eval_count"] = done.prompt_tokens
+        line["prompt_eval_count"] = done.prompt_tokens  # cached ones included, as Ollama's
+        if done.cached_tokens:  # Ollama's field is there only when some were (omitempty)
+            line["prompt_eval_cached_count"] = done.cached_tokens
         line["prompt_eval_duration"] = round(timings.ttft_s * _NS)
         line["eval_count"] = done.completion_tokens
         line["eval_duration"] = round(timings.decode_s * _NS)

@@ -440,6 +440,7 @@ class OllamaLine(TypedDict):
     total_duration: NotRequired[int]
     load_duration: NotRequired[int]
     prompt_eval_count: NotRequired[int]
+    prompt_eval_cached_count: NotRequired[int]
     prompt_eval_duration: NotRequired[int]
     eval_count: NotRequired[int]
     eval_duration: NotRequired[int]

@@ -3,6 +3,7 @@ changes (greedy, with the cache and without it)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +65,12 @@ def test_the_same_prompt_again_equals_its_first_answer() -> None:
     assert again.text == first.text == _service(folder, 0).generate(request).text
 
 
-def test_slots_bound_the_cache_and_sampling_bypasses_it(tiny_model_dir: Path) -> None:
+def test_slots_bound_the_cache_and_sampled_requests_use_it(tiny_model_dir: Path) -> None:
     greedy = SamplingOptions(max_new_tokens=4)
 
-    def ask(service: Service, who: str) -> Completion:
-        messages = [SYSTEM, {"role": "user", "content": f"I am {who}, hello there"}]
+    def ask(service: Service, who: str, words: int = 1) -> Completion:
+        content = f"I am {who}, hello there" + f" {who} says".join([""] * words)
+        messages = [SYSTEM, {"role": "user", "content": content}]
         return service.generate(GenerationRequest(messages=messages, options=greedy))
 
     one, two = _service(tiny_model_dir, 1), _service(tiny_model_dir, 2)
@@ -76,17 +78,36 @@ def test_slots_bound_the_cache_and_sampling_bypasses_it(tiny_model_dir: Path) ->
         first = ask(service, "Ann"), ask(service, "Bob")
         again = ask(service, "Ann"), ask(service, "Bob")
         assert [a.text for a in again] == [f.text for f in first]
+        # Bob's conversation reuses the system prompt Ann's began with, whatever the slots
+        # (issue 54); her short turn was given up for it, so she finds that part again.
+        shared = first[1].cached_tokens
+        assert first[0].prompt_tokens - 30 < shared < first[0].prompt_tokens - 5
+        assert [a.cached_tokens for a in again] == [shared, shared]
+    # Turns longer than the system prompt are not given up for it while there is room:
+    # with two slots each finds its own conversation; one slot holds only the last.
+    for service in (_service(tiny_model_dir, 1), _service(tiny_model_dir, 2)):
+        first = ask(service, "Ann", 150), ask(service, "Bob", 150)
+        again = ask(service, "Ann", 150), ask(service, "Bob", 150)
+        assert [a.text for a in again] == [f.text for f in first]
         held = [a.cached_tokens for a in again]
-        if service is one:  # one slot: Bob's turn pushed Ann's out; only the system part
-            assert held[0] < again[0].prompt_tokens - 5
-        else:  # two slots: each finds its own conversation
+        if service.engine.prompt_cache.slots == 1:  # type: ignore[union-attr]
+            assert held[0] < again[0].prompt_tokens / 2
+        else:
             assert held == [a.prompt_tokens - 2 for a in again]  # 2: see PromptCache
-    sampled = SamplingOptions(max_new_tokens=4, temperature=0.8, seed=3)
+    # Seeded sampling (issue 54): the same tokens from the kept prompt as without a cache.
+    sampled = SamplingOptions(
+        max_new_tokens=12, temperature=0.8, top_p=0.9, top_k=20, repetition_penalty=1.1, seed=3
+    )
     request = GenerationRequest(
         messages=[SYSTEM, {"role": "user", "content": "hi"}], options=sampled
     )
     runs = [two.generate(request) for _ in range(2)]
-    assert runs[0].text == runs[1].text and runs[1].cached_tokens == 0
+    assert runs[0].text == runs[1].text and runs[1].cached_tokens == runs[1].prompt_tokens - 2
+    assert runs[0].text == _service(tiny_model_dir, 0).generate(request).text
+    other_seed = GenerationRequest(
+        messages=request.messages, options=dataclasses.replace(sampled, seed=4)
+    )
+    assert two.generate(other_seed).text != runs[0].text
 
 
 def test_the_warm_up_allocates_the_slot_the_first_request_reuses(tiny_model_dir: Path) -> None:

@@ -4,14 +4,20 @@ kept generator a prompt reuses, and from where (#28 items 3, 7)."""
 from __future__ import annotations
 
 from ortserve.core.generation import Sampling
-from ortserve.core.prompt_cache import MIN_APPENDED, PromptCache, common_prefix
+from ortserve.core.prompt_cache import (
+    MIN_APPENDED,
+    MIN_SHARED,
+    PromptCache,
+    common_prefix,
+    worth_sharing,
+)
 
 GREEDY = Sampling(0.0, 1.0, 0, 1.0)
 PENALIZED = Sampling(0.0, 1.0, 0, 1.1)
 
 
 def _cache(slots: int, *prompts: list[int], max_length: int = 100) -> PromptCache:
-    cache = PromptCache(slots, max_tokens=100)
+    cache = PromptCache(slots, max_tokens=max_length)
     for prompt in prompts:
         cache.put(prompt, object(), max_length, GREEDY)
     return cache
@@ -40,11 +46,44 @@ def test_at_least_two_prompt_tokens_are_appended_again() -> None:
     assert cache.match([1, 2, 3, 4, 5, 6], 10, GREEDY) == 4
 
 
-def test_with_room_left_a_partial_match_is_not_taken() -> None:
-    # It would lose the kept conversation; a new generator keeps both.
+def test_with_room_left_a_short_partial_match_is_not_taken() -> None:
+    # It would lose the kept conversation for little: a new generator keeps both.
     cache = _cache(2, [1, 2, 3, 4])
     assert cache.take([1, 2, 7, 8], 10, GREEDY) is None
     assert cache.match([1, 2, 7, 8], 10, GREEDY) == 0
+
+
+SYSTEM = list(range(100, 100 + MIN_SHARED))  # a shared system prompt
+
+
+def test_with_room_left_a_shared_system_prompt_is_reused_when_it_saves_more_than_it_loses() -> None:
+    """A second conversation with the same system prompt reuses it (issue 54) when the
+    cache has room: taking the kept one loses its own turn (og 0.18 cannot copy a KV
+    cache), which is worth it only when it is no longer than what is shared."""
+    ann = [*SYSTEM, 1, 2, 3]
+    cache = _cache(4, ann, max_length=200)
+    bob = [*SYSTEM, 7, 8, 9]
+    assert cache.match(bob, 10, GREEDY) == MIN_SHARED
+    taken = cache.take(bob, 10, GREEDY)
+    assert taken is not None and taken[0].prompt == ann and taken[1] == MIN_SHARED
+    # A long conversation is not given up for its system prompt while there is room.
+    long_chat = [*SYSTEM, *range(1000, 1000 + MIN_SHARED + 1)]
+    cache = _cache(4, long_chat, max_length=200)
+    assert cache.take(bob, 10, GREEDY) is None
+    # Nor is a shared start shorter than MIN_SHARED (a chat template's first tokens).
+    assert worth_sharing(MIN_SHARED, 2 * MIN_SHARED)
+    assert not worth_sharing(MIN_SHARED - 1, MIN_SHARED)
+    assert not worth_sharing(MIN_SHARED, 2 * MIN_SHARED + 1)
+
+
+def test_of_equal_shared_starts_the_one_that_loses_least_is_taken() -> None:
+    short, longer = [*SYSTEM, 1], [*SYSTEM, 2, 2, 2]
+    cache = _cache(4, longer, short, max_length=200)
+    taken = cache.take([*SYSTEM, 5, 5], 10, GREEDY)
+    assert taken is not None and taken[0].prompt == short
+    cache = _cache(4, short, longer, max_length=200)
+    taken = cache.take([*SYSTEM, 5, 5], 10, GREEDY)
+    assert taken is not None and taken[0].prompt == short
 
 
 def test_when_full_the_longest_partial_match_is_taken() -> None:
