@@ -1,13 +1,15 @@
 """What picking tokens in our code costs (core.picker, issue 54): `python -m
 benchmarks.picker --model-dir FOLDER`.
 
-One sequence decodes `--new-tokens` tokens after a `--prompt`-token prompt, two ways on the
-same baked model, alternating (A/B/A/B...): `og` (og's own search at the sampling: the way
-a sampled request decoded before) and `picker` (a neutral generator, greedy with no
-penalty, and our pick each step: the way a sampled request decodes now, through the prompt
-cache or not), until EOS or the count (tokens/s is per token decoded; a prompt of
-arbitrary ids seldom ends early). Prints the median decode tokens/s of each and their
-ratio. Not a test: figures for docs/measurements.md.
+One sequence decodes up to `--new-tokens` tokens after a chat prompt that asks for a long
+story (`--repeat` times the request, to make a longer prompt), three ways on the same baked
+model, alternating (A/B/C/A/B/C...): `og` (og's own search at the sampling: the way a
+sampled request decoded before), `picker` (a neutral generator, greedy with no penalty,
+and our pick each step: the way a sampled request decodes now, through the prompt cache or
+not) and, for scale, `greedy` (og's argmax alone: no sampling, no penalty). Each runs
+until EOS or the count (tokens/s is per token decoded; the story seldom ends early, and
+the table gives the tokens each variant decoded). Prints the median decode tokens/s of
+each and the ratio of ours to og's. Not a test: figures for docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ QWEN = Sampling(0.7, 0.8, 20, 1.1)  # Qwen2.5-Coder's generation_config.json
 
 def _decode(
     engine: Engine, search: dict[str, Any], pick: bool, prompt: list[int], new: int
-) -> float:
-    """Decode tokens/s of one sequence (after its first token)."""
+) -> tuple[int, float]:
+    """Tokens decoded after the first, and the seconds they took."""
     steps = engine.model.generator(search, None, ())
     if pick:
         steps.pick(QWEN, None)
@@ -41,7 +43,7 @@ def _decode(
         if token < 0:
             break
         count += 1
-    return count / (time.perf_counter() - start)
+    return count, time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,29 +51,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=128)
     args = parser.parse_args(argv)
     settings = EngineSettings(model_dir=args.model_dir, providers="cpu", threads=args.threads)
     engine = Engine.load(settings)
-    prompt = [(i * 7919) % 20000 + 300 for i in range(args.prompt)]
-    length = args.prompt + args.new_tokens
+    ask = "Write a long, detailed story about a lighthouse keeper and a storm. " * args.repeat
+    prompt = engine.encode(
+        f"<|im_start|>user\n{ask}<|im_end|>\n<|im_start|>assistant\n"  # Qwen's template
+    )
+    length = len(prompt) + args.new_tokens
     variants = {
         "og": ({"max_length": length, **QWEN.search()}, False),
         "picker": ({"max_length": length, **neutral(None).search()}, True),
+        "greedy": ({"max_length": length, **neutral(None).search()}, False),
     }
-    speeds: dict[str, list[float]] = {name: [] for name in variants}
+    runs: dict[str, list[tuple[int, float]]] = {name: [] for name in variants}
     for rep in range(args.reps + 1):  # the first round warms up, and is not counted
         for name, (search, pick) in variants.items():
-            speed = _decode(engine, search, pick, prompt, args.new_tokens)
+            run = _decode(engine, search, pick, prompt, args.new_tokens)
             if rep:
-                speeds[name].append(speed)
-    og, picker = (statistics.median(speeds[name]) for name in variants)
+                runs[name].append(run)
     print(
-        f"{args.model_dir}: {args.prompt}-token prompt, {args.new_tokens} new tokens, "
+        f"{args.model_dir}: {len(prompt)}-token prompt, up to {args.new_tokens} new tokens, "
         f"{args.threads} threads, medians of {args.reps}, sampling {QWEN}"
     )
-    print(f"og's search: {og:.1f} tok/s; our pick: {picker:.1f} tok/s; ratio {picker / og:.3f}")
+    speed = {}
+    for name, done in runs.items():
+        speed[name] = statistics.median(count / seconds for count, seconds in done)
+        counts = [count + 1 for count, _ in done]
+        print(f"{name:<7} {speed[name]:6.1f} tok/s  (tokens decoded: {counts})")
+    print(f"our pick / og's search: {speed['picker'] / speed['og']:.3f}")
     return 0
 
 

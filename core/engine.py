@@ -420,11 +420,11 @@ class LocalSteps:
         # gives none: the engine asks for no log probabilities there.)
         picker = self._picker
         logits = None
-        if top is not None or picker is not None:
-            logits = np.array(generator.get_logits()).reshape(-1)
+        if top is not None or picker is not None:  # og's own copy (ours to change)
+            logits = np.asarray(generator.get_logits(), dtype=np.float32).reshape(-1)
         count = generator.token_count() if self._count is None else self._count
         if picker is not None and logits is not None:  # our pick, og's greedy takes it
-            picked = picker.pick(logits.copy())
+            picked = picker.pick(logits if top is None else logits.copy())
             generator.set_logits(picker.forcing(picked, logits.shape[0]))
             picker.saw((picked,))
         # A speculative generator verifies a round of drafts in one forward pass, then

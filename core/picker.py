@@ -38,6 +38,7 @@ class Picker:
         self._pending = [int(t) for t in sequence]  # marked in `_seen` at the first pick
         self._seen: np.ndarray[tuple[int], np.dtype[np.bool_]] | None = None
         self._forced: np.ndarray[tuple[int], np.dtype[np.float32]] | None = None
+        self._last = 0  # the token `_forced` holds up
 
     def saw(self, tokens: Iterable[int]) -> None:
         """Tokens that joined the sequence (a prompt's part, a picked token)."""
@@ -68,8 +69,10 @@ class Picker:
         """Logits that make og's greedy search take `token` (one buffer, reused)."""
         if self._forced is None or self._forced.shape[0] != vocab:
             self._forced = np.full(vocab, _LOWEST, dtype=np.float32)
-        self._forced.fill(_LOWEST)
+        else:
+            self._forced[self._last] = _LOWEST
         self._forced[token] = 0.0
+        self._last = token
         return self._forced
 
 
