@@ -18,6 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from benchmarks.sampling_profiles import looped
+from ortserve.core import engine as engine_module
 from ortserve.core.engine import Engine, SamplingOptions
 from ortserve.core.generation import HOUSE_SAMPLING, GenerationRequest
 from ortserve.core.manifest import read_manifest
@@ -146,6 +147,27 @@ def test_default_bake_answers_factual_questions_as_fp32_does(
         assert _answers(fp32, question, answer), ("fp32", question)
     wrong = [q for q, a in FACTS if not _answers(default, q, a)]
     assert len(FACTS) - len(wrong) >= MIN_RIGHT, f"the default int4 bake gets these wrong: {wrong}"
+
+
+def test_denormals_as_zero_keep_real_weights_tokens(
+    real_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every session sets onnxruntime's `session.set_denormal_as_zero` (random weights
+    make denormal floats, slow on some CPUs): on real weights the logits and the greedy
+    tokens of a long prompt are those of a session without it."""
+    shipped = engine_module.SESSION_ENTRIES
+    assert shipped.get("session.set_denormal_as_zero") == "1"
+    ids = _engine(real_model_dir).encode(" ".join(q for q, _ in FACTS) * 8)
+    runs = []
+    for entries in (shipped, {}):
+        monkeypatch.setattr(engine_module, "SESSION_ENTRIES", entries)
+        engine = _engine(real_model_dir)
+        steps = engine.model.generator({"max_length": len(ids) + 40}, None, ())
+        steps.append(ids)
+        logits = steps.last_logits()
+        tokens = [steps.step(None)[0] for _ in range(40)]
+        runs.append((logits, tokens))
+    assert np.array_equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
 
 
 # The README's, the docs' and `ortserve --help`'s example questions, with what a sensible
