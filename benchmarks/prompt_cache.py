@@ -64,7 +64,8 @@ def _turn(
                 text += event["choices"][0]["delta"]["content"]
             if event.get("usage"):
                 cached = event["usage"]["prompt_tokens_details"]["cached_tokens"]
-    return first, text, cached
+    # An answer with no text (EOS first: a base model may): its time to the end instead.
+    return first or time.perf_counter() - start, text, cached
 
 
 def _chat(
