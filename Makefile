@@ -43,14 +43,27 @@ demo: $(VENV)/.bake-installed
 
 # Debian tools the tests use: systemd-analyze (the unit file), qemu-user-static (the
 # aarch64 bundle under emulation), shellcheck (install.sh), chromium (the playground's
-# browser test), promtool from prometheus (the /metrics exposition), strace (nothing
-# leaves the daemon: tests/functional/test_privacy.py).
-system-deps:
-	@command -v systemd-analyze >/dev/null && command -v qemu-aarch64-static >/dev/null \
-	  && command -v shellcheck >/dev/null && command -v chromium >/dev/null \
-	  && command -v promtool >/dev/null && command -v strace >/dev/null \
-	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd \
-	       qemu-user-static shellcheck chromium prometheus strace; }
+# browser test), promtool (the /metrics exposition and the alert rules), strace (nothing
+# leaves the daemon: tests/functional/test_privacy.py). Only the missing ones are
+# installed, named before apt-get runs, with a policy-rc.d that lets no package start a
+# service meanwhile. promtool is not installed with its package (Debian's prometheus
+# enables and starts prometheus.service): it is taken out of the package into the venv.
+DEBIAN_TOOLS := systemd-analyze:systemd qemu-aarch64-static:qemu-user-static \
+  shellcheck:shellcheck chromium:chromium strace:strace
+system-deps: | $(BIN)/python
+	@missing=""; for pair in $(DEBIAN_TOOLS); do \
+	  command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make: installing the Debian packages of missing test tools:$$missing (apt-get)"; \
+	  guard=""; [ -e /usr/sbin/policy-rc.d ] || { guard=/usr/sbin/policy-rc.d; \
+	    printf '#!/bin/sh\nexit 101\n' > $$guard && chmod +x $$guard; }; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	  status=$$?; [ -z "$$guard" ] || rm -f $$guard; exit $$status; fi
+	@command -v promtool >/dev/null || [ -x $(BIN)/promtool ] || { \
+	  echo "make: taking promtool out of Debian's prometheus package into $(BIN) (apt-get download; no service)"; \
+	  tmp=$$(mktemp -d) && (cd $$tmp && apt-get download -qq -o APT::Sandbox::User=root prometheus) \
+	  && dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/root && cp $$tmp/root/usr/bin/promtool $(BIN)/ \
+	  && rm -rf $$tmp; }
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .

@@ -15,7 +15,7 @@ INSTALL = {
     "strace": "make system-deps (Debian's strace)",
     "systemd-analyze": "make system-deps (Debian's systemd)",
     "shellcheck": "make system-deps (Debian's shellcheck)",
-    "promtool": "make system-deps (Debian's prometheus)",
+    "promtool": "make system-deps (taken out of Debian's prometheus package into the venv)",
     "unshare": "apt-get install util-linux",
     "make": "apt-get install make",
     "npm": "Node.js 18+ with npm (apt-get install nodejs npm)",
