@@ -1,23 +1,20 @@
-"""The engine: the only module that imports onnxruntime_genai.
-
-It loads a baked model folder (manifest checked), probes the execution providers in
-the operator's order by really building the model with each, tokenizes (core.text), and
-decodes: one sequence as an iterator of token ids, or one batch of sequences. It holds
-no request policy (admission, batching rule, token budget, stop strings, timeouts: those
-are core.service's). Native errors are translated to `core.errors` here and nowhere else.
+"""The engine: it loads a baked model folder (manifest checked) where og runs (this
+process: core.og_local, which probes the execution providers in the operator's order by
+really building the model with each; or the engine process: core.engine_process),
+tokenizes (core.text), and decodes: one sequence as an iterator of token ids, or one
+batch of sequences. It holds no request policy (admission, batching rule, token budget,
+stop strings, timeouts: those are core.service's). og's native errors are translated to
+`core.errors` here and nowhere else.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import re
-import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -26,11 +23,9 @@ from ortserve.core.errors import (
     ConflictError,
     GenerationError,
     InvalidRequestError,
-    ModelIntegrityError,
     ModelNotFoundError,
     ModelUnavailableError,
     OrtServeError,
-    ProviderUnavailableError,
     first_line,
 )
 from ortserve.core.generation import (
@@ -38,7 +33,6 @@ from ortserve.core.generation import (
     HOUSE_SAMPLING,
     Cached,
     Decoding,
-    Drafts,
     Finish,
     GenerationRequest,
     Guidance,
@@ -46,56 +40,29 @@ from ortserve.core.generation import (
     SamplingOptions,
     Step,
     Token,
-    TokenLogprob,
 )
 from ortserve.core.manifest import (
-    ADAPTER_NAME,
     Manifest,
-    adapter_file,
     manifest_digest,
     verify_folder,
 )
 from ortserve.core.memory import return_freed_memory
-from ortserve.core.picker import Picker
 from ortserve.core.prefill import KEPT_LOGITS_TOKENS, prefill_parts
 from ortserve.core.prompt_cache import MIN_APPENDED, PromptCache
-from ortserve.core.settings import EngineSettings, disable_telemetry
+from ortserve.core.runtime import (
+    DONE,
+    EOS,
+    NOT_INSTALLED,
+    NOT_SUPPORTED,
+    SPECULATIVE,
+    Model,
+    Steps,
+    genai_config,
+)
+from ortserve.core.settings import EngineSettings
 from ortserve.core.text import TextCodec
 
-# Before onnxruntime's library loads: it reads ORT_DISABLE_TELEMETRY then (core.settings).
-disable_telemetry()
-import onnxruntime_genai as og  # noqa: E402 (telemetry must be off before it loads)
-
 __all__ = ["Engine", "ProbeReport", "Sampling", "SamplingOptions"]
-
-# og's own switch, beside ORT_DISABLE_TELEMETRY (which is what stops the events). Neither
-# stops onnxruntime-genai 0.18's telemetry worker thread: a process forked after a model
-# was created hangs at exit joining it, so models must be created after any fork; see
-# functions/gcp/main.py.
-og.disable_telemetry_events()
-
-# ortserve's provider names → onnxruntime-genai's names and availability checks.
-# CPU needs no provider entry: an empty provider list is the CPU EP.
-_OG_PROVIDER: dict[str, str] = {
-    "cuda": "cuda",
-    "coreml": "CoreML",
-    "qnn": "QNN",
-    "openvino": "OpenVINO",
-    "dml": "DML",
-    "webgpu": "WebGPU",
-}
-_AVAILABLE: dict[str, Callable[[], bool]] = {
-    "cuda": og.is_cuda_available,
-    "qnn": og.is_qnn_available,
-    "openvino": og.is_openvino_available,
-    "dml": og.is_dml_available,
-    "webgpu": og.is_webgpu_available,
-}
-# Why a provider was skipped when this onnxruntime-genai build has no library for it
-# (CoreML, QNN, OpenVINO, WebGPU in Linux's CPU wheel): nothing is wrong with the machine.
-NOT_INSTALLED = "not installed in this onnxruntime-genai build"
-_NOT_SUPPORTED = "not supported by this onnxruntime-genai build"
-_NOT_IN_BUILD = "is not supported in this build"  # what og.Model raises for them
 
 
 @dataclass(frozen=True)
@@ -116,9 +83,7 @@ class ProbeReport:
 
     def not_installed(self) -> list[str]:
         """The skipped providers this onnxruntime-genai build has no library for."""
-        return [
-            name for name, why in self.skipped.items() if why in (NOT_INSTALLED, _NOT_SUPPORTED)
-        ]
+        return [name for name, why in self.skipped.items() if why in (NOT_INSTALLED, NOT_SUPPORTED)]
 
     def failed(self) -> dict[str, str]:
         """The skipped providers that are there but could not load the model, and why."""
@@ -150,19 +115,6 @@ def _kv_bytes_per_token(model_config: dict[str, Any], element_bytes: int) -> int
     return total
 
 
-def _logprob(logits: np.ndarray[Any, Any], token: int, top: int) -> TokenLogprob:
-    """`token`'s log probability under `logits` (one position's), and the `top` best."""
-    values = logits.astype(np.float64)
-    shifted = values - values.max()
-    logprobs = shifted - np.log(np.exp(shifted).sum())
-    best: tuple[tuple[int, float], ...] = ()
-    if top > 0:
-        ids = np.argpartition(-logprobs, top - 1)[:top]
-        ids = ids[np.argsort(-logprobs[ids], kind="stable")]
-        best = tuple((int(i), float(logprobs[i])) for i in ids)
-    return TokenLogprob(token, float(logprobs[token]), best)
-
-
 def _tag(input_ids: list[int], guidance: Guidance | None = None, tenant: str = "") -> str:
     """A short id of what one tenant's request gives og (its prompt and guidance), the
     same alone or in a batch: the engine process counts the crashes each one was in, so a
@@ -173,19 +125,6 @@ def _tag(input_ids: list[int], guidance: Guidance | None = None, tenant: str = "
     if guidance is not None:
         digest.update(f"{guidance.kind}\0{guidance.data}".encode())
     return digest.hexdigest()[:16]
-
-
-def _genai_config(folder: Path) -> dict[str, Any]:
-    path = folder / "genai_config.json"
-    try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ModelIntegrityError(f"{path} is missing") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelIntegrityError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data.get("model"), dict):
-        raise ModelIntegrityError(f"{path} has no 'model' section")
-    return data
 
 
 def _token_ids(value: Any) -> list[int]:
@@ -253,61 +192,6 @@ def _speculation(
     return options, f"{kind}, up to {settings.speculative_draft_tokens} drafts a pass"
 
 
-#: onnxruntime session config entries set on every session og makes for ortserve (og 0.18
-#: passes a `session_options` key it does not know to onnxruntime as a config entry).
-#: Denormal floats as zero: random-weight models (the test suite's, the size envelope's)
-#: make denormals, and on the Intel Xeon VM the 135M shape prefilled 1,024 tokens at 44.9
-#: tok/s with them and 111.7 without; real weights give the same tokens (tested).
-SESSION_ENTRIES = {"session.set_denormal_as_zero": "1"}
-
-
-def probe_providers(
-    folder: Path, settings: EngineSettings, threads: int
-) -> tuple[Any, str, dict[str, str]]:
-    """Build the model with each allowed provider in order; the first that loads wins."""
-    # The draft model (`--draft`) has a thread pool of its own, sized the same.
-    sections = ("decoder", "draft") if "draft" in _genai_config(folder)["model"] else ("decoder",)
-    session = {"session_options": {"intra_op_num_threads": threads, **SESSION_ENTRIES}}
-    overlay = json.dumps({"model": dict.fromkeys(sections, session)})
-    skipped: dict[str, str] = {}
-    for name in settings.provider_order():
-        available = _AVAILABLE.get(name)
-        if name != "cpu" and name not in _OG_PROVIDER:
-            skipped[name] = _NOT_SUPPORTED
-            continue
-        # is_*_available() can say True for an EP that then fails: only a load proves it.
-        if available is not None and not available():
-            skipped[name] = NOT_INSTALLED
-            continue
-        try:
-            config = og.Config(str(folder))
-            config.overlay(overlay)
-            config.clear_providers()
-            if name != "cpu":
-                config.append_provider(_OG_PROVIDER[name])
-            return og.Model(config), name, skipped
-        except RuntimeError as exc:
-            first = first_line(exc)
-            skipped[name] = (
-                NOT_INSTALLED if _NOT_IN_BUILD in first else f"failed to initialise: {first}"
-            )
-    reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
-    raise ProviderUnavailableError(
-        f"no allowed execution provider could load the model ({reasons})", skipped
-    )
-
-
-def adapter_call(adapters: LocalAdapters, action: str, name: str) -> Any:
-    """Run `Model.adapter`'s `action` on `adapters` (here, or in the engine process)."""
-    if action == "load":
-        return adapters.load(name)
-    if action == "unload":
-        return adapters.unload(name)
-    if action == "loaded":
-        return adapters.loaded()
-    raise RuntimeError(f"unknown adapter action {action}")
-
-
 def neutral(adapter: str | None) -> Sampling:
     """The og search options of a generator whose tokens the engine picks (`Steps.pick`):
     greedy with no penalty, so og's search takes the token it is handed as it is."""
@@ -328,313 +212,6 @@ def _token_ids_of(decoding: Decoding) -> Generator[int, None, None]:
                 yield step.id
     finally:
         decoding.close()
-
-
-# What `Steps.step` gives instead of a token: the model ended the sequence (EOS, not
-# appended), or the sequence was at its length already.
-EOS = -1
-DONE = -2
-# The key of a generator's search options under which its speculative options go
-# (`LocalSteps`): one dict crosses to the engine process as it is.
-SPECULATIVE = "speculative"
-
-
-class Steps(Protocol):
-    """One og Generator, driven in the units the engine uses: a prompt part, a decode
-    step (with its token's log probability when asked), a batch step, a whole beam
-    search. `LocalSteps` in this process; `core.engine_process.RemoteSteps` runs the same
-    calls in the engine process. A native error is a `RuntimeError`, as og raises it."""
-
-    def append(self, input_ids: list[int] | np.ndarray[Any, Any]) -> None:
-        """Append prompt tokens (one part; a batch's padded rows in one call)."""
-        ...
-
-    def step(self, top: int | None) -> tuple[int, TokenLogprob | None, Drafts | None]:
-        """One new token of a single sequence, and (with `top`, the alternatives wanted)
-        its log probability; `EOS` or `DONE` (and None) when there is none. And, for a
-        speculative generator, its `Drafts` so far."""
-        ...
-
-    def step_rows(self) -> list[int] | None:
-        """One step of a batch: every row's new token (None once it is done)."""
-        ...
-
-    def finish(self, row: int = 0) -> list[int]:
-        """Step until done (a beam search); the whole sequence of `row`."""
-        ...
-
-    def rewind(self, length: int) -> None:
-        """Keep the first `length` tokens (and their KV cache) only (and pick the next
-        tokens og's way again)."""
-        ...
-
-    def pick(self, sampling: Sampling, seed: int | None) -> None:
-        """Pick this sequence's next tokens our way (`core.picker`: `sampling`, with a
-        random generator seeded with `seed`), not with the generator's own search options
-        (which must then be greedy with no penalty: `neutral`), until the next rewind."""
-        ...
-
-    def last_logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
-        """The logits of the last forward pass's positions (first sequence)."""
-        ...
-
-
-class LocalSteps:
-    """`Steps` over an og Generator of this process. `search` holds og's search options
-    and, under `SPECULATIVE`, its speculative options (the generator then drafts)."""
-
-    def __init__(
-        self,
-        model: Any,
-        search: dict[str, Any],
-        guidance: Guidance | None,
-        adapters: LocalAdapters | None = None,
-    ) -> None:
-        params = og.GeneratorParams(model)
-        search = dict(search)
-        speculative = search.pop(SPECULATIVE, None)
-        adapter = search.pop(ADAPTER, None)
-        params.set_search_options(**search)
-        if speculative is not None:
-            params.set_speculative_options(**speculative)
-        if guidance is not None:
-            params.set_guidance(guidance.kind, guidance.data)
-        self._generator = og.Generator(model, params)
-        if adapter is not None:
-            if adapters is None:
-                raise RuntimeError(f"no adapters here: cannot decode with {adapter!r}")
-            adapters.activate(self._generator, adapter)
-        self._speculative = speculative is not None
-        self._picker: Picker | None = None
-        self._drafted = (0, 0)  # og's counts when the current sequence began (see `rewind`)
-        self._count: int | None = None  # token_count() after the last step (None: unknown)
-
-    def append(self, input_ids: list[int] | np.ndarray[Any, Any]) -> None:
-        """Append prompt tokens (one part; a batch's padded rows in one call)."""
-        self._generator.append_tokens(input_ids)
-        self._count = None
-        if self._picker is not None:
-            self._picker.saw(np.asarray(input_ids).reshape(-1).tolist())
-
-    def step(self, top: int | None) -> tuple[int, TokenLogprob | None, Drafts | None]:
-        """One new token of a single sequence, and (with `top`, the alternatives wanted)
-        its log probability; `EOS` or `DONE` (and None) when there is none. And, for a
-        speculative generator, its `Drafts` so far."""
-        generator = self._generator
-        if generator.is_done():
-            return DONE, None, self._drafts()
-        # og 0.18 computes a position's logits when the token before it goes in: the
-        # ones the next token is picked from are there before the step. (In n-gram mode og
-        # gives none: the engine asks for no log probabilities there.)
-        picker = self._picker
-        logits = None
-        if top is not None or picker is not None:  # og's own copy (ours to change)
-            logits = np.asarray(generator.get_logits(), dtype=np.float32).reshape(-1)
-        count = generator.token_count() if self._count is None else self._count
-        if picker is not None and logits is not None:  # our pick, og's greedy takes it
-            picked = picker.pick(logits if top is None else logits.copy())
-            generator.set_logits(picker.forcing(picked, logits.shape[0]))
-            picker.saw((picked,))
-        # A speculative generator verifies a round of drafts in one forward pass, then
-        # gives the accepted tokens one a call from its buffer (a call per token, as here).
-        generator.generate_next_token()
-        self._count = generator.token_count()
-        if self._count == count:  # an EOS ends it without being appended
-            return EOS, None, self._drafts()
-        token = int(generator.get_next_tokens()[0])
-        logprob = None if logits is None or top is None else _logprob(logits, token, top)
-        return token, logprob, self._drafts()
-
-    def _counts(self) -> tuple[int, int]:
-        stats = self._generator.get_speculative_stats()
-        # og's acceptance_rate is accepted / evaluated: a round's drafts after its first
-        # rejected one are never verified, so "drafted" counts the verified ones.
-        return int(stats["draft_tokens_evaluated"]), int(stats["draft_tokens_accepted"])
-
-    def _drafts(self) -> Drafts | None:
-        """The drafts of the current sequence: og counts from the generator's start, and a
-        kept generator (the prompt cache) serves several requests."""
-        if not self._speculative:
-            return None
-        drafted, accepted = self._counts()
-        return Drafts(drafted - self._drafted[0], accepted - self._drafted[1])
-
-    def step_rows(self) -> list[int] | None:
-        """One step of a batch: every row's new token (None once it is done)."""
-        generator = self._generator
-        if generator.is_done():
-            return None
-        generator.generate_next_token()
-        return [int(t) for t in generator.get_next_tokens()]
-
-    def finish(self, row: int = 0) -> list[int]:
-        """Step until done (a beam search); the whole sequence of `row`."""
-        generator = self._generator
-        while not generator.is_done():
-            generator.generate_next_token()
-        return [int(t) for t in generator.get_sequence(row)]
-
-    def rewind(self, length: int) -> None:
-        """Keep the first `length` tokens (and their KV cache) only."""
-        self._generator.rewind_to(length)
-        self._count = None
-        self._picker = None
-        if self._speculative:  # a new sequence begins: its drafts count from here
-            self._drafted = self._counts()
-
-    def pick(self, sampling: Sampling, seed: int | None) -> None:
-        """See `Steps.pick`."""
-        sequence = self._generator.get_sequence(0)
-        self._picker = Picker(sampling, seed, np.asarray(sequence).tolist())
-
-    def last_logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
-        """The logits of the last forward pass's positions (first sequence)."""
-        logits: np.ndarray[Any, np.dtype[np.float32]]
-        logits = np.asarray(self._generator.get_output("logits"), dtype=np.float32)[0]
-        return logits
-
-
-class Model(Protocol):
-    """Where og Generators are made: this process (`LocalModel`) or the engine process
-    (`core.engine_process.EngineProcess`), one interface for both."""
-
-    def generator(
-        self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...]
-    ) -> Steps:
-        """A new generator with these search options (and guidance). `tags` name the
-        requests it serves (the engine process refuses one that crashed it twice).
-
-        Raises:
-            RuntimeError: og cannot make it (bad guidance, bad options).
-            OrtServeError: The engine process is down (or refuses the request).
-        """
-        ...
-
-    def close(self) -> None:
-        """Free the model (the engine process ends)."""
-        ...
-
-    def adapter(self, action: str, name: str) -> Any:
-        """`load` (True: it was not loaded) or `unload` (True: it was) the LoRA adapter
-        `name`, or (`loaded`, name "") the names of those loaded (`LocalAdapters`).
-
-        Raises:
-            RuntimeError: og's error (no such adapter; one still in use).
-            OrtServeError: The engine process is down.
-        """
-        ...
-
-    def on_restart(self, callback: Callable[[], None]) -> None:
-        """Call `callback` when the model came back after a fault (its generators are
-        gone: a cache of them must be emptied)."""
-        ...
-
-    def refused(self, tag: str) -> bool:
-        """Whether the request `tag` names is not run again (it was in the engine at
-        repeated faults)."""
-        ...
-
-    def describe(self) -> dict[str, Any]:
-        """Where the model runs, for /readyz: the process, its state and its faults."""
-        ...
-
-    @property
-    def state(self) -> str:
-        """ready; restarting (after a fault, not serving); failed (it cannot come back)."""
-        ...
-
-
-class LocalAdapters:
-    """The LoRA adapters of one og model (`adapters/NAME.onnx_adapter` of its folder,
-    `ortserve bake --adapter`), each loaded on its first use or when asked, unloaded when
-    asked; the model itself stays."""
-
-    def __init__(self, model: Any, folder: Path) -> None:
-        self._model = model
-        self._folder = folder
-        self._og: Any = None  # og.Adapters, made with the first load
-        self._loaded: set[str] = set()
-        self._lock = threading.RLock()
-
-    def load(self, name: str) -> bool:
-        """Load adapter `name` (True), unless it is loaded (False).
-
-        Raises:
-            RuntimeError: The folder has no such adapter, or og cannot load it.
-        """
-        with self._lock:
-            if name in self._loaded:
-                return False
-            path = self._folder / adapter_file(name)
-            if not re.match(ADAPTER_NAME, name) or not path.is_file():
-                raise RuntimeError(f"no adapter {name!r} in the model folder")
-            if self._og is None:
-                self._og = og.Adapters(self._model)
-            self._og.load(str(path), name)
-            self._loaded.add(name)
-            return True
-
-    def unload(self, name: str) -> bool:
-        """Free adapter `name` (True), unless it is not loaded (False).
-
-        Raises:
-            RuntimeError: A generator still uses it (og: "Adapter still in use").
-        """
-        with self._lock:
-            if name not in self._loaded:
-                return False
-            self._og.unload(name)
-            self._loaded.discard(name)
-            return True
-
-    def loaded(self) -> list[str]:
-        """The adapters in memory, by name."""
-        with self._lock:
-            return sorted(self._loaded)
-
-    def activate(self, generator: Any, name: str) -> None:
-        """Make `generator` decode with adapter `name` (loaded first where it is not; an
-        unload waits: og would not find it)."""
-        with self._lock:
-            self.load(name)
-            generator.set_active_adapter(self._og, name)
-
-
-class LocalModel:
-    """og's model in this process (Lambda, Cloud Functions, the CLI, the bake)."""
-
-    def __init__(self, model: Any, folder: Path) -> None:
-        self.og_model = model
-        self.adapters = LocalAdapters(model, folder)
-
-    def generator(
-        self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...] = ()
-    ) -> Steps:
-        """See `Model.generator`."""
-        return LocalSteps(self.og_model, search, guidance, self.adapters)
-
-    def adapter(self, action: str, name: str) -> Any:
-        """See `Model.adapter`."""
-        return adapter_call(self.adapters, action, name)
-
-    def close(self) -> None:
-        """Nothing to do: the model goes with its last reference."""
-
-    def on_restart(self, callback: Callable[[], None]) -> None:
-        """Never called: an in-process model does not restart (a fault ends the process)."""
-
-    def refused(self, tag: str) -> bool:
-        """Never: a fault here ends the process."""
-        return False
-
-    def describe(self) -> dict[str, Any]:
-        """See `Model.describe`."""
-        return {"process": "in-process"}
-
-    @property
-    def state(self) -> str:
-        """Always ready."""
-        return "ready"
 
 
 class Engine:
@@ -721,8 +298,8 @@ class Engine:
         return_freed_memory()  # before the model's buffers exist (core.memory)
         folder = settings.model_dir
         manifest = verify_folder(folder, full_hash=settings.verify_sha256)
-        genai_config = _genai_config(folder)
-        threads = _threads(genai_config, settings)
+        config = genai_config(folder)
+        threads = _threads(config, settings)
         model: Model
         if settings.engine_process:
             from ortserve.core.engine_process import EngineProcess
@@ -730,10 +307,14 @@ class Engine:
             model = process = EngineProcess.start(folder, settings, threads)
             provider, skipped = process.provider, process.skipped
         else:
+            # og in this process: the one import of it (a daemon with an engine process
+            # never loads og in its own: core.og_local, tests/functional/test_engine_process.py)
+            from ortserve.core.og_local import LocalModel, probe_providers
+
             og_model, provider, skipped = probe_providers(folder, settings, threads)
             model = LocalModel(og_model, folder)
         probe = ProbeReport(provider, skipped, time.perf_counter() - start, threads)
-        return cls(folder, manifest, model, probe, genai_config, settings)
+        return cls(folder, manifest, model, probe, config, settings)
 
     def close(self) -> None:
         """Free the model now (an engine process ends); the engine serves no more."""
@@ -1221,7 +802,7 @@ class Engine:
                 # The GIL is free here: health checks, other requests and signals run. A
                 # request takes the event loop and a worker thread several turns each;
                 # time.sleep(0) would give them one, so a /healthz waited ~3 parts.
-                if isinstance(self._model, LocalModel):
+                if self._model.in_process:
                     time.sleep(_BETWEEN_PARTS_S)
                 if checkpoint is not None:
                     checkpoint()

@@ -51,8 +51,8 @@ from ortserve.core.generation import Drafts, Guidance, Sampling, TokenLogprob
 from ortserve.core.manifest import verify_folder
 from ortserve.core.settings import EngineSettings
 
-if TYPE_CHECKING:  # the parent needs no og: the child has it (core.engine_worker)
-    from ortserve.core.engine import Steps
+if TYPE_CHECKING:  # the parent never loads og: the child does (core.engine_worker)
+    from ortserve.core.runtime import Steps
 
 log = logging.getLogger("ortserve")
 
@@ -197,6 +197,11 @@ class EngineProcess:
         return process
 
     # -- the Model interface --------------------------------------------------------------
+
+    @property
+    def in_process(self) -> bool:
+        """No: og runs in the child."""
+        return False
 
     @property
     def state(self) -> str:

@@ -12,10 +12,10 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ortserve.core.engine import LocalAdapters, LocalSteps, adapter_call, probe_providers
 from ortserve.core.engine_process import receive, send
 from ortserve.core.errors import OrtServeError
 from ortserve.core.memory import return_freed_memory
+from ortserve.core.og_local import LocalAdapters, LocalSteps, adapter_call, probe_providers
 
 # What the parent may call on a generator (`Steps`'s methods).
 _METHODS = frozenset({"append", "step", "step_rows", "finish", "rewind", "pick", "last_logits"})

@@ -328,3 +328,21 @@ def test_a_hung_engine_is_killed_and_the_next_request_served(
         assert not _running(pid)
     finally:
         service.engine.close()
+
+
+def _maps_og(pid: int) -> bool:
+    """Whether process `pid` has onnxruntime-genai's native library mapped (it imported og)."""
+    return "onnxruntime_genai" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_the_daemon_itself_never_loads_og_its_engine_process_does(start: Any) -> None:
+    """og (its native library, its import-time threads) lives in the engine process only:
+    the daemon's own process never imports it (core.og_local; the import contract says the
+    same statically)."""
+    daemon = start()
+    answer = daemon.http.post("/generate", json={"prompt": "Hi", "max_new_tokens": 4})
+    assert answer.status_code == 200, answer.text
+    engine_pid = _engine(daemon)["pid"]
+    assert engine_pid != daemon.proc.pid
+    assert _maps_og(engine_pid)
+    assert not _maps_og(daemon.proc.pid)

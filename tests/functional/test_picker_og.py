@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import onnxruntime_genai as og
 
-from ortserve.core.engine import LocalSteps, neutral
+from ortserve.core.engine import neutral
 from ortserve.core.generation import Sampling
+from ortserve.core.og_local import LocalSteps
 from ortserve.core.picker import distribution
 
 PROMPT = [1, 15, 27, 27, 27, 40, 99, 15]

@@ -18,7 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from benchmarks.sampling_profiles import looped
-from ortserve.core import engine as engine_module
+from ortserve.core import og_local as engine_module
 from ortserve.core.engine import Engine, SamplingOptions
 from ortserve.core.generation import HOUSE_SAMPLING, GenerationRequest
 from ortserve.core.manifest import read_manifest
