@@ -4,7 +4,7 @@ og holds Python's GIL through every prefill part and decode step, and a native f
 (SIGSEGV, SIGBUS from a weights file changed under its mapping, an allocation past the
 memory ceiling) ends the process it runs in. The long-lived servers (the edge daemon,
 the Cloud Run image) therefore run og here, behind the same `Model` interface as the
-in-process `core.engine.LocalModel` (vLLM's in-process and multi-process engine-core
+in-process `core.og_local.LocalModel` (vLLM's in-process and multi-process engine-core
 clients): the parent keeps HTTP, the probes, tokenisation, the request policy
 (core.service) and the batching rule, and drives og's generators through
 `RemoteSteps`, one call per prefill part or decode step, over a socket pair.
@@ -16,7 +16,11 @@ flight fail with `EngineFaultError` (503, retry), the cause is logged and counte
 new child loads the model again (the folder is verified first, every byte after a
 SIGBUS); a request that was running at two faults is refused from then on.
 
-The child's side is core.engine_worker (`python -m ortserve.core.engine_worker FD`).
+The child's side is core.engine_worker (`python -m ortserve.core.engine_worker FD`). It
+is sealed: it starts with an environment of allowed names only (`child_environment`: no
+API keys, no cloud credentials, no ORTSERVE_* settings), gets the engine's settings only
+(`engine_settings`: never the server's keys), and seals itself before it loads anything
+(core.engine_worker: no new privileges, no core dumps, few file descriptors).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import os
 import pickle
 import signal
 import socket
@@ -49,12 +54,21 @@ from ortserve.core.errors import (
 )
 from ortserve.core.generation import Drafts, Guidance, Sampling, TokenLogprob
 from ortserve.core.manifest import verify_folder
-from ortserve.core.settings import EngineSettings
+from ortserve.core.settings import PRIVACY_ENVIRONMENT, EngineSettings
 
 if TYPE_CHECKING:  # the parent never loads og: the child does (core.engine_worker)
     from ortserve.core.runtime import Steps
 
 log = logging.getLogger("ortserve")
+
+# The environment variables the engine process starts with, by name or prefix: how to find
+# Python and its packages, the locale and time zone, temporary files, and the knobs of
+# the native libraries it runs (onnxruntime, OpenMP, glibc's malloc). Nothing else: API
+# keys, cloud credentials and every ORTSERVE_* setting stay in the parent.
+_CHILD_NAMES = frozenset(
+    {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "VIRTUAL_ENV"}
+)
+_CHILD_PREFIXES = ("LC_", "PYTHON", "ORT_", "OMP_", "KMP_", "MALLOC_", "GLIBC_TUNABLES")
 
 # A request that was running in the engine at this many faults is refused.
 FAULTS_TO_REFUSE = 2
@@ -147,6 +161,24 @@ class RemoteSteps:
 
     def __del__(self) -> None:
         self._process.drop(self._epoch, self._handle)
+
+
+def child_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The engine process's environment: `environ`'s allowed names only (`_CHILD_NAMES`,
+    `_CHILD_PREFIXES`) and the privacy switches (core.settings)."""
+    kept = {
+        name: value
+        for name, value in environ.items()
+        if name in _CHILD_NAMES or name.startswith(_CHILD_PREFIXES)
+    }
+    return {**kept, **PRIVACY_ENVIRONMENT}
+
+
+def engine_settings(settings: EngineSettings) -> EngineSettings:
+    """`settings`' engine fields only, as the engine process gets them: a server's
+    settings (core.settings.ServerSettings) carry its API keys, which it never needs."""
+    fields = {name: getattr(settings, name) for name in EngineSettings.model_fields}
+    return EngineSettings.model_construct(**fields)
 
 
 class EngineProcess:
@@ -400,6 +432,7 @@ class EngineProcess:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ortserve.core.engine_worker", str(child_end.fileno())],
                 pass_fds=(child_end.fileno(),),
+                env=child_environment(dict(os.environ)),
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a terminal's Ctrl-C is the parent's to handle
             )
@@ -407,7 +440,7 @@ class EngineProcess:
             child_end.close()
         conn = Connection(parent_end.detach())
         try:
-            send(conn, (self.folder, self.settings, self.threads))
+            send(conn, (self.folder, engine_settings(self.settings), self.threads))
             kind, *rest = receive(conn)
         except (EOFError, OSError):
             conn.close()

@@ -6,6 +6,7 @@ Run as `python -m ortserve.core.engine_worker FD` by `core.engine_process.Engine
 
 from __future__ import annotations
 
+import ctypes
 import resource
 import signal
 import sys
@@ -15,7 +16,6 @@ from typing import Any
 from ortserve.core.engine_process import receive, send
 from ortserve.core.errors import OrtServeError
 from ortserve.core.memory import return_freed_memory
-from ortserve.core.og_local import LocalAdapters, LocalSteps, adapter_call, probe_providers
 
 # What the parent may call on a generator (`Steps`'s methods).
 _METHODS = frozenset({"append", "step", "step_rows", "finish", "rewind", "pick", "last_logits"})
@@ -23,6 +23,9 @@ _METHODS = frozenset({"append", "step", "step_rows", "finish", "rewind", "pick",
 
 def serve_calls(conn: Connection) -> None:
     """The child's loop: load the model, then run calls until the socket closes."""
+    # og loads here, after `seal` (main), not at this module's import.
+    from ortserve.core.og_local import LocalAdapters, LocalSteps, adapter_call, probe_providers
+
     folder, settings, threads = receive(conn)
     if settings.engine_memory_mb:  # a runaway allocation ends this process, not the server
         limit = settings.engine_memory_mb << 20
@@ -62,6 +65,26 @@ def serve_calls(conn: Connection) -> None:
         send(conn, reply)
 
 
+#: The most file descriptors the engine process may open: the model's files, its adapters,
+#: Python's imports; its socket to the parent is open already.
+OPEN_FILES = 256
+_PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
+
+
+def seal() -> None:
+    """What this process may do, narrowed before it loads anything: it can gain no
+    privileges (PR_SET_NO_NEW_PRIVS: a setuid or file-capability program it ran would
+    not elevate), leaves no core dump (one would hold prompts and weights), and opens at
+    most OPEN_FILES files."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = OPEN_FILES if hard == resource.RLIM_INFINITY else min(OPEN_FILES, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, limit), limit))
+
+
 def main(argv: list[str]) -> int:
     """`python -m ortserve.core.engine_worker FD`: serve calls on the socket FD."""
     # The parent handles stop signals and drains; this process ends when its socket
@@ -70,6 +93,7 @@ def main(argv: list[str]) -> int:
     # ends, and restarts start it from a thread that ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    seal()
     conn = Connection(int(argv[1]))
     try:
         serve_calls(conn)

@@ -346,3 +346,34 @@ def test_the_daemon_itself_never_loads_og_its_engine_process_does(start: Any) ->
     assert engine_pid != daemon.proc.pid
     assert _maps_og(engine_pid)
     assert not _maps_og(daemon.proc.pid)
+
+
+def test_the_engine_process_is_sealed(start: Any) -> None:
+    """The engine process starts with allowed environment variables only (no API key, no
+    cloud credential, no ORTSERVE_* setting), can gain no privileges, leaves no core dump
+    and opens few files; the daemon itself keeps its own."""
+    secret = "engine-test-aws-secret"
+    os.environ["AWS_SECRET_ACCESS_KEY"] = secret  # the daemon's environment has it
+    try:
+        daemon = start(ADMIN_KEYS=KEY)
+    finally:
+        del os.environ["AWS_SECRET_ACCESS_KEY"]
+    engine_pid = _engine(daemon)["pid"]
+    environ = Path(f"/proc/{engine_pid}/environ").read_bytes().split(b"\0")
+    names = {entry.split(b"=", 1)[0].decode() for entry in environ if entry}
+    assert "PATH" in names and "ORT_DISABLE_TELEMETRY" in names
+    assert not {n for n in names if n.startswith("ORTSERVE_") or n.startswith("AWS_")}, names
+    raw = b"\0".join(environ)
+    assert KEY.encode() not in raw and secret.encode() not in raw
+    parent = Path(f"/proc/{daemon.proc.pid}/environ").read_bytes()
+    assert KEY.encode() in parent and secret.encode() in parent  # the daemon's own, kept
+    assert "\nNoNewPrivs:\t1\n" in Path(f"/proc/{engine_pid}/status").read_text()
+    limits = Path(f"/proc/{engine_pid}/limits").read_text().splitlines()
+    assert any(
+        line.startswith("Max core file size") and line.split()[4:6] == ["0", "0"] for line in limits
+    )
+    open_files = next(line for line in limits if line.startswith("Max open files")).split()
+    assert int(open_files[3]) <= 256 and int(open_files[4]) <= 256
+    # It still works, sealed.
+    answer = daemon.http.post("/generate", json={"prompt": "Hi", "max_new_tokens": 4})
+    assert answer.status_code == 200, answer.text
