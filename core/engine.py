@@ -48,7 +48,7 @@ from ortserve.core.manifest import (
 )
 from ortserve.core.memory import return_freed_memory
 from ortserve.core.prefill import KEPT_LOGITS_TOKENS, prefill_parts
-from ortserve.core.prompt_cache import MIN_APPENDED, PromptCache
+from ortserve.core.prompt_cache import MIN_APPENDED, SLOT_TOKENS, PromptCache
 from ortserve.core.runtime import (
     DONE,
     EOS,
@@ -58,6 +58,7 @@ from ortserve.core.runtime import (
     Model,
     Steps,
     genai_config,
+    kv_bytes_per_token,
 )
 from ortserve.core.settings import EngineSettings
 from ortserve.core.text import TextCodec
@@ -94,25 +95,6 @@ class ProbeReport:
 _SEED_RANGE = 2**31
 # The pause between prefill parts (~1.5% of a 64-token part here).
 _BETWEEN_PARTS_S = 0.002
-# A kept generator's token room (prompt + new tokens; capped by the context): its KV
-# cache is allocated for all of it at once.
-_CACHE_ROOM = 4096
-
-
-def _kv_bytes_per_token(model_config: dict[str, Any], element_bytes: int) -> int:
-    """Bytes of KV cache one token takes (keys and values, every layer; `element_bytes`
-    each: 4 for og 0.18's fp32 cache on CPU, 1 for an int8 one), its draft model's (fp32)
-    included; 0 when genai_config does not say."""
-    total = 0
-    for section, size in (("decoder", element_bytes), ("draft", 4)):
-        part = model_config.get(section, {})
-        try:
-            heads = int(part["num_key_value_heads"]) * int(part["head_size"])
-            total += 2 * int(part["num_hidden_layers"]) * heads * size
-        except (KeyError, TypeError, ValueError):
-            if section == "decoder":
-                return 0
-    return total
 
 
 def _tag(input_ids: list[int], guidance: Guidance | None = None, tenant: str = "") -> str:
@@ -257,13 +239,17 @@ class Engine:
         self.context_length = int(model_config.get("context_length", 0) or 0)
         self.vocab_size = int(model_config.get("vocab_size", 0) or 0)
         self.sampling_defaults = manifest.sampling or HOUSE_SAMPLING
-        room = min(self.context_length or _CACHE_ROOM, _CACHE_ROOM)
+        room = min(self.context_length or SLOT_TOKENS, SLOT_TOKENS)
         self.prompt_cache = (
             PromptCache(settings.prompt_cache_slots, room)
             if (settings.prompt_cache_slots > 0)
             else None
         )
-        self.kv_bytes_per_token = _kv_bytes_per_token(model_config, manifest.kv_cache_element_bytes)
+        try:  # 0 where genai_config does not say
+            per_token = kv_bytes_per_token(model_config, manifest.kv_cache_element_bytes)
+        except (KeyError, TypeError, ValueError):
+            per_token = 0
+        self.kv_bytes_per_token = per_token
         if self.prompt_cache is not None:  # its generators went with a faulted engine
             model.on_restart(self.prompt_cache.clear)
         # og 0.18 drafts with a draft model whenever it has one: such a model cannot batch,

@@ -155,3 +155,23 @@ def genai_config(folder: Path) -> dict[str, Any]:
     if not isinstance(data.get("model"), dict):
         raise ModelIntegrityError(f"{path} has no 'model' section")
     return data
+
+
+def kv_bytes_per_token(model_config: dict[str, Any], element_bytes: int = 4) -> int:
+    """Bytes of keys and values one token takes in every layer (genai_config's `model`
+    section; `element_bytes`: 4 for og 0.18's fp32 cache on CPU, 1 for an int8 one), and
+    in every layer of its draft model where it has one (`--draft`: an fp32 cache of its
+    own). The engine states it (/readyz's prompt cache); the bake declares memory with it
+    (bake.sizing).
+
+    Raises:
+        KeyError, TypeError, ValueError: A section does not say its layers, KV heads or
+            head size.
+    """
+
+    def layers(section: dict[str, Any], element: int) -> int:
+        heads = int(section["num_key_value_heads"]) * int(section["head_size"])
+        return 2 * int(section["num_hidden_layers"]) * heads * element
+
+    draft = layers(model_config["draft"], 4) if "draft" in model_config else 0
+    return layers(model_config["decoder"], element_bytes) + draft

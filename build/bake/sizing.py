@@ -47,7 +47,9 @@ from typing import Any
 
 from ortserve.core.manifest import read_manifest
 from ortserve.core.prefill import KEPT_LOGITS_TOKENS
+from ortserve.core.prompt_cache import SLOT_TOKENS
 from ortserve.core.protocol.responses import KEPT_RESPONSE_BYTES
+from ortserve.core.runtime import kv_bytes_per_token
 from ortserve.core.service import ONE_PASS_PARTS
 from ortserve.core.settings import EngineSettings
 
@@ -57,9 +59,10 @@ ENGINE_PROCESS_MIB = 64
 MODEL_FACTOR = 1.25
 PART_FACTOR = 1.5
 FP32_BYTES = 4
-# A prompt-cache slot's room (core.engine._CACHE_ROOM) and a sequence's default room
-# where the model's context is longer: prompts are capped so that prompt + new tokens fit.
-PROMPT_CACHE_TOKENS = 4096
+# A prompt-cache slot's room (the engine's, core.prompt_cache), and a sequence's default
+# room where the model's context is longer: prompts are capped so that prompt + new
+# tokens fit.
+PROMPT_CACHE_TOKENS = SLOT_TOKENS
 SEQUENCE_TOKENS = 4096
 
 _DEFAULTS = EngineSettings.model_fields
@@ -131,19 +134,6 @@ class Memory:
             **asdict(self),
             "formula": "runtime + engine + model + kv + parts + cache + kept + reload",
         }
-
-
-def kv_bytes_per_token(config: dict[str, Any], element_bytes: int = FP32_BYTES) -> int:
-    """Bytes of keys and values one token takes in every layer (genai_config's `model`
-    section; `element_bytes`: 4 for og's fp32 cache, 1 for `--kv-cache int8`), and in
-    every layer of its draft model where it has one (`--draft`: an fp32 cache of its own)."""
-
-    def layers(section: dict[str, Any], element: int) -> int:
-        heads = int(section["num_key_value_heads"]) * int(section["head_size"])
-        return 2 * int(section["num_hidden_layers"]) * heads * element
-
-    draft = layers(config["draft"], FP32_BYTES) if "draft" in config else 0
-    return layers(config["decoder"], element_bytes) + draft
 
 
 def memory_for(
