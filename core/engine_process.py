@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import itertools
 import logging
 import os
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ortserve.core import errors as errors_module
 from ortserve.core.errors import (
     EngineFaultError,
     InvalidRequestError,
@@ -114,6 +116,7 @@ class _Child:
     broken: bool = False
     stopped: bool = False  # ended on purpose: no restart
     hung: bool = False  # killed because a call hung: its cause is `hung`
+    malformed: bool = False  # killed for a message it may not send: `malformed message`
 
 
 class RemoteSteps:
@@ -338,7 +341,10 @@ class EngineProcess:
                 try:
                     while not child.conn.poll(_HUNG_CHECK_S):
                         self._kill_if_hung(child)
-                    reply = receive(child.conn)
+                    reply = reply_of(receive_from_child(child.conn))
+                except MalformedMessageError as exc:
+                    self._kill_malformed(child, exc)
+                    reply = None
                 except (EOFError, OSError):
                     reply = None
                 finally:
@@ -396,6 +402,14 @@ class EngineProcess:
         with contextlib.suppress(OSError):
             child.proc.kill()
 
+    def _kill_malformed(self, child: _Child, error: MalformedMessageError) -> None:
+        """Kill `child`, which sent a message it may not send (a fault: its calls fail, and
+        a new child loads the model). Nothing of the message was built but allowed data."""
+        child.malformed = True
+        log.error("the engine process (pid %d) %s: killing it", child.proc.pid, error)
+        with contextlib.suppress(OSError):
+            child.proc.kill()
+
     # -- the child's life ---------------------------------------------------------------
 
     def _gone(self) -> str:
@@ -440,8 +454,15 @@ class EngineProcess:
             child_end.close()
         conn = Connection(parent_end.detach())
         try:
-            send(conn, (self.folder, engine_settings(self.settings), self.threads))
-            kind, *rest = receive(conn)
+            send(
+                conn, (PROTOCOL_VERSION, self.folder, engine_settings(self.settings), self.threads)
+            )
+            kind, *rest = loaded_of(receive_from_child(conn))
+        except MalformedMessageError as exc:
+            conn.close()
+            proc.kill()
+            proc.wait()
+            raise ModelUnavailableError(f"the engine process {exc}") from None
         except (EOFError, OSError):
             conn.close()
             returncode = proc.wait()
@@ -473,7 +494,7 @@ class EngineProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 returncode = child.proc.wait(2.0)
         cause = _cause(returncode) if returncode is not None else "its socket closed"
-        cause = "hung" if child.hung else cause
+        cause = "hung" if child.hung else "malformed message" if child.malformed else cause
         with self._cond:
             if child.broken:
                 return
@@ -503,6 +524,7 @@ class EngineProcess:
         """After `child` ended by itself: count it, then load the model in a new child."""
         returncode = child.proc.wait()
         cause = "hung" if child.hung else _cause(returncode)
+        cause = "malformed message" if child.malformed else cause
         self._broken(child)
         with self._cond:
             if self._closed or child.stopped or self._child is not child:
@@ -574,10 +596,108 @@ def send(conn: Connection, message: Any) -> None:
 
 
 def receive(conn: Connection) -> Any:
-    """The next message from the other end of the socket pair."""
-    # Only this process's own child (or parent) is at the other end of the socket pair,
-    # which no one else can reach: its messages are trusted.
+    """The next message from the parent (the engine process's side): the daemon that
+    started this process, which no one else can reach, is trusted."""
     return pickle.loads(conn.recv_bytes())  # noqa: S301 (see above)
+
+
+class MalformedMessageError(OSError):
+    """A message from the engine process that it may not send: not a decodable message of
+    allowed types, or not the shape of a reply. The child is a fault (killed)."""
+
+
+# The version of the messages between the daemon and its engine process (the handshake
+# carries it; both ends are one install, so a mismatch is a broken one).
+PROTOCOL_VERSION = 1
+
+# What the daemon builds from a message of its engine process besides plain data (tuples,
+# lists, dicts, sets, str, bytes, int, float, bool, None): these classes only, and
+# core.errors' own errors (a load that failed). A child compromised through native code on
+# hostile input (a grammar, a prompt) can send bytes, not code: pickle's REDUCE of
+# anything else (os.system, eval, subprocess) is refused before it is looked up.
+_FROM_CHILD: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("ortserve.core.generation", "TokenLogprob"),
+        ("ortserve.core.generation", "Drafts"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+    }
+)
+
+
+class _ChildUnpickler(pickle.Unpickler):
+    """pickle that builds only `_FROM_CHILD`'s classes and core.errors' errors."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _FROM_CHILD:
+            return super().find_class(module, name)
+        if module == "ortserve.core.errors":
+            found = getattr(errors_module, name, None)
+            if isinstance(found, type) and issubclass(found, OrtServeError):
+                return found
+        raise MalformedMessageError(f"sent a message with a {module}.{name} in it")
+
+
+def receive_from_child(conn: Connection) -> Any:
+    """The next message from the engine process, decoded with `_ChildUnpickler`.
+
+    Raises:
+        MalformedMessageError: It holds anything else, or does not decode.
+        EOFError, OSError: The socket closed.
+    """
+    data = conn.recv_bytes()
+    try:
+        return _ChildUnpickler(io.BytesIO(data)).load()
+    except MalformedMessageError:
+        raise
+    except Exception as exc:  # a message that does not decode, however it fails
+        raise MalformedMessageError(f"sent a message that does not decode ({exc!r})") from exc
+
+
+def reply_of(message: Any) -> tuple[int, bool, Any]:
+    """`message` as a reply to a call: (call id, ok, the result or (error type, text)).
+
+    Raises:
+        MalformedMessageError: It is not one.
+    """
+    if isinstance(message, tuple) and len(message) == 3:
+        call_id, ok, value = message
+        if type(call_id) is int and type(ok) is bool:
+            failed = isinstance(value, tuple) and len(value) == 2
+            if ok or (failed and all(isinstance(part, str) for part in value)):
+                return call_id, ok, value
+    raise MalformedMessageError(f"sent a message that is no reply: {message!r:.200}")
+
+
+def loaded_of(message: Any) -> tuple[Any, ...]:
+    """`message` as the answer to the handshake: ("ready", provider, skipped) or
+    ("failed", an OrtServeError).
+
+    Raises:
+        MalformedMessageError: It is neither.
+    """
+    ready = (
+        isinstance(message, tuple)
+        and len(message) == 3
+        and message[0] == "ready"
+        and isinstance(message[1], str)
+        and isinstance(message[2], dict)
+    )
+    failed = (
+        isinstance(message, tuple)
+        and len(message) == 2
+        and message[0] == "failed"
+        and isinstance(message[1], OrtServeError)
+    )
+    if ready or failed:
+        return tuple(message)
+    raise MalformedMessageError(f"answered the handshake with {message!r:.200}")
 
 
 def _error(ok: bool, value: Any) -> Any:

@@ -13,8 +13,8 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ortserve.core.engine_process import receive, send
-from ortserve.core.errors import OrtServeError
+from ortserve.core.engine_process import PROTOCOL_VERSION, receive, send
+from ortserve.core.errors import ModelUnavailableError, OrtServeError
 from ortserve.core.memory import return_freed_memory
 
 # What the parent may call on a generator (`Steps`'s methods).
@@ -26,7 +26,11 @@ def serve_calls(conn: Connection) -> None:
     # og loads here, after `seal` (main), not at this module's import.
     from ortserve.core.og_local import LocalAdapters, LocalSteps, adapter_call, probe_providers
 
-    folder, settings, threads = receive(conn)
+    version, folder, settings, threads = receive(conn)
+    if version != PROTOCOL_VERSION:  # one install's two ends: a broken install
+        message = f"speaks engine protocol {PROTOCOL_VERSION}, the daemon {version}"
+        send(conn, ("failed", ModelUnavailableError(f"the engine process {message}")))
+        return
     if settings.engine_memory_mb:  # a runaway allocation ends this process, not the server
         limit = settings.engine_memory_mb << 20
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))

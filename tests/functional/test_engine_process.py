@@ -377,3 +377,40 @@ def test_the_engine_process_is_sealed(start: Any) -> None:
     # It still works, sealed.
     answer = daemon.http.post("/generate", json={"prompt": "Hi", "max_new_tokens": 4})
     assert answer.status_code == 200, answer.text
+
+
+def test_a_malformed_message_from_the_engine_is_a_fault_and_the_next_request_served(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message the engine process may not send (here: a reply of no known shape, as a
+    child compromised through native code could send) fails its request with the 503 to
+    retry, never an exception of another kind in the daemon; the child is killed, counted,
+    and a new one serves."""
+    from ortserve.core import engine_process
+    from ortserve.core.errors import EngineFaultError
+    from ortserve.core.generation import GenerationRequest, SamplingOptions
+    from ortserve.core.service import Service
+    from ortserve.core.settings import EngineSettings
+
+    settings = EngineSettings(model_dir=tiny_model_dir, providers="cpu", engine_process=True)
+    service = Service.load(settings)
+    honest = engine_process.receive_from_child
+    sent = iter([("not", "a", "reply", "at all")])
+
+    def forged(conn: Any) -> Any:
+        message = honest(conn)
+        return next(sent, message)  # the first reply read is replaced by the forged one
+
+    try:
+        options = SamplingOptions(max_new_tokens=4, min_new_tokens=4)
+        request = GenerationRequest(prompt=PROMPT, options=options)
+        pid = service.engine.model.describe()["pid"]
+        monkeypatch.setattr(engine_process, "receive_from_child", forged)
+        with pytest.raises(EngineFaultError, match=r"ended \(malformed message\)"):
+            service.generate(request)
+        assert service.generate(request).completion_tokens == 4
+        engine = service.engine.model.describe()
+        assert engine["restarts"] == {"malformed message": 1} and engine["pid"] != pid
+        assert not _running(pid)
+    finally:
+        service.engine.close()
