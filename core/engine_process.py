@@ -17,10 +17,12 @@ new child loads the model again (the folder is verified first, every byte after 
 SIGBUS); a request that was running at two faults is refused from then on.
 
 The child's side is core.engine_worker (`python -m ortserve.core.engine_worker FD`). It
-is sealed: it starts with an environment of allowed names only (`child_environment`: no
-API keys, no cloud credentials, no ORTSERVE_* settings), gets the engine's settings only
-(`engine_settings`: never the server's keys), and seals itself before it loads anything
-(core.engine_worker: no new privileges, no core dumps, few file descriptors).
+is sealed: it starts with an environment of allowed names only
+(`core.settings.engine_environment`: no API keys, no cloud credentials, no ORTSERVE_*
+settings), gets the engine's settings only (`engine_settings`: never the server's keys),
+and seals itself before it loads anything (core.engine_worker: no new privileges, no core
+dumps, few file descriptors). What it sends back is decoded by an allow-list
+(`receive_from_child`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import contextlib
 import io
 import itertools
 import logging
-import os
 import pickle
 import signal
 import socket
@@ -56,21 +57,12 @@ from ortserve.core.errors import (
 )
 from ortserve.core.generation import Drafts, Guidance, Sampling, TokenLogprob
 from ortserve.core.manifest import verify_folder
-from ortserve.core.settings import PRIVACY_ENVIRONMENT, EngineSettings
+from ortserve.core.settings import EngineSettings, engine_environment
 
 if TYPE_CHECKING:  # the parent never loads og: the child does (core.engine_worker)
     from ortserve.core.runtime import Steps
 
 log = logging.getLogger("ortserve")
-
-# The environment variables the engine process starts with, by name or prefix: how to find
-# Python and its packages, the locale and time zone, temporary files, and the knobs of
-# the native libraries it runs (onnxruntime, OpenMP, glibc's malloc). Nothing else: API
-# keys, cloud credentials and every ORTSERVE_* setting stay in the parent.
-_CHILD_NAMES = frozenset(
-    {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "VIRTUAL_ENV"}
-)
-_CHILD_PREFIXES = ("LC_", "PYTHON", "ORT_", "OMP_", "KMP_", "MALLOC_", "GLIBC_TUNABLES")
 
 # A request that was running in the engine at this many faults is refused.
 FAULTS_TO_REFUSE = 2
@@ -164,17 +156,6 @@ class RemoteSteps:
 
     def __del__(self) -> None:
         self._process.drop(self._epoch, self._handle)
-
-
-def child_environment(environ: dict[str, str]) -> dict[str, str]:
-    """The engine process's environment: `environ`'s allowed names only (`_CHILD_NAMES`,
-    `_CHILD_PREFIXES`) and the privacy switches (core.settings)."""
-    kept = {
-        name: value
-        for name, value in environ.items()
-        if name in _CHILD_NAMES or name.startswith(_CHILD_PREFIXES)
-    }
-    return {**kept, **PRIVACY_ENVIRONMENT}
 
 
 def engine_settings(settings: EngineSettings) -> EngineSettings:
@@ -446,7 +427,7 @@ class EngineProcess:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ortserve.core.engine_worker", str(child_end.fileno())],
                 pass_fds=(child_end.fileno(),),
-                env=child_environment(dict(os.environ)),
+                env=engine_environment(),
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a terminal's Ctrl-C is the parent's to handle
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -28,6 +29,29 @@ DEFAULT_NEW_TOKENS = 512
 # huggingface_hub reports downloads unless HF_HUB_DISABLE_TELEMETRY=1. Forced, not
 # defaulted: a private endpoint has no opt-in. Generated artefacts set the same.
 PRIVACY_ENVIRONMENT = {"ORT_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+# The environment variables the engine process starts with, by name or prefix: how to find
+# Python and its packages, the locale and time zone, temporary files, and the knobs of
+# the native libraries it runs (onnxruntime, OpenMP, glibc's malloc). Nothing else: API
+# keys, cloud credentials and every ORTSERVE_* setting stay in the parent.
+_ENGINE_NAMES = frozenset(
+    {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "VIRTUAL_ENV"}
+)
+_ENGINE_PREFIXES = ("LC_", "PYTHON", "ORT_", "OMP_", "KMP_", "MALLOC_", "GLIBC_TUNABLES")
+
+
+def engine_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The engine process's environment (core.engine_process): `environ`'s (this
+    process's) allowed names only (`_ENGINE_NAMES`, `_ENGINE_PREFIXES`), and the privacy
+    switches."""
+    source = os.environ if environ is None else environ
+    kept = {
+        name: value
+        for name, value in source.items()
+        if name in _ENGINE_NAMES or name.startswith(_ENGINE_PREFIXES)
+    }
+    return {**kept, **PRIVACY_ENVIRONMENT}
 
 
 def disable_telemetry() -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from ortserve.core.engine_process import child_environment, engine_settings
-from ortserve.core.settings import EngineSettings, ServerSettings
+from ortserve.core.engine_process import engine_settings
+from ortserve.core.settings import EngineSettings, ServerSettings, engine_environment
 
 
 def test_the_engine_gets_the_engine_settings_and_never_the_keys() -> None:
@@ -36,7 +36,7 @@ def test_the_engine_environment_keeps_allowed_names_only() -> None:
         "GOOGLE_APPLICATION_CREDENTIALS": "/c.json",
         "CREDENTIALS_DIRECTORY": "/run/credentials/ortserve",
     }
-    child = child_environment(environ)
+    child = engine_environment(environ)
     assert child == {
         "PATH": "/usr/bin",
         "HOME": "/home/x",
