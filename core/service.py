@@ -1,7 +1,7 @@
 """The request policy, in one place: admission and the queue, the batching rule, the
 token budget, stop strings, the request timeout, cancellation and shutdown, usage and
 timings. It takes a plain `GenerationRequest` and returns a `GenerationStream`; it knows
-no HTTP (core.api and core.protocol do) and no onnxruntime-genai (core.engine does).
+no HTTP (core.api and core.protocol do) and no onnxruntime-genai (core.og_local does).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def engine_environment(environ: Mapping[str, str] | None = None) -> dict[str, st
 
 def disable_telemetry() -> None:
     """Set `PRIVACY_ENVIRONMENT` in this process (and so in every child it starts); call
-    it before onnxruntime or huggingface_hub is imported (core.engine does, at import)."""
+    it before onnxruntime or huggingface_hub is imported (core.og_local does, at import)."""
     os.environ.update(PRIVACY_ENVIRONMENT)
 
 
