@@ -36,7 +36,7 @@ def serve_calls(conn: Connection) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     return_freed_memory()  # before the model's buffers exist (core.memory)
     try:
-        model, provider, skipped = probe_providers(folder, settings, threads)
+        model, provider, skipped = probe_providers(folder, settings, threads, dedicated=True)
     except OrtServeError as exc:
         send(conn, ("failed", exc))
         return

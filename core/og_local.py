@@ -64,21 +64,27 @@ _AVAILABLE: dict[str, Callable[[], bool]] = {
 _NOT_IN_BUILD = "is not supported in this build"  # what og.Model raises for them
 
 
-#: onnxruntime session config entries set on every session og makes for ortserve (og 0.18
-#: passes a `session_options` key it does not know to onnxruntime as a config entry).
-#: Denormal floats as zero: random-weight models (the test suite's, the size envelope's)
-#: make denormals, and on the Intel Xeon VM the 135M shape prefilled 1,024 tokens at 44.9
-#: tok/s with them and 111.7 without; real weights give the same tokens (tested).
-SESSION_ENTRIES = {"session.set_denormal_as_zero": "1"}
+#: onnxruntime session config entries set on the sessions of a process that is og's alone
+#: (the engine process: `probe_providers(dedicated=True)`). og 0.18 passes a
+#: `session_options` key it does not know to onnxruntime as a config entry. Denormal
+#: floats as zero: random-weight models (the test suite's, the size envelope's) make
+#: denormals, and on the Intel Xeon VM the 135M shape prefilled 1,024 tokens at 44.9 tok/s
+#: with them and 111.7 without; real weights give the same tokens (tested). Not in a
+#: process og shares: onnxruntime sets FTZ/DAZ on the thread that creates the session, so
+#: the caller's own Python floats would lose their subnormals too (hypothesis refused to
+#: run in the test process).
+DEDICATED_SESSION_ENTRIES = {"session.set_denormal_as_zero": "1"}
 
 
 def probe_providers(
-    folder: Path, settings: EngineSettings, threads: int
+    folder: Path, settings: EngineSettings, threads: int, dedicated: bool = False
 ) -> tuple[Any, str, dict[str, str]]:
-    """Build the model with each allowed provider in order; the first that loads wins."""
+    """Build the model with each allowed provider in order; the first that loads wins.
+    `dedicated`: this process is og's alone (`DEDICATED_SESSION_ENTRIES` apply)."""
     # The draft model (`--draft`) has a thread pool of its own, sized the same.
     sections = ("decoder", "draft") if "draft" in genai_config(folder)["model"] else ("decoder",)
-    session = {"session_options": {"intra_op_num_threads": threads, **SESSION_ENTRIES}}
+    entries = DEDICATED_SESSION_ENTRIES if dedicated else {}
+    session = {"session_options": {"intra_op_num_threads": threads, **entries}}
     overlay = json.dumps({"model": dict.fromkeys(sections, session)})
     skipped: dict[str, str] = {}
     for name in settings.provider_order():

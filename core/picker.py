@@ -83,12 +83,12 @@ def distribution(
     temperature: float,
 ) -> tuple[np.ndarray[tuple[int], np.dtype[np.intp]], np.ndarray[tuple[int], np.dtype[np.float64]]]:
     """The tokens a sampled pick chooses among, largest logit first, and their
-    probabilities, as og 0.18's `ComputeSampledCategorical`: the `top_k` largest (when
-    above 1), softmax at `temperature`, then the smallest prefix whose probabilities
-    reach `top_p` (when in (0, 1)), renormalised."""
+    probabilities, as og 0.18 samples: the `top_k` largest (when 1 or more: 1 is greedy,
+    as og 0.18 and transformers take it), softmax at `temperature`, then the smallest
+    prefix whose probabilities reach `top_p` (when in (0, 1)), renormalised."""
     inv_temp = np.float32(1.0 / temperature)
     nucleus = 0.0 < top_p < 1.0
-    if top_k > 1:
+    if top_k >= 1:
         indices = _largest(logits, min(top_k, logits.shape[0]))
         probs = _softmax(logits[indices], logits[indices[0]], inv_temp)
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from benchmarks.sampling_profiles import looped
-from ortserve.core import og_local as engine_module
+from ortserve.core import og_local
 from ortserve.core.engine import Engine, SamplingOptions
 from ortserve.core.generation import HOUSE_SAMPLING, GenerationRequest
 from ortserve.core.manifest import read_manifest
@@ -149,25 +150,32 @@ def test_default_bake_answers_factual_questions_as_fp32_does(
     assert len(FACTS) - len(wrong) >= MIN_RIGHT, f"the default int4 bake gets these wrong: {wrong}"
 
 
-def test_denormals_as_zero_keep_real_weights_tokens(
-    real_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+def test_denormals_as_zero_keep_real_weights_tokens_and_the_callers_floats(
+    real_model_dir: Path,
 ) -> None:
-    """Every session sets onnxruntime's `session.set_denormal_as_zero` (random weights
-    make denormal floats, slow on some CPUs): on real weights the logits and the greedy
-    tokens of a long prompt are those of a session without it."""
-    shipped = engine_module.SESSION_ENTRIES
-    assert shipped.get("session.set_denormal_as_zero") == "1"
-    ids = _engine(real_model_dir).encode(" ".join(q for q, _ in FACTS) * 8)
+    """The engine process, og's alone, sets onnxruntime's `session.set_denormal_as_zero`
+    (random weights make denormal floats, slow on some CPUs): on real weights its logits
+    and greedy tokens of a long prompt are those of a session without it, in this
+    process, which does not set it: onnxruntime would set FTZ/DAZ on this very thread,
+    and this process's own floats would lose their subnormals."""
+    assert og_local.DEDICATED_SESSION_ENTRIES == {"session.set_denormal_as_zero": "1"}
     runs = []
-    for entries in (shipped, {}):
-        monkeypatch.setattr(engine_module, "SESSION_ENTRIES", entries)
-        engine = _engine(real_model_dir)
-        steps = engine.model.generator({"max_length": len(ids) + 40}, None, ())
-        steps.append(ids)
-        logits = steps.last_logits()
-        tokens = [steps.step(None)[0] for _ in range(40)]
-        runs.append((logits, tokens))
+    for engine_process in (True, False):
+        settings = EngineSettings(
+            model_dir=real_model_dir, providers="cpu", engine_process=engine_process
+        )
+        engine = Engine.load(settings)
+        try:
+            ids = engine.encode(" ".join(q for q, _ in FACTS) * 8)
+            steps = engine.model.generator({"max_length": len(ids) + 40}, None, ())
+            steps.append(ids)
+            logits = steps.last_logits()
+            tokens = [steps.step(None)[0] for _ in range(40)]
+            runs.append((logits, tokens))
+        finally:
+            engine.close()
     assert np.array_equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
+    assert sys.float_info.min / 2 > 0  # this thread still has subnormals
 
 
 # The README's, the docs' and `ortserve --help`'s example questions, with what a sensible

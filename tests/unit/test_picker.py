@@ -25,7 +25,7 @@ def _reference(
     order = np.argsort(-logits.astype(np.float64), kind="stable")
     scaled = logits.astype(np.float64) / temp
     weights = np.exp(scaled - scaled.max())
-    if top_k > 1:
+    if top_k >= 1:
         order = order[:top_k]
         probs = weights[order] / weights[order].sum()
     else:
