@@ -21,6 +21,7 @@ import numpy as np
 from ortserve.core.generation import Sampling
 
 _LOWEST = np.finfo(np.float32).min
+_LARGEST = float(np.finfo(np.float32).max)
 # The nucleus of top-p is looked for among the largest logits first, this many and then
 # four times more each round: a sort of the whole vocabulary (152k on Qwen) costs ~10 ms.
 _FIRST_NUCLEUS = 64
@@ -86,6 +87,8 @@ def distribution(
     probabilities, as og 0.18 samples: the `top_k` largest (when 1 or more: 1 is greedy,
     as og 0.18 and transformers take it), softmax at `temperature`, then the smallest
     prefix whose probabilities reach `top_p` (when in (0, 1)), renormalised."""
+    if 1.0 / temperature > _LARGEST:  # too small a temperature for float32: all on the top
+        return np.array([int(np.argmax(logits))]), np.ones(1)
     inv_temp = np.float32(1.0 / temperature)
     nucleus = 0.0 < top_p < 1.0
     if top_k >= 1:

@@ -101,3 +101,12 @@ def test_forcing_makes_one_token_the_greatest() -> None:
     forced = picker.forcing(6, 10)
     assert int(np.argmax(forced)) == 6 and np.count_nonzero(forced == forced.max()) == 1
     assert int(np.argmax(picker.forcing(2, 10))) == 2  # the buffer is reset each time
+
+
+def test_a_temperature_too_small_for_float32_is_greedy_not_nan() -> None:
+    """1 / 1e-45 overflows float32: the scaled logits were NaN and the pick raised."""
+    logits = _logits(1000, 3)
+    for temperature in (1e-45, 1e-300):
+        for top_k, top_p in ((20, 0.8), (0, 0.9), (0, 1.0)):
+            picker = Picker(Sampling(temperature, top_p, top_k, 1.0), 1, [])
+            assert picker.pick(logits.copy()) == int(np.argmax(logits))
