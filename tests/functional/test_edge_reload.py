@@ -82,6 +82,16 @@ class Load:
     def total(self) -> int:
         return sum(self.statuses.values())
 
+    def answered(self, count: int, timeout: float = 60) -> int:
+        """Wait until `count` more requests are answered (rather than a time that depends
+        on the machine's speed); the total then."""
+        target = self.total() + count
+        deadline = time.monotonic() + timeout
+        while self.total() < target:
+            assert time.monotonic() < deadline, f"{self.total()} answered, {target} wanted"
+            time.sleep(0.01)
+        return self.total()
+
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
@@ -112,9 +122,8 @@ def test_reload_and_rollback_under_load_lose_no_request(start: Any, state: Path)
     assert _served(daemon)["manifest_digest"] == blue
     load = Load(daemon.url)
     try:
-        time.sleep(1.0)
-        before = load.total()
-        assert before > 0 and not load.failures, load.failures
+        before = load.answered(8)
+        assert not load.failures, load.failures
 
         # The update: `current` -> green, then `systemctl reload` (SIGHUP).
         set_link(state / "previous", "models/blue")
@@ -133,8 +142,7 @@ def test_reload_and_rollback_under_load_lose_no_request(start: Any, state: Path)
         assert reloading >= signalled - 0.5
         # /readyz serves green as soon as the switch is made; READY=1 follows it.
         assert daemon.wait_for("READY=1", timeout=10, after=reloading)
-        time.sleep(1.0)
-        during_green = load.total()
+        during_green = load.answered(8)
 
         # The rollback: the real CLI swaps the links, signals, waits for /readyz.
         proc = _switch_cli("rollback", state, daemon, timeout=60)
@@ -145,7 +153,7 @@ def test_reload_and_rollback_under_load_lose_no_request(start: Any, state: Path)
         assert os.readlink(state / "previous") == "models/green"
         assert _served(daemon)["manifest_digest"] == blue
         assert _served(daemon)["reload"]["count"] == 2
-        time.sleep(1.0)
+        load.answered(8)  # served by blue again
     finally:
         load.stop()
     assert not load.failures, load.failures[:5]

@@ -56,8 +56,10 @@ def test_a_prompt_in_parts_decodes_as_a_prompt_at_once(tiny_model_dir: Path) -> 
 
 @pytest.mark.slow
 def test_health_and_a_short_request_answer_during_a_long_prefill(start: Any) -> None:  # noqa: F811
-    """A 4,000-token prompt no longer freezes the process: /healthz answers all along,
-    and a short request that comes during the prefill is answered before it ends."""
+    """A long prompt does not freeze the process: /healthz answers all along, and a short
+    request that comes during the prefill is answered before it ends. 1,500 tokens of the
+    135M shape take seconds to prefill on a 2-core VM (4,000 took 81 s in the suite): far
+    longer than the 10 probes and the 0.5 s before the short request need."""
     daemon = start(models.shape_135m(), MAX_NEW_TOKENS="16", PROMPT_CACHE_SLOTS="0")
     daemon.wait_for("READY=1")
     ended: dict[str, float] = {}
@@ -69,7 +71,7 @@ def test_health_and_a_short_request_answer_during_a_long_prefill(start: Any) -> 
         ended[name] = time.monotonic()
 
     started = time.monotonic()
-    long = threading.Thread(target=ask, args=("long", long_prompt(4000), 1))
+    long = threading.Thread(target=ask, args=("long", long_prompt(1500), 1))
     long.start()
     latencies = []
     short = None
