@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.core.engine import Engine, neutral
-from ortserve.core.generation import Sampling
+from ortserve.core.generation import EffectiveSampling
 from ortserve.core.settings import EngineSettings
 
-QWEN = Sampling(0.7, 0.8, 20, 1.1)  # Qwen2.5-Coder's generation_config.json
+QWEN = EffectiveSampling(0.7, 0.8, 20, 1.1)  # Qwen2.5-Coder's generation_config.json
 
 
 def _decode(

@@ -42,14 +42,8 @@ from ortserve.core.http import (
     sse_response,
 )
 from ortserve.core.logs import escaped
-from ortserve.core.protocol import (
-    Event,
-    GenerationBody,
-    MultiChoiceReply,
-    Reply,
-    Served,
-    parse,
-)
+from ortserve.core.protocol.bodies import GenerationBody, parse
+from ortserve.core.protocol.serving import Event, MultiChoiceReply, Reply, Served
 from ortserve.core.records import RequestRecord
 from ortserve.core.routes import METRICS_ROUTE, PUBLIC_ROUTES, TABLE, find, ollama_shaped
 from ortserve.core.settings import ServerSettings

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from ortserve.core.generation import Step
+from ortserve.core.generation import DecodeEvent
 
 # How long a request that looks alone waits for company before it starts.
 LONE_WAIT_S = 0.001
@@ -62,7 +62,9 @@ class Sequence:
     input_ids: list[int]
     max_new: int
     key: Hashable
-    out: queue.SimpleQueue[Step | Alone | BaseException] = field(default_factory=queue.SimpleQueue)
+    out: queue.SimpleQueue[DecodeEvent | Alone | BaseException] = field(
+        default_factory=queue.SimpleQueue
+    )
     cancelled: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     paused_at: float | None = field(default_factory=time.monotonic)

@@ -32,13 +32,13 @@ from ortserve.core.generation import (
     ADAPTER,
     HOUSE_SAMPLING,
     Cached,
+    DecodeEvent,
     Decoding,
+    EffectiveSampling,
     Finish,
     GenerationRequest,
     Guidance,
-    Sampling,
     SamplingOptions,
-    Step,
     Token,
 )
 from ortserve.core.manifest import (
@@ -56,14 +56,14 @@ from ortserve.core.runtime import (
     NOT_SUPPORTED,
     SPECULATIVE,
     Model,
-    Steps,
+    OgGenerator,
     genai_config,
     kv_bytes_per_token,
 )
 from ortserve.core.settings import EngineSettings
 from ortserve.core.text import TextCodec
 
-__all__ = ["Engine", "ProbeReport", "Sampling", "SamplingOptions"]
+__all__ = ["EffectiveSampling", "Engine", "ProbeReport", "SamplingOptions"]
 
 
 @dataclass(frozen=True)
@@ -174,16 +174,16 @@ def _speculation(
     return options, f"{kind}, up to {settings.speculative_draft_tokens} drafts a pass"
 
 
-def neutral(adapter: str | None) -> Sampling:
-    """The og search options of a generator whose tokens the engine picks (`Steps.pick`):
+def neutral(adapter: str | None) -> EffectiveSampling:
+    """The og search options of a generator whose tokens the engine picks (`OgGenerator.pick`):
     greedy with no penalty, so og's search takes the token it is handed as it is."""
-    return Sampling(0.0, 1.0, 0, 1.0, adapter)
+    return EffectiveSampling(0.0, 1.0, 0, 1.0, adapter)
 
 
 def _adapter_of(key: object) -> str | None:
-    """The adapter of a prompt cache key (`Engine.cache_key`: its Sampling first)."""
+    """The adapter of a prompt cache key (`Engine.cache_key`: its EffectiveSampling first)."""
     sampling = key[0] if isinstance(key, tuple) and key else None
-    return sampling.adapter if isinstance(sampling, Sampling) else None
+    return sampling.adapter if isinstance(sampling, EffectiveSampling) else None
 
 
 def _token_ids_of(decoding: Decoding) -> Generator[int, None, None]:
@@ -490,7 +490,7 @@ class Engine:
 
     def cache_key(
         self, options: SamplingOptions, logprobs: int | None
-    ) -> tuple[Sampling, bool] | None:
+    ) -> tuple[EffectiveSampling, bool] | None:
         """What a kept generator's options must equal for a request to reuse it (the prompt
         cache): its og search options, and whether it drafts. On a model that does not
         draft, a kept generator is neutral (`neutral`: greedy, no penalty) and each request
@@ -506,7 +506,7 @@ class Engine:
             return None
         return sampling, self.speculative(options, logprobs) is not None
 
-    def picking(self, options: SamplingOptions) -> Sampling | None:
+    def picking(self, options: SamplingOptions) -> EffectiveSampling | None:
         """How a lone, unguided sequence's tokens are picked in our code (core.picker) on
         a neutral generator: its sampling, unless og's greedy search gives the same tokens
         (greedy, no penalty), the model drafts (og's search verifies the drafts, and a
@@ -519,10 +519,10 @@ class Engine:
             return None
         return sampling
 
-    def sampling(self, options: SamplingOptions) -> Sampling:
+    def sampling(self, options: SamplingOptions) -> EffectiveSampling:
         """How `options` pick tokens, as og does it (equal ones may share a batch): the one
         place where the fields they leave out become the model's defaults."""
-        return Sampling.of(options, self.sampling_defaults, self.vocab_size)
+        return EffectiveSampling.of(options, self.sampling_defaults, self.vocab_size)
 
     def decode(
         self,
@@ -579,7 +579,7 @@ class Engine:
         if picking is not None:
             generator.pick(picking, options.seed)
         return Decoding(
-            self._steps(
+            self._prefill_and_decode(
                 generator,
                 input_ids,
                 max_new,
@@ -620,14 +620,14 @@ class Engine:
         except RuntimeError as exc:
             raise GenerationError(f"cannot start beam search: {first_line(exc)}") from exc
 
-        def best() -> Generator[Step, None, None]:
+        def best() -> Generator[DecodeEvent, None, None]:
             try:
                 # In one append: og 0.18 crashes (SIGSEGV) on a beam search's second
                 # append_tokens; core.service bounds beams x prompt (one_pass_tokens).
                 generator.append(input_ids)
                 # A step a call (never `finish` in one call: a long search would hold the
                 # engine, and every other request, for minutes, deaf to its client).
-                while generator.step_rows() is not None:
+                while generator.step_batch() is not None:
                     if checkpoint is not None:
                         checkpoint()
                 sequence = generator.finish(0)[prompt_len:]
@@ -693,11 +693,13 @@ class Engine:
             if max_length <= cache.max_tokens:
                 cache.put(list(input_ids), generator, max_length, key, scope)
 
-        def steps() -> Generator[Step, None, None]:
+        def steps() -> Generator[DecodeEvent, None, None]:
             if common:
                 yield Cached(common)
             rest = input_ids[common:]
-            yield from self._steps(generator, rest, max_new, logprobs, paused, checkpoint, keep)
+            yield from self._prefill_and_decode(
+                generator, rest, max_new, logprobs, paused, checkpoint, keep
+            )
 
         return Decoding(steps())
 
@@ -715,9 +717,9 @@ class Engine:
             return _token_ids_of(self.beam_search(input_ids, max_new, options))
         return _token_ids_of(self.decode(input_ids, max_new, options))
 
-    def _steps(
+    def _prefill_and_decode(
         self,
-        generator: Steps,
+        generator: OgGenerator,
         input_ids: list[int],
         limit: int,
         logprobs: int | None,
@@ -725,7 +727,7 @@ class Engine:
         checkpoint: Callable[[], None] | None,
         keep: Callable[[], None] | None = None,
         guided: bool = False,
-    ) -> Generator[Step, None, None]:
+    ) -> Generator[DecodeEvent, None, None]:
         """Prefill `input_ids`, then yield up to `limit` new tokens and the `Finish`;
         `keep()` once the prefill is in (unless a step fails), when the decoding ends.
 
@@ -769,7 +771,7 @@ class Engine:
 
     def _prefill(
         self,
-        generator: Steps,
+        generator: OgGenerator,
         input_ids: list[int],
         paused: Callable[[bool], None] | None,
         checkpoint: Callable[[], None] | None,
@@ -797,11 +799,11 @@ class Engine:
         if paused is not None:
             paused(False)
 
-    def batch_steps(
+    def decode_batch(
         self,
         prompts: list[list[int]],
         max_new: int,
-        sampling: Sampling,
+        sampling: EffectiveSampling,
         tenants: list[str] | None = None,
     ) -> Generator[list[int], None, None]:
         """Decode `prompts` as one og Generator: each step's new token of every row, until
@@ -830,7 +832,7 @@ class Engine:
         # once for batch_size > 1"): the batching rule bounds rows x longest
         # (core.service, one_pass_tokens).
         generator.append(tokens)
-        while (step := generator.step_rows()) is not None:
+        while (step := generator.step_batch()) is not None:
             yield step
             # og keeps the GIL through a step: without this the requests would take their
             # token only after the next step (a lone request's TTFT +1 step, see

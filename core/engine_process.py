@@ -7,7 +7,7 @@ the Cloud Run image) therefore run og here, behind the same `Model` interface as
 in-process `core.og_local.LocalModel` (vLLM's in-process and multi-process engine-core
 clients): the parent keeps HTTP, the probes, tokenisation, the request policy
 (core.service) and the batching rule, and drives og's generators through
-`RemoteSteps`, one call per prefill part or decode step, over a socket pair.
+`RemoteGenerator`, one call per prefill part or decode step, over a socket pair.
 
 The child is a loop that runs one call at a time, in the order they come (og would run
 them one at a time anyway, under its GIL): requests interleave part by part and step by
@@ -55,12 +55,12 @@ from ortserve.core.errors import (
     ModelUnavailableError,
     OrtServeError,
 )
-from ortserve.core.generation import Drafts, Guidance, Sampling, TokenLogprob
+from ortserve.core.generation import Drafts, EffectiveSampling, Guidance, TokenLogprob
 from ortserve.core.manifest import verify_folder
 from ortserve.core.settings import EngineSettings, engine_environment
 
 if TYPE_CHECKING:  # the parent never loads og: the child does (core.engine_worker)
-    from ortserve.core.runtime import Steps
+    from ortserve.core.runtime import OgGenerator
 
 log = logging.getLogger("ortserve")
 
@@ -111,8 +111,8 @@ class _Child:
     malformed: bool = False  # killed for a message it may not send: `malformed message`
 
 
-class RemoteSteps:
-    """`Steps` whose og Generator lives in the engine process: each call runs there."""
+class RemoteGenerator:
+    """`OgGenerator` whose og Generator lives in the engine process: each call runs there."""
 
     def __init__(self, process: EngineProcess, handle: int, epoch: int) -> None:
         self._process = process
@@ -123,34 +123,34 @@ class RemoteSteps:
         return self._process.call(self._epoch, self._handle, method, args)
 
     def append(self, input_ids: list[int] | np.ndarray[Any, Any]) -> None:
-        """See `Steps.append`."""
+        """See `OgGenerator.append`."""
         self._call("append", input_ids)
 
     def step(self, top: int | None) -> tuple[int, TokenLogprob | None, Drafts | None]:
-        """See `Steps.step`."""
+        """See `OgGenerator.step`."""
         result: tuple[int, TokenLogprob | None, Drafts | None] = self._call("step", top)
         return result
 
-    def step_rows(self) -> list[int] | None:
-        """See `Steps.step_rows`."""
-        result: list[int] | None = self._call("step_rows")
+    def step_batch(self) -> list[int] | None:
+        """See `OgGenerator.step_batch`."""
+        result: list[int] | None = self._call("step_batch")
         return result
 
     def finish(self, row: int = 0) -> list[int]:
-        """See `Steps.finish`."""
+        """See `OgGenerator.finish`."""
         result: list[int] = self._call("finish", row)
         return result
 
     def rewind(self, length: int) -> None:
-        """See `Steps.rewind`."""
+        """See `OgGenerator.rewind`."""
         self._call("rewind", length)
 
-    def pick(self, sampling: Sampling, seed: int | None) -> None:
-        """See `Steps.pick`."""
+    def pick(self, sampling: EffectiveSampling, seed: int | None) -> None:
+        """See `OgGenerator.pick`."""
         self._call("pick", sampling, seed)
 
     def last_logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
-        """See `Steps.last_logits`."""
+        """See `OgGenerator.last_logits`."""
         result: np.ndarray[Any, np.dtype[np.float32]] = self._call("last_logits")
         return result
 
@@ -249,14 +249,14 @@ class EngineProcess:
 
     def generator(
         self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...] = ()
-    ) -> Steps:
+    ) -> OgGenerator:
         """See `Model.generator`: a request that comes while the engine restarts waits
         for it (up to QUEUE_TIMEOUT_S)."""
         child = self._ready(self.settings.queue_timeout_s)
         handle = next(self._handles)
         with self._cond:
             self._tags[handle] = tags
-        steps = RemoteSteps(self, handle, child.epoch)
+        steps = RemoteGenerator(self, handle, child.epoch)
         self.call(child.epoch, handle, "open", (search, guidance))
         return steps
 

@@ -17,14 +17,14 @@ from ortserve.core.engine_process import PROTOCOL_VERSION, receive, send
 from ortserve.core.errors import ModelUnavailableError, OrtServeError
 from ortserve.core.memory import return_freed_memory
 
-# What the parent may call on a generator (`Steps`'s methods).
-_METHODS = frozenset({"append", "step", "step_rows", "finish", "rewind", "pick", "last_logits"})
+# What the parent may call on a generator (`OgGenerator`'s methods).
+_METHODS = frozenset({"append", "step", "step_batch", "finish", "rewind", "pick", "last_logits"})
 
 
 def serve_calls(conn: Connection) -> None:
     """The child's loop: load the model, then run calls until the socket closes."""
     # og loads here, after `seal` (main), not at this module's import.
-    from ortserve.core.og_local import LocalAdapters, LocalSteps, adapter_call, probe_providers
+    from ortserve.core.og_local import LocalAdapters, LocalGenerator, adapter_call, probe_providers
 
     version, folder, settings, threads = receive(conn)
     if version != PROTOCOL_VERSION:  # one install's two ends: a broken install
@@ -42,7 +42,7 @@ def serve_calls(conn: Connection) -> None:
         return
     send(conn, ("ready", provider, skipped))
     adapters = LocalAdapters(model, folder)
-    generators: dict[int, LocalSteps] = {}
+    generators: dict[int, LocalGenerator] = {}
     while True:
         try:
             call_id, handle, method, args, drops = receive(conn)
@@ -55,7 +55,7 @@ def serve_calls(conn: Connection) -> None:
         try:
             if method == "open":
                 search, guidance = args
-                generators[handle] = LocalSteps(model, search, guidance, adapters)
+                generators[handle] = LocalGenerator(model, search, guidance, adapters)
                 result: Any = None
             elif method == "adapter":
                 result = adapter_call(adapters, *args)

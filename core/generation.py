@@ -76,7 +76,7 @@ def sampling_defaults(config: dict[str, Any]) -> SamplingDefaults | None:
 @dataclass(frozen=True)
 class SamplingOptions:
     """How to pick tokens; a sampling field left None is the model's default
-    (`SamplingDefaults`), filled where the engine turns these into og's `Sampling`.
+    (`SamplingDefaults`), filled where the engine turns these into og's `EffectiveSampling`.
 
     Attributes:
         max_new_tokens: Upper bound of new tokens (capped by the context window).
@@ -262,16 +262,16 @@ class Finish:
 
 
 # What a decoding yields, in order: a `Cached` at most, a `Token` per new token, a `Finish`.
-Step = Token | Cached | Finish
+DecodeEvent = Token | Cached | Finish
 
 
 class Decoding:
-    """One sequence's decoding, as an iterator of `Step`s; the `Finish` is the last, and does
+    """One sequence's decoding, as an iterator of `DecodeEvent`s; the `Finish` is the last, and does
     not come when the decoding is closed before. Closing it stops the decoding and frees what
     it holds (an og Generator and its KV cache, a batch place)."""
 
     def __init__(
-        self, steps: Generator[Step, None, None], on_close: Callable[[], None] | None = None
+        self, steps: Generator[DecodeEvent, None, None], on_close: Callable[[], None] | None = None
     ) -> None:
         """Yield the records of `steps`; `on_close` runs at `close`, whether or not `steps`
         ever started."""
@@ -281,7 +281,7 @@ class Decoding:
     def __iter__(self) -> Decoding:
         return self
 
-    def __next__(self) -> Step:
+    def __next__(self) -> DecodeEvent:
         return next(self._steps)
 
     def close(self) -> None:
@@ -354,9 +354,9 @@ ADAPTER = "adapter"
 
 
 @dataclass(frozen=True)
-class Sampling:
+class EffectiveSampling:
     """How tokens are picked, as og search options, and with which LoRA adapter; requests
-    whose `Sampling` is equal can share a batch (a batch has one set of search options,
+    whose `EffectiveSampling` is equal can share a batch (a batch has one set of search options,
     and og 0.18 runs a batch with one adapter)."""
 
     temperature: float
@@ -366,7 +366,9 @@ class Sampling:
     adapter: str | None = None
 
     @classmethod
-    def of(cls, options: SamplingOptions, defaults: SamplingDefaults, vocab_size: int) -> Sampling:
+    def of(
+        cls, options: SamplingOptions, defaults: SamplingDefaults, vocab_size: int
+    ) -> EffectiveSampling:
         """`options`, their fields left None taken from `defaults` (each on its own: an
         explicit value always wins, temperature 0 stays greedy)."""
 

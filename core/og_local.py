@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ortserve.core.errors import ProviderUnavailableError, first_line
-from ortserve.core.generation import ADAPTER, Drafts, Guidance, Sampling, TokenLogprob
+from ortserve.core.generation import ADAPTER, Drafts, EffectiveSampling, Guidance, TokenLogprob
 from ortserve.core.manifest import ADAPTER_NAME, adapter_file
 from ortserve.core.picker import Picker
 from ortserve.core.runtime import (
@@ -28,7 +28,7 @@ from ortserve.core.runtime import (
     NOT_INSTALLED,
     NOT_SUPPORTED,
     SPECULATIVE,
-    Steps,
+    OgGenerator,
     genai_config,
     logprob_of,
 )
@@ -125,8 +125,8 @@ def adapter_call(adapters: LocalAdapters, action: str, name: str) -> Any:
     raise RuntimeError(f"unknown adapter action {action}")
 
 
-class LocalSteps:
-    """`Steps` over an og Generator of this process. `search` holds og's search options
+class LocalGenerator:
+    """`OgGenerator` over an og Generator of this process. `search` holds og's search options
     and, under `SPECULATIVE`, its speculative options (the generator then drafts)."""
 
     def __init__(
@@ -205,7 +205,7 @@ class LocalSteps:
         drafted, accepted = self._counts()
         return Drafts(drafted - self._drafted[0], accepted - self._drafted[1])
 
-    def step_rows(self) -> list[int] | None:
+    def step_batch(self) -> list[int] | None:
         """One step of a batch: every row's new token (None once it is done)."""
         generator = self._generator
         if generator.is_done():
@@ -228,8 +228,8 @@ class LocalSteps:
         if self._speculative:  # a new sequence begins: its drafts count from here
             self._drafted = self._counts()
 
-    def pick(self, sampling: Sampling, seed: int | None) -> None:
-        """See `Steps.pick`."""
+    def pick(self, sampling: EffectiveSampling, seed: int | None) -> None:
+        """See `OgGenerator.pick`."""
         sequence = self._generator.get_sequence(0)
         self._picker = Picker(sampling, seed, np.asarray(sequence).tolist())
 
@@ -305,9 +305,9 @@ class LocalModel:
 
     def generator(
         self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...] = ()
-    ) -> Steps:
+    ) -> OgGenerator:
         """See `Model.generator`."""
-        return LocalSteps(self.og_model, search, guidance, self.adapters)
+        return LocalGenerator(self.og_model, search, guidance, self.adapters)
 
     def adapter(self, action: str, name: str) -> Any:
         """See `Model.adapter`."""

@@ -8,12 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic.json_schema import models_json_schema
 
-from ortserve.core.protocol.adapters import LoraAdapterBody
-from ortserve.core.protocol.native import GenerateBody
-from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
-from ortserve.core.protocol.openai import ChatBody, CompletionBody
-from ortserve.core.protocol.replies import REPLIES
-from ortserve.core.protocol.responses import ResponsesBody
+from ortserve.core.protocol.replies import REPLIES, Health
 
 if TYPE_CHECKING:  # core.routes imports this module (its /openapi.json answer)
     from ortserve.core.routes import Route
@@ -42,17 +37,21 @@ _OLLAMA_ERROR = {
 }
 
 
-def _ref(name: str) -> dict[str, str]:
+def _ref(shape: type | str) -> dict[str, str]:
+    """A reference to a component schema: a body's or a reply's (by its class), or one
+    named here (errors)."""
+    name = shape if isinstance(shape, str) else shape.__name__
     return {"$ref": _REF.format(model=name)}
 
 
 def _answer(route: Route) -> dict[str, Any]:
     """A 200's content: the route's JSON reply and, for a generation, its stream (SSE, or
     Ollama's NDJSON), whose events' shapes `x-events` names (OpenAPI 3.1 cannot)."""
-    content: dict[str, Any] = {"application/json": {"schema": _ref(route.reply or "")}}
+    assert route.reply is not None  # every documented route says what it answers
+    content: dict[str, Any] = {"application/json": {"schema": _ref(route.reply)}}
     if route.events:
         stream = "application/x-ndjson" if route.ollama else "text/event-stream"
-        content[stream] = {"x-events": [_ref(name) for name in route.events]}
+        content[stream] = {"x-events": [_ref(shape) for shape in route.events]}
     return {"description": route.summary, "content": content}
 
 
@@ -95,8 +94,8 @@ def _post(route: Route) -> dict[str, Any]:
 
 def _get(route: Route) -> dict[str, Any]:
     # A health route says why it is not ready in its own shape; the others, as errors.
-    not_ready = route.reply == "Health"
-    unavailable = {"application/json": {"schema": _ref("Health")}} if not_ready else _error(route)
+    not_ready = route.reply is Health
+    unavailable = {"application/json": {"schema": _ref(Health)}} if not_ready else _error(route)
     operation: dict[str, Any] = {
         "summary": route.summary,
         "responses": {
@@ -177,22 +176,8 @@ def _reply_schemas() -> dict[str, Any]:
 def openapi_document(routes: tuple[Route, ...], max_new_tokens: int) -> dict[str, Any]:
     """The OpenAPI 3.1 document for `routes` (core.routes' TABLE), with this server's
     token limit (built once per table and limit)."""
-    _, schemas = models_json_schema(
-        [
-            (m, "validation")
-            for m in (
-                GenerateBody,
-                CompletionBody,
-                ChatBody,
-                ResponsesBody,
-                OllamaGenerateBody,
-                OllamaChatBody,
-                OllamaShowBody,
-                LoraAdapterBody,
-            )
-        ],
-        ref_template=_REF,
-    )
+    bodies = dict.fromkeys(r.body for r in routes if r.body is not None and r.documented)
+    _, schemas = models_json_schema([(m, "validation") for m in bodies], ref_template=_REF)
     components = dict(schemas.get("$defs", {}))
     for model, fields in _TOKEN_LIMITS.items():
         for name in fields:

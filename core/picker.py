@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ortserve.core.generation import Sampling
+from ortserve.core.generation import EffectiveSampling
 
 _LOWEST = np.finfo(np.float32).min
 _LARGEST = float(np.finfo(np.float32).max)
@@ -33,7 +33,9 @@ class Picker:
     with its random generator (`seed`: None draws one from the OS) and the tokens of the
     sequence so far (`sequence`: what the repetition penalty sees)."""
 
-    def __init__(self, sampling: Sampling, seed: int | None, sequence: Iterable[int]) -> None:
+    def __init__(
+        self, sampling: EffectiveSampling, seed: int | None, sequence: Iterable[int]
+    ) -> None:
         self.sampling = sampling
         self._rng = np.random.default_rng(None if seed is None else seed % 2**64)
         self._pending = [int(t) for t in sequence]  # marked in `_seen` at the first pick

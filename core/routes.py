@@ -15,7 +15,32 @@ from typing import TYPE_CHECKING, Literal
 
 from ortserve.core import health, playground
 from ortserve.core.http import Request, Response, json_response
-from ortserve.core.protocol import adapters, native, ollama, openai, responses
+from ortserve.core.protocol import adapters, chat, native, ollama, openai, responses
+from ortserve.core.protocol.bodies import Body
+from ortserve.core.protocol.replies import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Generated,
+    GeneratedEnd,
+    GeneratedText,
+    Health,
+    LoraAdapterReply,
+    ModelCard,
+    ModelList,
+    OllamaLine,
+    OllamaPs,
+    OllamaShow,
+    OllamaTags,
+    OllamaVersion,
+    ResponseArgumentsEvent,
+    ResponseErrorEvent,
+    ResponseItemEvent,
+    ResponseLifecycleEvent,
+    ResponseObject,
+    ResponsePartEvent,
+    ResponseTextEvent,
+    TextCompletion,
+)
 from ortserve.core.settings import MAX_TOKENS_BOUND
 
 if TYPE_CHECKING:  # core.api imports this module
@@ -40,9 +65,9 @@ class Route:
         method: The method it answers (HEAD comes with GET, OPTIONS everywhere).
         answer: What answers it: a function of the API, the request and its context.
         summary: What it does (the OpenAPI operation's summary).
-        body: The pydantic model of its JSON body (a POST), by name.
-        reply: The shape of its JSON answer (core.protocol.replies), by name.
-        events: The shape of its stream's events or lines, by name (generation routes).
+        body: The pydantic model of its JSON body (a POST).
+        reply: The shape of its JSON answer (a TypedDict of core.protocol.replies).
+        events: The shapes of its stream's events or lines (generation routes).
         public: Answered without an API key (it holds no data).
         without_model: Answered without the model (so a lazily loading Lambda does not
             wait for the load first).
@@ -53,9 +78,9 @@ class Route:
     method: Method
     answer: Answer
     summary: str
-    body: str | None = None
-    reply: str | None = None
-    events: tuple[str, ...] = ()
+    body: type[Body] | None = None
+    reply: type | None = None
+    events: tuple[type, ...] = ()
     public: bool = False
     without_model: bool = False
     documented: bool = True
@@ -113,126 +138,126 @@ TABLE: tuple[Route, ...] = (
         "POST",
         native.generate,
         "generate text (native API)",
-        body="GenerateBody",
-        reply="Generated",
-        events=("GeneratedText", "GeneratedEnd"),
+        body=native.GenerateBody,
+        reply=Generated,
+        events=(GeneratedText, GeneratedEnd),
     ),
     Route(
         "/v1/completions",
         "POST",
         openai.completions,
         "OpenAI-compatible completion",
-        body="CompletionBody",
-        reply="TextCompletion",
-        events=("TextCompletion",),
+        body=openai.CompletionBody,
+        reply=TextCompletion,
+        events=(TextCompletion,),
     ),
     Route(
         "/v1/chat/completions",
         "POST",
-        openai.chat_completions,
+        chat.chat_completions,
         "OpenAI-compatible chat completion",
-        body="ChatBody",
-        reply="ChatCompletion",
-        events=("ChatCompletionChunk",),
+        body=chat.ChatBody,
+        reply=ChatCompletion,
+        events=(ChatCompletionChunk,),
     ),
     Route(
         "/v1/responses",
         "POST",
         responses.responses,
         "OpenAI-compatible response (the Responses API)",
-        body="ResponsesBody",
-        reply="ResponseObject",
+        body=responses.ResponsesBody,
+        reply=ResponseObject,
         events=(
-            "ResponseLifecycleEvent",
-            "ResponseItemEvent",
-            "ResponsePartEvent",
-            "ResponseTextEvent",
-            "ResponseArgumentsEvent",
-            "ResponseErrorEvent",
+            ResponseLifecycleEvent,
+            ResponseItemEvent,
+            ResponsePartEvent,
+            ResponseTextEvent,
+            ResponseArgumentsEvent,
+            ResponseErrorEvent,
         ),
     ),
-    Route("/v1/models", "GET", openai.models, "the served model", reply="ModelList"),
+    Route("/v1/models", "GET", openai.models, "the served model", reply=ModelList),
     Route(
         "/v1/models/{model}",
         "GET",
         openai.model,
         "one model, by its id (the served one)",
-        reply="ModelCard",
+        reply=ModelCard,
     ),
     Route(
         "/v1/load_lora_adapter",
         "POST",
         adapters.load_lora_adapter,
         "load a baked LoRA adapter now (vLLM's route; a request loads it on first use)",
-        body="LoraAdapterBody",
-        reply="LoraAdapterReply",
+        body=adapters.LoraAdapterBody,
+        reply=LoraAdapterReply,
     ),
     Route(
         "/v1/unload_lora_adapter",
         "POST",
         adapters.unload_lora_adapter,
         "free a loaded LoRA adapter; the model stays (vLLM's route)",
-        body="LoraAdapterBody",
-        reply="LoraAdapterReply",
+        body=adapters.LoraAdapterBody,
+        reply=LoraAdapterReply,
     ),
     Route(
         "/healthz",
         "GET",
         health.healthz,
         "process alive",
-        reply="Health",
+        reply=Health,
         public=True,
         without_model=True,
     ),
     # Public, but a lazily loading Lambda loads first: "ready" must mean loaded.
-    Route("/readyz", "GET", health.readyz, "model loaded and ready", reply="Health", public=True),
+    Route("/readyz", "GET", health.readyz, "model loaded and ready", reply=Health, public=True),
     Route("/openapi.json", "GET", _openapi, "this document", documented=False),
     Route(
         "/api/generate",
         "POST",
         ollama.generate,
         "Ollama-compatible generate (NDJSON)",
-        body="OllamaGenerateBody",
-        reply="OllamaLine",
-        events=("OllamaLine",),
+        body=ollama.OllamaGenerateBody,
+        reply=OllamaLine,
+        events=(OllamaLine,),
     ),
     Route(
         "/api/chat",
         "POST",
         ollama.chat,
         "Ollama-compatible chat (NDJSON)",
-        body="OllamaChatBody",
-        reply="OllamaLine",
-        events=("OllamaLine",),
+        body=ollama.OllamaChatBody,
+        reply=OllamaLine,
+        events=(OllamaLine,),
     ),
     Route(
         "/api/tags",
         "GET",
         ollama.tags,
         "the served model, as Ollama lists models",
-        reply="OllamaTags",
+        reply=OllamaTags,
     ),
     Route(
         "/api/show",
         "POST",
         ollama.show,
         "the served model's details (Ollama)",
-        body="OllamaShowBody",
-        reply="OllamaShow",
+        body=ollama.OllamaShowBody,
+        reply=OllamaShow,
     ),
     Route(
         "/api/ps",
         "GET",
         ollama.ps,
         "the loaded model (Ollama's ps; none while loading)",
-        reply="OllamaPs",
+        reply=OllamaPs,
     ),
     Route(
         "/api/version",
         "GET",
         ollama.version,
         "the server's version (Ollama)",
-        reply="OllamaVersion",
+        reply=OllamaVersion,
     ),
 )
 

@@ -1,4 +1,4 @@
-"""What the engine (core.engine) asks of og, wherever og runs: the `Model` and `Steps`
+"""What the engine (core.engine) asks of og, wherever og runs: the `Model` and `OgGenerator`
 protocols, and what both sides of them share. In this process they are
 `core.og_local`'s; in the engine process, `core.engine_process`'s (whose child runs
 `core.og_local`). Nothing here imports onnxruntime_genai: a daemon whose model runs in
@@ -15,19 +15,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from ortserve.core.errors import ModelIntegrityError
-from ortserve.core.generation import Drafts, Guidance, Sampling, TokenLogprob
+from ortserve.core.generation import Drafts, EffectiveSampling, Guidance, TokenLogprob
 
 # Why a provider was skipped when this onnxruntime-genai build has no library for it
 # (CoreML, QNN, OpenVINO, WebGPU in Linux's CPU wheel): nothing is wrong with the machine.
 NOT_INSTALLED = "not installed in this onnxruntime-genai build"
 NOT_SUPPORTED = "not supported by this onnxruntime-genai build"
 
-# What `Steps.step` gives instead of a token: the model ended the sequence (EOS, not
+# What `OgGenerator.step` gives instead of a token: the model ended the sequence (EOS, not
 # appended), or the sequence was at its length already.
 EOS = -1
 DONE = -2
 # The key of a generator's search options under which its speculative options go
-# (`LocalSteps`): one dict crosses to the engine process as it is.
+# (`LocalGenerator`): one dict crosses to the engine process as it is.
 SPECULATIVE = "speculative"
 
 
@@ -44,10 +44,10 @@ def logprob_of(logits: np.ndarray[Any, Any], token: int, top: int) -> TokenLogpr
     return TokenLogprob(token, float(logprobs[token]), best)
 
 
-class Steps(Protocol):
+class OgGenerator(Protocol):
     """One og Generator, driven in the units the engine uses: a prompt part, a decode
     step (with its token's log probability when asked), a batch step, a whole beam
-    search. `LocalSteps` in this process; `core.engine_process.RemoteSteps` runs the same
+    search. `LocalGenerator` in this process; `core.engine_process.RemoteGenerator` runs the same
     calls in the engine process. A native error is a `RuntimeError`, as og raises it."""
 
     def append(self, input_ids: list[int] | np.ndarray[Any, Any]) -> None:
@@ -60,7 +60,7 @@ class Steps(Protocol):
         speculative generator, its `Drafts` so far."""
         ...
 
-    def step_rows(self) -> list[int] | None:
+    def step_batch(self) -> list[int] | None:
         """One step of a batch: every row's new token (None once it is done)."""
         ...
 
@@ -73,7 +73,7 @@ class Steps(Protocol):
         tokens og's way again)."""
         ...
 
-    def pick(self, sampling: Sampling, seed: int | None) -> None:
+    def pick(self, sampling: EffectiveSampling, seed: int | None) -> None:
         """Pick this sequence's next tokens our way (`core.picker`: `sampling`, with a
         random generator seeded with `seed`), not with the generator's own search options
         (which must then be greedy with no penalty: `neutral`), until the next rewind."""
@@ -90,7 +90,7 @@ class Model(Protocol):
 
     def generator(
         self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...]
-    ) -> Steps:
+    ) -> OgGenerator:
         """A new generator with these search options (and guidance). `tags` name the
         requests it serves (the engine process refuses one that crashed it twice).
 

@@ -29,16 +29,16 @@ from ortserve.core.errors import (
 from ortserve.core.generation import (
     Cached,
     Completion,
+    DecodeEvent,
     Decoding,
     Drafts,
+    EffectiveSampling,
     Finish,
     FinishReason,
     GenerationRequest,
     GenerationStream,
     LogprobLedger,
-    Sampling,
     SamplingOptions,
-    Step,
     Timings,
     Token,
     TokenLogprob,
@@ -234,12 +234,12 @@ class _Answer:
         self._pieces: list[str] = []
         self._completion: Completion | None = None
 
-    def tokens(self, steps: Iterable[Step]) -> Generator[int, None, None]:
+    def tokens(self, steps: Iterable[DecodeEvent]) -> Generator[int, None, None]:
         """The new token ids of `steps`, for the detokenizer; the clock starts now."""
         self._start = time.perf_counter()
         return self._ids(steps)
 
-    def _ids(self, steps: Iterable[Step]) -> Generator[int, None, None]:
+    def _ids(self, steps: Iterable[DecodeEvent]) -> Generator[int, None, None]:
         for step in steps:
             if isinstance(step, Token):
                 if not self._count:
@@ -767,7 +767,7 @@ class Service:
 
     def _batched(
         self, sequence: Sequence, request: GenerationRequest, check: Callable[[], None]
-    ) -> Generator[Step, None, None]:
+    ) -> Generator[DecodeEvent, None, None]:
         """A batched sequence's steps, as `Engine.decode` gives an unbatched one's; `check`
         runs while it waits for its batch."""
         try:
@@ -864,13 +864,13 @@ def run_batch(engine: Engine, batch: list[Sequence]) -> None:
     a `Token` a step until its EOS, its limit or its leaving; then a `Finish` to each still
     fed.
 
-    Every sequence's `key` is the `Sampling` it was batched by (equal in a batch).
+    Every sequence's `key` is the `EffectiveSampling` it was batched by (equal in a batch).
     """
     sampling = batch[0].key
-    assert isinstance(sampling, Sampling)  # the service batches by it
+    assert isinstance(sampling, EffectiveSampling)  # the service batches by it
     counts = [0] * len(batch)
     active = set(range(len(batch)))
-    steps = engine.batch_steps(
+    steps = engine.decode_batch(
         [s.input_ids for s in batch],
         max(s.max_new for s in batch),
         sampling,

@@ -59,7 +59,7 @@ class _Options(TypedDict, total=False):
     seed: int | None
 
 
-class Sampling(_Options, total=False):
+class SamplingKwargs(_Options, total=False):
     """The keyword arguments of `generate`, `stream_generate`, `chat` and `stream_chat`,
     declared here alone: SamplingOptions fields (`_Options`), and stop strings."""
 
@@ -71,13 +71,13 @@ _DEFAULTS = SamplingOptions(max_new_tokens=128)
 
 def _request(
     method: str,
-    sampling: Sampling,
+    sampling: SamplingKwargs,
     prompt: str | None = None,
     messages: list[dict[str, Any]] | None = None,
 ) -> GenerationRequest:
     """The request `method` was called for: a keyword it does not take is a TypeError, as
     in a signature that names each."""
-    unknown = sorted(sampling.keys() - Sampling.__annotations__.keys())
+    unknown = sorted(sampling.keys() - SamplingKwargs.__annotations__.keys())
     if unknown:
         raise TypeError(
             f"TextGenerator.{method}() got an unexpected keyword argument {unknown[0]!r}"
@@ -127,7 +127,7 @@ class TextGenerator:
         """The served model's name."""
         return self.engine.model_name
 
-    def generate(self, prompt: str, **sampling: Unpack[Sampling]) -> dict[str, Any]:
+    def generate(self, prompt: str, **sampling: Unpack[SamplingKwargs]) -> dict[str, Any]:
         """Generate from a raw prompt.
 
         Returns:
@@ -138,14 +138,14 @@ class TextGenerator:
         return {"generated_text": done.text, **_figures(done)}
 
     def stream_generate(
-        self, prompt: str, **sampling: Unpack[Sampling]
+        self, prompt: str, **sampling: Unpack[SamplingKwargs]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Stream a raw prompt's text: `(chunk, {"finished": False})` pairs, then one
         `("", {"finished": True, ...figures as `generate` gives them})`."""
         return self._stream(_request("stream_generate", sampling, prompt=prompt))
 
     def chat(
-        self, messages: Sequence[dict[str, Any]], **sampling: Unpack[Sampling]
+        self, messages: Sequence[dict[str, Any]], **sampling: Unpack[SamplingKwargs]
     ) -> dict[str, Any]:
         """Generate the assistant's reply to chat `messages` (the model's chat template).
 
@@ -156,7 +156,7 @@ class TextGenerator:
         return {"generated_text": done.text, **_figures(done)}
 
     def stream_chat(
-        self, messages: Sequence[dict[str, Any]], **sampling: Unpack[Sampling]
+        self, messages: Sequence[dict[str, Any]], **sampling: Unpack[SamplingKwargs]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Stream the reply to chat `messages`, as `stream_generate` streams."""
         return self._stream(_request("stream_chat", sampling, messages=list(messages)))

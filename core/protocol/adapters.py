@@ -20,7 +20,7 @@ from pydantic import Field
 
 from ortserve.core.errors import InvalidRequestError, PermissionDeniedError
 from ortserve.core.http import Request, Response, json_response
-from ortserve.core.protocol import Body, parse
+from ortserve.core.protocol.bodies import Body, parse
 from ortserve.core.protocol.replies import LoraAdapterReply
 
 if TYPE_CHECKING:

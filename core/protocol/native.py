@@ -14,7 +14,7 @@ from ortserve.core.generation import (
     TokenLogprob,
 )
 from ortserve.core.http import Request, Response
-from ortserve.core.protocol import (
+from ortserve.core.protocol.bodies import (
     IGNORE_EOS_DOC,
     MIN_TOKENS_DOC,
     NO_MINIMUM,
@@ -29,9 +29,7 @@ from ortserve.core.protocol import (
     Int,
     JsonSchema,
     Regex,
-    Reply,
     Seed,
-    Served,
     Stop,
     TokenCount,
     TokenLimit,
@@ -40,6 +38,7 @@ from ortserve.core.protocol import (
 )
 from ortserve.core.protocol.patterns import ecma_classes
 from ortserve.core.protocol.replies import Generated, GeneratedEnd, GeneratedText
+from ortserve.core.protocol.serving import Reply, Served
 
 if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
     from ortserve.core.api import Api, Context

@@ -35,7 +35,7 @@ from ortserve.core.generation import (
     TokenLogprob,
 )
 from ortserve.core.http import Request, Response, json_response
-from ortserve.core.protocol import (
+from ortserve.core.protocol.bodies import (
     NO_IMAGES,
     REPETITION_PENALTY_DOC,
     SEED,
@@ -46,15 +46,12 @@ from ortserve.core.protocol import (
     Body,
     GenerationBody,
     JsonSchema,
-    Reply,
     Seed,
-    Served,
     Stop,
     TopK,
     integral,
     json_guidance,
     parse,
-    public_finish,
 )
 from ortserve.core.protocol.replies import (
     OllamaAssistantMessage,
@@ -67,6 +64,7 @@ from ortserve.core.protocol.replies import (
     OllamaTags,
     OllamaVersion,
 )
+from ortserve.core.protocol.serving import Reply, Served, public_finish
 from ortserve.core.protocol.tools import MAX_TOOLS, Tool, ToolCall, ToolPlan, plan_tools
 from ortserve.core.settings import DEFAULT_NEW_TOKENS, MAX_TOKENS_BOUND
 

@@ -30,29 +30,21 @@ from pydantic.config import JsonDict
 
 from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.generation import Completion, GenerationRequest, SamplingOptions, TokenLogprob
-from ortserve.core.protocol import (
+from ortserve.core.protocol.bodies import (
     SPECULATIVE_DOC,
     TEMPERATURE_DOC,
     TOOL_CHOICE_NEEDS_TOOLS,
     TOP_P_DOC,
     Body,
-    Event,
     GenerationBody,
     JsonSchema,
-    Reply,
-    Served,
     TextPart,
     TokenLimit,
     json_guidance,
-    public_finish,
     when_a_call_is_forced,
 )
-from ortserve.core.protocol.openai import (
-    OPENAI_ACCEPTED,
-    JsonObjectFormat,
-    TextFormat,
-    check_model,
-)
+from ortserve.core.protocol.chat import JsonObjectFormat, TextFormat
+from ortserve.core.protocol.openai import OPENAI_ACCEPTED, check_model
 from ortserve.core.protocol.replies import (
     IncompleteDetails,
     ItemStatus,
@@ -63,6 +55,7 @@ from ortserve.core.protocol.replies import (
     ResponseObject,
     ResponseUsage,
 )
+from ortserve.core.protocol.serving import Event, Reply, Served, public_finish
 from ortserve.core.protocol.tools import (
     MAX_TOOLS,
     FunctionDef,

@@ -28,10 +28,11 @@ from pydantic import Field
 
 from ortserve.core.errors import InvalidRequestError
 from ortserve.core.generation import Completion, Guidance
-from ortserve.core.protocol import Body, JsonSchema, Served, json_guidance
+from ortserve.core.protocol.bodies import Body, JsonSchema, json_guidance
 from ortserve.core.protocol.patterns import closed_objects
 from ortserve.core.protocol.replies import OllamaReplyToolCall
 from ortserve.core.protocol.replies import ToolCall as OpenAIToolCall
+from ortserve.core.protocol.serving import Served
 
 ToolFamily = Literal["hermes", "generic"]
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

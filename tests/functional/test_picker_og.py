@@ -13,14 +13,14 @@ import numpy as np
 import onnxruntime_genai as og
 
 from ortserve.core.engine import neutral
-from ortserve.core.generation import Sampling
-from ortserve.core.og_local import LocalSteps
+from ortserve.core.generation import EffectiveSampling
+from ortserve.core.og_local import LocalGenerator
 from ortserve.core.picker import distribution
 
 PROMPT = [1, 15, 27, 27, 27, 40, 99, 15]
 
 
-def _decode(steps: LocalSteps, prompt: list[int], count: int) -> list[int]:
+def _decode(steps: LocalGenerator, prompt: list[int], count: int) -> list[int]:
     steps.append(prompt)
     tokens = []
     for _ in range(count):
@@ -36,11 +36,11 @@ def test_greedy_with_a_penalty_picks_og_s_tokens(tiny_model_dir: Path) -> None:
     steps), og's penalty in its search against ours on a neutral generator."""
     model = og.Model(str(tiny_model_dir))
     for penalty in (1.3, 0.8):
-        sampling = Sampling(0.0, 1.0, 0, penalty)
-        theirs = LocalSteps(model, {"max_length": 80, **sampling.search()}, None)
-        ours = LocalSteps(model, {"max_length": 80, **neutral(None).search()}, None)
+        sampling = EffectiveSampling(0.0, 1.0, 0, penalty)
+        theirs = LocalGenerator(model, {"max_length": 80, **sampling.search()}, None)
+        ours = LocalGenerator(model, {"max_length": 80, **neutral(None).search()}, None)
         ours.pick(sampling, None)
-        plain = LocalSteps(model, {"max_length": 80, **neutral(None).search()}, None)
+        plain = LocalGenerator(model, {"max_length": 80, **neutral(None).search()}, None)
         expected = _decode(theirs, PROMPT, 60)
         assert _decode(ours, PROMPT, 60) == expected
         assert _decode(plain, PROMPT, 60) != expected  # the penalty mattered
@@ -50,7 +50,7 @@ def test_sampling_draws_from_og_s_distribution(tiny_model_dir: Path) -> None:
     """og's sampling and ours on the same logits, 4,000 draws each: the same tokens, and
     frequencies within sampling noise of the distribution `core.picker` computes."""
     model = og.Model(str(tiny_model_dir))
-    sampling = Sampling(0.7, 0.8, 20, 1.0)
+    sampling = EffectiveSampling(0.7, 0.8, 20, 1.0)
     search: dict[str, Any] = {"max_length": 16, "random_seed": 3, **sampling.search()}
     params = og.GeneratorParams(model)
     params.set_search_options(**search)
@@ -66,7 +66,7 @@ def test_sampling_draws_from_og_s_distribution(tiny_model_dir: Path) -> None:
         generator.generate_next_token()
         theirs.append(int(generator.get_next_tokens()[0]))
         generator.rewind_to(len(PROMPT))
-    ours_steps = LocalSteps(model, {"max_length": 16, **neutral(None).search()}, None)
+    ours_steps = LocalGenerator(model, {"max_length": 16, **neutral(None).search()}, None)
     ours_steps.pick(sampling, 3)
     picker = ours_steps._picker  # the picker the steps would use, on the same logits
     assert picker is not None

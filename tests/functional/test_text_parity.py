@@ -25,7 +25,7 @@ from ortserve.core.engine import Engine
 from ortserve.core.errors import InvalidRequestError
 from ortserve.core.generation import GenerationRequest, SamplingOptions
 from ortserve.core.http import Headers, Request
-from ortserve.core.protocol.openai import ChatBody
+from ortserve.core.protocol.chat import ChatBody
 from ortserve.core.service import Service
 from ortserve.core.settings import EngineSettings, ServerSettings
 from ortserve.core.state import ModelState

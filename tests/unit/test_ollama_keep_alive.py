@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ortserve.core.errors import InvalidRequestError
-from ortserve.core.protocol import parse
+from ortserve.core.protocol.bodies import parse
 from ortserve.core.protocol.ollama import OllamaGenerateBody, unloads
 
 # Ollama reads a number as seconds and a string with Go's time.ParseDuration, then

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ortserve.core.generation import Sampling
+from ortserve.core.generation import EffectiveSampling
 from ortserve.core.picker import Picker, distribution
 
 
@@ -59,21 +59,21 @@ def test_greedy_with_a_penalty_sees_the_whole_sequence_as_og_does() -> None:
     is divided by the penalty when positive and multiplied when negative."""
     logits = np.zeros(16, dtype=np.float32)
     logits[3], logits[5] = 5.0, 4.5  # 3 is in the prompt: 5.0 / 1.3 < 4.5
-    picker = Picker(Sampling(0.0, 1.0, 0, 1.3), None, [3, 3, 9])
+    picker = Picker(EffectiveSampling(0.0, 1.0, 0, 1.3), None, [3, 3, 9])
     assert picker.pick(logits.copy()) == 5
-    assert Picker(Sampling(0.0, 1.0, 0, 1.0), None, [3]).pick(logits.copy()) == 3
+    assert Picker(EffectiveSampling(0.0, 1.0, 0, 1.0), None, [3]).pick(logits.copy()) == 3
     negative = np.full(16, -4.0, dtype=np.float32)
     negative[7], negative[8] = -1.0, -1.2  # 7 seen: -1.3 < -1.2
-    assert Picker(Sampling(0.0, 1.0, 0, 1.3), None, [7]).pick(negative.copy()) == 8
+    assert Picker(EffectiveSampling(0.0, 1.0, 0, 1.3), None, [7]).pick(negative.copy()) == 8
     # Tokens that join later count too (`saw`), and a tie goes to the first, as og's argmax.
-    picker = Picker(Sampling(0.0, 1.0, 0, 1.3), None, [])
+    picker = Picker(EffectiveSampling(0.0, 1.0, 0, 1.3), None, [])
     picker.saw([5])
     assert picker.pick(logits.copy()) == 3
-    assert Picker(Sampling(0.0, 1.0, 0, 1.0), None, []).pick(np.ones(4, np.float32)) == 0
+    assert Picker(EffectiveSampling(0.0, 1.0, 0, 1.0), None, []).pick(np.ones(4, np.float32)) == 0
 
 
 def test_a_seed_gives_the_same_tokens_and_another_seed_others() -> None:
-    sampling = Sampling(1.0, 1.0, 0, 1.0)
+    sampling = EffectiveSampling(1.0, 1.0, 0, 1.0)
     logits = _logits(4096, 1, scale=0.5)
 
     def run(seed: int | None) -> list[int]:
@@ -88,7 +88,7 @@ def test_a_seed_gives_the_same_tokens_and_another_seed_others() -> None:
 
 def test_sampled_picks_follow_the_distribution() -> None:
     logits = _logits(64, 2, scale=1.0)
-    picker = Picker(Sampling(0.8, 0.9, 10, 1.0), 11, [])
+    picker = Picker(EffectiveSampling(0.8, 0.9, 10, 1.0), 11, [])
     draws = np.bincount([picker.pick(logits.copy()) for _ in range(20_000)], minlength=64)
     indices, probs = distribution(logits.copy(), 10, 0.9, 0.8)
     assert set(np.flatnonzero(draws).tolist()) <= set(indices.tolist())
@@ -97,7 +97,7 @@ def test_sampled_picks_follow_the_distribution() -> None:
 
 
 def test_forcing_makes_one_token_the_greatest() -> None:
-    picker = Picker(Sampling(0.0, 1.0, 0, 1.0), None, [])
+    picker = Picker(EffectiveSampling(0.0, 1.0, 0, 1.0), None, [])
     forced = picker.forcing(6, 10)
     assert int(np.argmax(forced)) == 6 and np.count_nonzero(forced == forced.max()) == 1
     assert int(np.argmax(picker.forcing(2, 10))) == 2  # the buffer is reset each time
@@ -108,5 +108,5 @@ def test_a_temperature_too_small_for_float32_is_greedy_not_nan() -> None:
     logits = _logits(1000, 3)
     for temperature in (1e-45, 1e-300):
         for top_k, top_p in ((20, 0.8), (0, 0.9), (0, 1.0)):
-            picker = Picker(Sampling(temperature, top_p, top_k, 1.0), 1, [])
+            picker = Picker(EffectiveSampling(temperature, top_p, top_k, 1.0), 1, [])
             assert picker.pick(logits.copy()) == int(np.argmax(logits))

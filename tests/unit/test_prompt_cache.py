@@ -3,7 +3,7 @@ kept generator a prompt reuses, and from where (#28 items 3, 7)."""
 
 from __future__ import annotations
 
-from ortserve.core.generation import Sampling
+from ortserve.core.generation import EffectiveSampling
 from ortserve.core.prompt_cache import (
     MIN_APPENDED,
     MIN_SHARED,
@@ -12,8 +12,8 @@ from ortserve.core.prompt_cache import (
     worth_sharing,
 )
 
-GREEDY = Sampling(0.0, 1.0, 0, 1.0)
-PENALIZED = Sampling(0.0, 1.0, 0, 1.1)
+GREEDY = EffectiveSampling(0.0, 1.0, 0, 1.0)
+PENALIZED = EffectiveSampling(0.0, 1.0, 0, 1.1)
 
 
 def _cache(slots: int, *prompts: list[int], max_length: int = 100) -> PromptCache:

@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 
 from ortserve.core.errors import InvalidRequestError
-from ortserve.core.protocol import Served, parse
+from ortserve.core.protocol.bodies import parse
+from ortserve.core.protocol.chat import ChatBody
 from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaGenerateBody
-from ortserve.core.protocol.openai import ChatBody, CompletionBody
+from ortserve.core.protocol.openai import CompletionBody
 from ortserve.core.protocol.responses import ResponsesBody
+from ortserve.core.protocol.serving import Served
 
 SERVED = Served("m", "0" * 64, "2026-01-01T00:00:00Z", 2000, 512, context_length=4096)
 CHAT = [{"role": "user", "content": "hi"}]

@@ -10,7 +10,7 @@ import pytest
 
 from ortserve.bake.sizing import MIB, memory_for
 from ortserve.core.errors import InvalidRequestError
-from ortserve.core.protocol import Served, parse
+from ortserve.core.protocol.bodies import parse
 from ortserve.core.protocol.responses import (
     KEPT,
     KEPT_RESPONSE_BYTES,
@@ -20,6 +20,7 @@ from ortserve.core.protocol.responses import (
     _Kept,
     conversation_bytes,
 )
+from ortserve.core.protocol.serving import Served
 
 A, B = "tenant-a", "tenant-b"
 

@@ -8,7 +8,7 @@ from ortserve.core import playground
 from ortserve.core.api import Api, Context
 from ortserve.core.http import Request, Response
 from ortserve.core.openapi import openapi_document
-from ortserve.core.protocol import GenerationBody
+from ortserve.core.protocol.bodies import GenerationBody
 from ortserve.core.routes import (
     METRICS_ROUTE,
     PUBLIC_ROUTES,
@@ -24,16 +24,17 @@ class _Generations:
     """Stands in for the API: what a generation route's answer asks it to generate."""
 
     def __init__(self) -> None:
-        self.bodies: list[str] = []
+        self.bodies: list[type[GenerationBody]] = []
 
     def generate(self, body_type: type[GenerationBody], request: Request, ctx: Context) -> Response:
-        self.bodies.append(body_type.__name__)
+        self.bodies.append(body_type)
         return Response(200, [], b"")
 
 
 def test_each_generation_route_parses_the_body_its_document_names() -> None:
-    """A route's answer is a function (mypy and the import check it): here, that each
-    generation route's answer parses the body the OpenAPI document gives that route."""
+    """A route's answer is a function and its body a type (mypy and the import check
+    them): here, that each generation route's answer parses the body its route names,
+    the one the OpenAPI document publishes."""
     generations = [r for r in TABLE if r.events]
     assert {r.path for r in generations} == {
         "/generate",
@@ -47,8 +48,13 @@ def test_each_generation_route_parses_the_body_its_document_names() -> None:
         api = _Generations()
         route.answer(cast(Api, api), Request("POST", route.path), Context("id"))
         assert route.method == "POST" and api.bodies == [route.body], route
+    document = openapi_document(TABLE, 100)
     for route in TABLE:
         assert route.method == "POST" or route.body is None, route
+        if route.body is not None and route.documented:
+            schema = document["paths"][route.path]["post"]["requestBody"]["content"]
+            assert schema["application/json"]["schema"]["$ref"].endswith(route.body.__name__)
+            assert route.body.__name__ in document["components"]["schemas"]
 
 
 def test_the_openapi_document_lists_the_documented_routes_and_their_methods() -> None:

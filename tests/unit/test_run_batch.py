@@ -7,10 +7,10 @@ from collections.abc import Generator
 from typing import Any, cast
 
 from ortserve.core.batcher import Sequence
-from ortserve.core.generation import Finish, Sampling, Token
+from ortserve.core.generation import EffectiveSampling, Finish, Token
 from ortserve.core.service import run_batch
 
-GREEDY = Sampling(0.0, 1.0, 0, 1.0)
+GREEDY = EffectiveSampling(0.0, 1.0, 0, 1.0)
 EOS = 0
 
 
@@ -21,15 +21,15 @@ class _Engine:
 
     def __init__(self, steps: list[list[int]]) -> None:
         self.steps = steps
-        self.asked: tuple[list[list[int]], int, Sampling] | None = None
+        self.asked: tuple[list[list[int]], int, EffectiveSampling] | None = None
         self.read = 0
         self.closed = False
 
-    def batch_steps(
+    def decode_batch(
         self,
         prompts: list[list[int]],
         max_new: int,
-        sampling: Sampling,
+        sampling: EffectiveSampling,
         tenants: list[str] | None = None,
     ) -> Generator[list[int], None, None]:
         self.asked = (prompts, max_new, sampling)

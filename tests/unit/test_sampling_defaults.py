@@ -1,5 +1,5 @@
 """One sampling default for every entry point (#39): a request that sends no sampling field
-gets the model's defaults, filled in one place (`Sampling.of`, through `Engine.sampling`),
+gets the model's defaults, filled in one place (`EffectiveSampling.of`, through `Engine.sampling`),
 whichever route, the Python API or the CLI it came by; an explicit value always wins."""
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ from ortserve.cli_kit import sampling_options
 from ortserve.core.generation import (
     ADAPTER,
     HOUSE_SAMPLING,
-    Sampling,
+    EffectiveSampling,
     SamplingDefaults,
     SamplingOptions,
     sampling_defaults,
 )
-from ortserve.core.protocol import Served, parse
+from ortserve.core.protocol.bodies import parse
+from ortserve.core.protocol.chat import ChatBody
 from ortserve.core.protocol.native import GenerateBody
 from ortserve.core.protocol.ollama import OllamaChatBody, OllamaGenerateBody
-from ortserve.core.protocol.openai import ChatBody, CompletionBody
+from ortserve.core.protocol.openai import CompletionBody
 from ortserve.core.protocol.responses import ResponsesBody
+from ortserve.core.protocol.serving import Served
 from ortserve.textgen import _request
 
 SERVED = Served("m", "0" * 64, "2026-01-01T00:00:00Z", 2000, 512, context_length=4096)
@@ -72,9 +74,10 @@ def _entry_points(**sent: Any) -> dict[str, SamplingOptions]:
 @pytest.mark.parametrize("defaults", [QWEN, HOUSE_SAMPLING], ids=["model's", "house"])
 def test_every_entry_point_left_alone_gets_the_models_defaults(defaults: SamplingDefaults) -> None:
     resolved = {
-        name: Sampling.of(options, defaults, VOCAB) for name, options in _entry_points().items()
+        name: EffectiveSampling.of(options, defaults, VOCAB)
+        for name, options in _entry_points().items()
     }
-    expected = Sampling.of(SamplingOptions(), defaults, VOCAB)
+    expected = EffectiveSampling.of(SamplingOptions(), defaults, VOCAB)
     assert resolved == dict.fromkeys(resolved, expected)
     want = (defaults.temperature, defaults.top_p, defaults.top_k, defaults.repetition_penalty)
     if defaults.temperature == 0:  # greedy: the sampling knobs are moot
@@ -86,20 +89,29 @@ def test_every_entry_point_left_alone_gets_the_models_defaults(defaults: Samplin
 def test_an_explicit_value_wins_field_by_field() -> None:
     for name, options in _entry_points(temperature=0).items():
         # Greedy stays greedy; the penalty nobody sent is still the model's.
-        assert Sampling.of(options, QWEN, VOCAB) == Sampling(0.0, 1.0, 0, 1.1), name
+        assert EffectiveSampling.of(options, QWEN, VOCAB) == EffectiveSampling(0.0, 1.0, 0, 1.1), (
+            name
+        )
     for name, options in _entry_points(temperature=1.5, seed=3).items():
-        assert Sampling.of(options, QWEN, VOCAB) == Sampling(1.5, 0.8, 20, 1.1), name
+        assert EffectiveSampling.of(options, QWEN, VOCAB) == EffectiveSampling(1.5, 0.8, 20, 1.1), (
+            name
+        )
         assert options.seed == (None if name == "openai responses" else 3), name
     # The fields only some entry points have: each still wins alone.
     native = _body(GenerateBody, prompt="x", top_k=5, repetition_penalty=1.0)
-    assert Sampling.of(native.to_generation(SERVED).options, QWEN, VOCAB) == Sampling(
-        0.7, 0.8, 5, 1.0
-    )
+    assert EffectiveSampling.of(
+        native.to_generation(SERVED).options, QWEN, VOCAB
+    ) == EffectiveSampling(0.7, 0.8, 5, 1.0)
     ollama = _body(OllamaGenerateBody, model="m", prompt="x", options={"repeat_penalty": 1.3})
-    assert Sampling.of(ollama.to_generation(SERVED).options, QWEN, VOCAB).repetition_penalty == 1.3
+    assert (
+        EffectiveSampling.of(ollama.to_generation(SERVED).options, QWEN, VOCAB).repetition_penalty
+        == 1.3
+    )
     flags = ["--top-p", "0.5", "--top-k", "7", "--repetition-penalty", "1.0"]
     args = build_parser().parse_args(["generate", "--model-dir", "m", "x", *flags])
-    assert Sampling.of(sampling_options(args, 8), QWEN, VOCAB) == Sampling(0.7, 0.5, 7, 1.0)
+    assert EffectiveSampling.of(sampling_options(args, 8), QWEN, VOCAB) == EffectiveSampling(
+        0.7, 0.5, 7, 1.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -133,11 +145,12 @@ def test_the_summary_says_where_the_defaults_come_from() -> None:
 
 def test_requests_for_different_adapters_never_share_a_batch_or_a_kept_prefill() -> None:
     """A batch is one og generator, run with one LoRA adapter: the adapter is part of the
-    `Sampling` that batches (core.batcher) and the prompt cache (Engine.cache_key) key on."""
+    `EffectiveSampling` that batches (core.batcher) and the prompt cache (Engine.cache_key)
+    key on."""
 
-    def sampling(adapter: str | None) -> Sampling:
+    def sampling(adapter: str | None) -> EffectiveSampling:
         options = SamplingOptions(max_new_tokens=4, temperature=0.0, adapter=adapter)
-        return Sampling.of(options, HOUSE_SAMPLING, 100)
+        return EffectiveSampling.of(options, HOUSE_SAMPLING, 100)
 
     base, a, b = sampling(None), sampling("a"), sampling("b")
     assert len({base, a, b}) == 3

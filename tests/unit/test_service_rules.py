@@ -11,12 +11,12 @@ import pytest
 
 from ortserve.core.batcher import Sequence
 from ortserve.core.errors import InvalidRequestError
-from ortserve.core.generation import GenerationRequest, Guidance, Sampling, SamplingOptions
+from ortserve.core.generation import EffectiveSampling, GenerationRequest, Guidance, SamplingOptions
 from ortserve.core.service import ONE_PASS_PARTS, UNKNOWN_CONTEXT_TOKENS, Service
 from ortserve.core.settings import EngineSettings
 
 PAD = 0
-KEY = Sampling(0.0, 1.0, 0, 1.0)
+KEY = EffectiveSampling(0.0, 1.0, 0, 1.0)
 
 
 def _service(context: int = 1000, **settings: Any) -> Service:

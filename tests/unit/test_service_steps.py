@@ -15,12 +15,12 @@ from ortserve.core.errors import ClientClosedError
 from ortserve.core.generation import (
     HOUSE_SAMPLING,
     Cached,
+    DecodeEvent,
     Decoding,
+    EffectiveSampling,
     Finish,
     GenerationRequest,
-    Sampling,
     SamplingOptions,
-    Step,
     Token,
     TokenLogprob,
 )
@@ -36,7 +36,7 @@ class _Engine:
     eos_ids = frozenset({99})
     prompt_cache = None
 
-    def __init__(self, steps: list[Step]) -> None:
+    def __init__(self, steps: list[DecodeEvent]) -> None:
         self.steps = steps
         self.checkpoint: Callable[[], None] | None = None
         self.read = 0
@@ -51,8 +51,8 @@ class _Engine:
     def check_options(self, options: SamplingOptions) -> None:
         pass
 
-    def sampling(self, options: SamplingOptions) -> Sampling:
-        return Sampling.of(options, HOUSE_SAMPLING, 0)
+    def sampling(self, options: SamplingOptions) -> EffectiveSampling:
+        return EffectiveSampling.of(options, HOUSE_SAMPLING, 0)
 
     def decode(
         self,
@@ -67,7 +67,7 @@ class _Engine:
     ) -> Decoding:
         self.checkpoint = checkpoint
 
-        def steps() -> Generator[Step, None, None]:
+        def steps() -> Generator[DecodeEvent, None, None]:
             try:
                 for step in self.steps:
                     self.read += 1
@@ -81,7 +81,7 @@ class _Engine:
         return (chr(ord("a") + token) for token in token_ids)
 
 
-def _service(steps: list[Step]) -> tuple[Service, _Engine]:
+def _service(steps: list[DecodeEvent]) -> tuple[Service, _Engine]:
     engine = _Engine(steps)
     return Service(cast(Any, engine), EngineSettings(max_batch=1)), engine
 
@@ -97,7 +97,7 @@ def test_the_steps_make_the_text_and_the_completion() -> None:
 
 
 def test_a_stop_string_ends_it_before_the_finish_and_the_cached_count_stays() -> None:
-    steps: list[Step] = [Cached(3), *(Token(i) for i in range(6)), Finish("length")]
+    steps: list[DecodeEvent] = [Cached(3), *(Token(i) for i in range(6)), Finish("length")]
     service, engine = _service(steps)
     done = service.generate(GenerationRequest(prompt="x", stop=("cd",)))
     assert (done.text, done.finish_reason, done.cached_tokens) == ("ab", "stop", 3)

@@ -13,7 +13,7 @@ from ortserve.bake.errors import BakeError
 from ortserve.bake.pipeline import BakeRequest
 from ortserve.bake.recipes import Recipe
 from ortserve.core.errors import InvalidRequestError, ModelNotFoundError
-from ortserve.core.protocol import Served
+from ortserve.core.protocol.serving import Served
 from ortserve.core.settings import ServerSettings
 
 
