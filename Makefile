@@ -71,9 +71,12 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/mypy ortserve tests benchmarks
 	$(BIN)/lint-imports --no-cache --no-logo
 
-# Every CPU (at most 4 workers: each test may run a model with threads of its own), a file
-# to a worker so that a module's servers start once; the slowest 30 steps are printed.
-XDIST := -n auto --maxprocesses 4 --dist loadfile
+# A worker more than the CPUs (at most 4: each test may run a model with threads of its
+# own): a worker often waits (a server starting, a bake's single-threaded steps), and the
+# suite's engines sleep rather than spin between tasks (tests/conftest.py). A file to a
+# worker, so that a module's servers start once; the slowest 30 steps are printed.
+XDIST := -n $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0)) + 1))') \
+  --dist loadfile
 
 pytest: $(VENV)/.dev-installed system-deps
 	$(BIN)/python -m pytest $(XDIST)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.core.engine import Engine
-from ortserve.core.generation import ADAPTER, SamplingOptions, Token
+from ortserve.core.generation import SamplingOptions, Token
 from ortserve.core.manifest import read_manifest
 from ortserve.core.settings import EngineSettings
 
@@ -71,11 +71,9 @@ def _generator_ms(engine: Engine, adapter: str | None, reps: int) -> float:
     """Median milliseconds to make a generator (with `adapter` activated)."""
     times = []
     search: dict[str, Any] = {"max_length": 256}
-    if adapter is not None:
-        search[ADAPTER] = adapter
     for _ in range(reps):
         start = time.perf_counter()
-        steps = engine.model.generator(search, None, ())
+        steps = engine.model.generator(search, None, (), adapter=adapter)
         times.append((time.perf_counter() - start) * 1000)
         del steps
     return statistics.median(times)

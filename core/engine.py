@@ -29,7 +29,6 @@ from ortserve.core.errors import (
     first_line,
 )
 from ortserve.core.generation import (
-    ADAPTER,
     HOUSE_SAMPLING,
     Cached,
     DecodeEvent,
@@ -54,7 +53,6 @@ from ortserve.core.runtime import (
     EOS,
     NOT_INSTALLED,
     NOT_SUPPORTED,
-    SPECULATIVE,
     Model,
     OgGenerator,
     genai_config,
@@ -164,7 +162,7 @@ def _speculation(
         options["ngram_size"] = settings.speculative_ngram
         kind = f"prompt lookup ({settings.speculative_ngram}-grams)"
     try:
-        model.generator({"max_length": 8, SPECULATIVE: options}, None, ())
+        model.generator({"max_length": 8}, None, (), speculative=options)
     except RuntimeError as exc:
         if draft:
             raise ModelUnavailableError(
@@ -365,9 +363,7 @@ class Engine:
         if not input_ids or (self.context_length and len(input_ids) >= self.context_length):
             raise InvalidRequestError(f"cannot score {len(input_ids)} tokens with this model")
         search: dict[str, Any] = {"max_length": len(input_ids) + 1}
-        if adapter is not None:
-            search[ADAPTER] = adapter
-        steps = self._model.generator(search, None, ())
+        steps = self._model.generator(search, None, (), adapter=adapter)
         steps.append(input_ids)
         logits = steps.last_logits()
         if logits.shape[0] == len(input_ids):
@@ -403,7 +399,7 @@ class Engine:
         """
         self.check_adapter(name)
         try:
-            return bool(self._model.adapter("load", name))
+            return self._model.load_adapter(name)
         except RuntimeError as exc:
             raise GenerationError(f"cannot load adapter {name!r}: {first_line(exc)}") from exc
 
@@ -419,7 +415,7 @@ class Engine:
         if self.prompt_cache is not None:
             self.prompt_cache.evict(lambda key: _adapter_of(key) == name)
         try:
-            return bool(self._model.adapter("unload", name))
+            return self._model.unload_adapter(name)
         except RuntimeError as exc:
             raise ConflictError(
                 f"adapter {name!r} is in use by a request: unload it when it is done "
@@ -429,7 +425,7 @@ class Engine:
     def loaded_adapters(self) -> list[str]:
         """The adapters in memory, by name (none while the engine process restarts)."""
         try:
-            return list(self._model.adapter("loaded", ""))
+            return self._model.loaded_adapters()
         except (RuntimeError, OrtServeError):
             return []
 
@@ -567,11 +563,11 @@ class Engine:
             # way every time.
             search["random_seed"] = options.seed % _SEED_RANGE
         speculative = self.speculative(options, logprobs)
-        if speculative is not None:
-            search[SPECULATIVE] = speculative
         try:
             tags = (_tag(input_ids, guidance, tenant),)
-            generator = self._model.generator(search, guidance, tags)
+            generator = self._model.generator(
+                search, guidance, tags, adapter=sampling.adapter, speculative=speculative
+            )
         except RuntimeError as exc:
             if guidance is not None:
                 raise InvalidRequestError(f"invalid guidance: {first_line(exc)}") from exc
@@ -613,10 +609,9 @@ class Engine:
             "early_stopping": options.early_stopping,
             "repetition_penalty": self.sampling(options).repetition_penalty,
         }
-        if options.adapter is not None:
-            search[ADAPTER] = options.adapter
         try:
-            generator = self._model.generator(search, None, (_tag(input_ids, None, tenant),))
+            tags = (_tag(input_ids, None, tenant),)
+            generator = self._model.generator(search, None, tags, adapter=options.adapter)
         except RuntimeError as exc:
             raise GenerationError(f"cannot start beam search: {first_line(exc)}") from exc
 
@@ -676,11 +671,11 @@ class Engine:
             max_length = min(max(room, cache.max_tokens), self.context_length or room)
             search = {"max_length": max_length, **key[0].search()}
             speculative = self.speculative(options, logprobs)
-            if speculative is not None:
-                search[SPECULATIVE] = speculative
             try:
                 tags = (_tag(input_ids, None, tenant),)
-                generator = self._model.generator(search, None, tags)
+                generator = self._model.generator(
+                    search, None, tags, adapter=key[0].adapter, speculative=speculative
+                )
             except RuntimeError as exc:
                 raise GenerationError(f"cannot start generation: {first_line(exc)}") from exc
         picking = self.picking(options)
@@ -827,7 +822,7 @@ class Engine:
         search = {"batch_size": len(prompts), "max_length": max_length, **sampling.search()}
         owners = tenants or [""] * len(prompts)
         tags = tuple(_tag(p, None, t) for p, t in zip(prompts, owners, strict=True))
-        generator = self._model.generator(search, None, tags)
+        generator = self._model.generator(search, None, tags, adapter=sampling.adapter)
         # og 0.18 takes a batch's prompts in one append ("AppendTokens can only be called
         # once for batch_size > 1"): the batching rule bounds rows x longest
         # (core.service, one_pass_tokens).

@@ -248,7 +248,13 @@ class EngineProcess:
             return self._faults[tag] >= FAULTS_TO_REFUSE
 
     def generator(
-        self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...] = ()
+        self,
+        search: dict[str, Any],
+        guidance: Guidance | None,
+        tags: tuple[str, ...] = (),
+        *,
+        adapter: str | None = None,
+        speculative: dict[str, Any] | None = None,
     ) -> OgGenerator:
         """See `Model.generator`: a request that comes while the engine restarts waits
         for it (up to QUEUE_TIMEOUT_S)."""
@@ -257,14 +263,28 @@ class EngineProcess:
         with self._cond:
             self._tags[handle] = tags
         steps = RemoteGenerator(self, handle, child.epoch)
-        self.call(child.epoch, handle, "open", (search, guidance))
+        self.call(child.epoch, handle, "open", (search, guidance, adapter, speculative))
         return steps
 
-    def adapter(self, action: str, name: str) -> Any:
-        """See `Model.adapter` (run in the engine process; a restarted one has none
+    def load_adapter(self, name: str) -> bool:
+        """See `Model.load_adapter` (in the engine process; a restarted one has none
         loaded: requests load theirs again)."""
+        return bool(self._adapters("load_adapter", name))
+
+    def unload_adapter(self, name: str) -> bool:
+        """See `Model.unload_adapter` (in the engine process)."""
+        return bool(self._adapters("unload_adapter", name))
+
+    def loaded_adapters(self) -> list[str]:
+        """See `Model.loaded_adapters` (in the engine process)."""
+        names = self._adapters("loaded_adapters")  # plain data (the allow-list), of any shape
+        return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+    def _adapters(self, method: str, *args: str) -> Any:
+        """One call of `core.engine_worker.ADAPTER_METHODS` in the engine process (on its
+        adapters: no generator's handle)."""
         child = self._ready(self.settings.queue_timeout_s)
-        return self.call(child.epoch, 0, "adapter", (action, name))
+        return self.call(child.epoch, 0, method, args)
 
     def close(self) -> None:
         """End the engine process (no restart follows)."""

@@ -19,12 +19,15 @@ from ortserve.core.memory import return_freed_memory
 
 # What the parent may call on a generator (`OgGenerator`'s methods).
 _METHODS = frozenset({"append", "step", "step_batch", "finish", "rewind", "pick", "last_logits"})
+# What it may call on the model's adapters (`Model`'s methods), and the `LocalAdapters`
+# method that runs each.
+ADAPTER_METHODS = {"load_adapter": "load", "unload_adapter": "unload", "loaded_adapters": "loaded"}
 
 
 def serve_calls(conn: Connection) -> None:
     """The child's loop: load the model, then run calls until the socket closes."""
     # og loads here, after `seal` (main), not at this module's import.
-    from ortserve.core.og_local import LocalAdapters, LocalGenerator, adapter_call, probe_providers
+    from ortserve.core.og_local import LocalAdapters, LocalGenerator, probe_providers
 
     version, folder, settings, threads = receive(conn)
     if version != PROTOCOL_VERSION:  # one install's two ends: a broken install
@@ -54,11 +57,13 @@ def serve_calls(conn: Connection) -> None:
             continue
         try:
             if method == "open":
-                search, guidance = args
-                generators[handle] = LocalGenerator(model, search, guidance, adapters)
+                search, guidance, adapter, speculative = args
+                generators[handle] = LocalGenerator(
+                    model, search, guidance, adapters, adapter=adapter, speculative=speculative
+                )
                 result: Any = None
-            elif method == "adapter":
-                result = adapter_call(adapters, *args)
+            elif method in ADAPTER_METHODS:
+                result = getattr(adapters, ADAPTER_METHODS[method])(*args)
             elif method in _METHODS:
                 result = getattr(generators[handle], method)(*args)
             else:

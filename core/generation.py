@@ -348,11 +348,6 @@ class GenerationStream:
         return self.completion
 
 
-#: The key of og search options under which a generator's LoRA adapter goes (core.engine
-#: activates it on the generator): one dict crosses to the engine process as it is.
-ADAPTER = "adapter"
-
-
 @dataclass(frozen=True)
 class EffectiveSampling:
     """How tokens are picked, as og search options, and with which LoRA adapter; requests
@@ -387,14 +382,12 @@ class EffectiveSampling:
         return cls(temperature, top_p, top_k, penalty, options.adapter)
 
     def search(self) -> dict[str, Any]:
-        """The og search options for these (`top_k` 0: no limit), the adapter under
-        `ADAPTER` where there is one."""
+        """The og search options for these (`top_k` 0: no limit); the adapter is
+        `Model.generator`'s own argument."""
         search: dict[str, Any] = {
             "do_sample": self.temperature > 0,
             "repetition_penalty": self.repetition_penalty,
         }
         if self.temperature > 0:
             search.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        if self.adapter is not None:
-            search[ADAPTER] = self.adapter
         return search

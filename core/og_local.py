@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ortserve.core.errors import ProviderUnavailableError, first_line
-from ortserve.core.generation import ADAPTER, Drafts, EffectiveSampling, Guidance, TokenLogprob
+from ortserve.core.generation import Drafts, EffectiveSampling, Guidance, TokenLogprob
 from ortserve.core.manifest import ADAPTER_NAME, adapter_file
 from ortserve.core.picker import Picker
 from ortserve.core.runtime import (
@@ -27,7 +27,6 @@ from ortserve.core.runtime import (
     EOS,
     NOT_INSTALLED,
     NOT_SUPPORTED,
-    SPECULATIVE,
     OgGenerator,
     genai_config,
     logprob_of,
@@ -74,6 +73,24 @@ _NOT_IN_BUILD = "is not supported in this build"  # what og.Model raises for the
 #: the caller's own Python floats would lose their subnormals too (hypothesis refused to
 #: run in the test process).
 DEDICATED_SESSION_ENTRIES = {"session.set_denormal_as_zero": "1"}
+#: The config entry that stops the intra-op threads' spinning (EngineSettings.spin_wait).
+NO_SPINNING = "session.intra_op.allow_spinning"
+
+
+def session_overlay(
+    folder: Path, settings: EngineSettings, threads: int, dedicated: bool
+) -> dict[str, Any]:
+    """The genai_config overlay of the model's sessions: `threads` intra-op threads, and
+    onnxruntime config entries (og 0.18 passes a `session_options` key it does not know
+    to onnxruntime as one): `DEDICATED_SESSION_ENTRIES` in a process that is og's alone,
+    no spinning where `settings.spin_wait` is off."""
+    # The draft model (`--draft`) has a thread pool of its own, sized the same.
+    sections = ("decoder", "draft") if "draft" in genai_config(folder)["model"] else ("decoder",)
+    entries = dict(DEDICATED_SESSION_ENTRIES) if dedicated else {}
+    if not settings.spin_wait:
+        entries[NO_SPINNING] = "0"
+    session = {"session_options": {"intra_op_num_threads": threads, **entries}}
+    return {"model": dict.fromkeys(sections, session)}
 
 
 def probe_providers(
@@ -81,11 +98,7 @@ def probe_providers(
 ) -> tuple[Any, str, dict[str, str]]:
     """Build the model with each allowed provider in order; the first that loads wins.
     `dedicated`: this process is og's alone (`DEDICATED_SESSION_ENTRIES` apply)."""
-    # The draft model (`--draft`) has a thread pool of its own, sized the same.
-    sections = ("decoder", "draft") if "draft" in genai_config(folder)["model"] else ("decoder",)
-    entries = DEDICATED_SESSION_ENTRIES if dedicated else {}
-    session = {"session_options": {"intra_op_num_threads": threads, **entries}}
-    overlay = json.dumps({"model": dict.fromkeys(sections, session)})
+    overlay = json.dumps(session_overlay(folder, settings, threads, dedicated))
     skipped: dict[str, str] = {}
     for name in settings.provider_order():
         available = _AVAILABLE.get(name)
@@ -114,20 +127,10 @@ def probe_providers(
     )
 
 
-def adapter_call(adapters: LocalAdapters, action: str, name: str) -> Any:
-    """Run `Model.adapter`'s `action` on `adapters` (here, or in the engine process)."""
-    if action == "load":
-        return adapters.load(name)
-    if action == "unload":
-        return adapters.unload(name)
-    if action == "loaded":
-        return adapters.loaded()
-    raise RuntimeError(f"unknown adapter action {action}")
-
-
 class LocalGenerator:
-    """`OgGenerator` over an og Generator of this process. `search` holds og's search options
-    and, under `SPECULATIVE`, its speculative options (the generator then drafts)."""
+    """`OgGenerator` over an og Generator of this process: og's search options `search`,
+    the LoRA `adapter` (one of `adapters`) and og's `speculative` options (the generator
+    then drafts), as `Model.generator` takes them."""
 
     def __init__(
         self,
@@ -135,11 +138,11 @@ class LocalGenerator:
         search: dict[str, Any],
         guidance: Guidance | None,
         adapters: LocalAdapters | None = None,
+        *,
+        adapter: str | None = None,
+        speculative: dict[str, Any] | None = None,
     ) -> None:
         params = og.GeneratorParams(model)
-        search = dict(search)
-        speculative = search.pop(SPECULATIVE, None)
-        adapter = search.pop(ADAPTER, None)
         params.set_search_options(**search)
         if speculative is not None:
             params.set_speculative_options(**speculative)
@@ -304,14 +307,35 @@ class LocalModel:
         self.adapters = LocalAdapters(model, folder)
 
     def generator(
-        self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...] = ()
+        self,
+        search: dict[str, Any],
+        guidance: Guidance | None,
+        tags: tuple[str, ...] = (),
+        *,
+        adapter: str | None = None,
+        speculative: dict[str, Any] | None = None,
     ) -> OgGenerator:
         """See `Model.generator`."""
-        return LocalGenerator(self.og_model, search, guidance, self.adapters)
+        return LocalGenerator(
+            self.og_model,
+            search,
+            guidance,
+            self.adapters,
+            adapter=adapter,
+            speculative=speculative,
+        )
 
-    def adapter(self, action: str, name: str) -> Any:
-        """See `Model.adapter`."""
-        return adapter_call(self.adapters, action, name)
+    def load_adapter(self, name: str) -> bool:
+        """See `Model.load_adapter`."""
+        return self.adapters.load(name)
+
+    def unload_adapter(self, name: str) -> bool:
+        """See `Model.unload_adapter`."""
+        return self.adapters.unload(name)
+
+    def loaded_adapters(self) -> list[str]:
+        """See `Model.loaded_adapters`."""
+        return self.adapters.loaded()
 
     def close(self) -> None:
         """Nothing to do: the model goes with its last reference."""

@@ -26,9 +26,6 @@ NOT_SUPPORTED = "not supported by this onnxruntime-genai build"
 # appended), or the sequence was at its length already.
 EOS = -1
 DONE = -2
-# The key of a generator's search options under which its speculative options go
-# (`LocalGenerator`): one dict crosses to the engine process as it is.
-SPECULATIVE = "speculative"
 
 
 def logprob_of(logits: np.ndarray[Any, Any], token: int, top: int) -> TokenLogprob:
@@ -89,10 +86,17 @@ class Model(Protocol):
     (`core.engine_process.EngineProcess`), one interface for both."""
 
     def generator(
-        self, search: dict[str, Any], guidance: Guidance | None, tags: tuple[str, ...]
+        self,
+        search: dict[str, Any],
+        guidance: Guidance | None,
+        tags: tuple[str, ...],
+        *,
+        adapter: str | None = None,
+        speculative: dict[str, Any] | None = None,
     ) -> OgGenerator:
-        """A new generator with these search options (and guidance). `tags` name the
-        requests it serves (the engine process refuses one that crashed it twice).
+        """A new generator with og's search options `search` (and guidance), decoding with
+        the LoRA `adapter` and drafting with og's `speculative` options where given. `tags`
+        name the requests it serves (the engine process refuses one that crashed it twice).
 
         Raises:
             RuntimeError: og cannot make it (bad guidance, bad options).
@@ -104,12 +108,28 @@ class Model(Protocol):
         """Free the model (the engine process ends)."""
         ...
 
-    def adapter(self, action: str, name: str) -> Any:
-        """`load` (True: it was not loaded) or `unload` (True: it was) the LoRA adapter
-        `name`, or (`loaded`, name "") the names of those loaded (`LocalAdapters`).
+    def load_adapter(self, name: str) -> bool:
+        """Load the LoRA adapter `name` (True), unless it is loaded (False).
 
         Raises:
-            RuntimeError: og's error (no such adapter; one still in use).
+            RuntimeError: og's error (no such adapter, or it cannot load it).
+            OrtServeError: The engine process is down.
+        """
+        ...
+
+    def unload_adapter(self, name: str) -> bool:
+        """Free the LoRA adapter `name` (True), unless it is not loaded (False).
+
+        Raises:
+            RuntimeError: og's error (a generator still uses it).
+            OrtServeError: The engine process is down.
+        """
+        ...
+
+    def loaded_adapters(self) -> list[str]:
+        """The LoRA adapters in memory, by name.
+
+        Raises:
             OrtServeError: The engine process is down.
         """
         ...

@@ -67,6 +67,11 @@ class EngineSettings(BaseSettings):
         model_dir: The baked model folder (with manifest.json).
         providers: `auto` or a comma-separated preference list such as `cuda,cpu`.
         threads: Intra-op threads (unset: the baked value, capped by usable cores).
+        spin_wait: onnxruntime's intra-op threads spin between tasks rather than sleep
+            (its default): faster where the process has its cores to itself (135M shape,
+            2 threads on the AMD VM: 94-102 tok/s decode against 74-89); off where other
+            busy processes share them (the same with 1-2 busy processes beside it: 54-62
+            tok/s against 32-45), as the test suite's workers do.
         max_concurrency: Generations that run at once (a batch is one generation).
         max_queue: Requests that may wait for a slot; one more gets `Busy` at once.
         queue_timeout_s: How long a request may wait for a slot before `Busy`.
@@ -123,6 +128,7 @@ class EngineSettings(BaseSettings):
     model_dir: Path = Path("models/default/model")
     providers: str = "auto"
     threads: int | None = Field(default=None, ge=1, le=256)
+    spin_wait: bool = True
     max_concurrency: int = Field(default=1, ge=1, le=64)
     max_queue: int = Field(default=16, ge=0, le=10000)
     queue_timeout_s: float = Field(default=30.0, ge=0, le=3600)

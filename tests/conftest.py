@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests import models
+
+#: The suite's workers (make test: more than the cores) share the cores: onnxruntime's
+#: threads sleep between tasks rather than spin (EngineSettings.spin_wait) in every
+#: engine the suite starts, in its processes and the servers and bakes they run.
+SPIN_WAIT = "ORTSERVE_SPIN_WAIT"
+os.environ[SPIN_WAIT] = "false"
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from benchmarks.support.servers import ORTSERVE, ServerProcess
 from ortserve.core.manifest import list_files, manifest_digest, read_manifest, write_manifest
 from ortserve.edge.settings import EdgeSettings
 from tests import models
+from tests.conftest import SPIN_WAIT
 from tests.tools import tool
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,7 @@ class Daemon(ServerProcess):
         base = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith(("ORTSERVE_", "NOTIFY_", "WATCHDOG_"))
+            if not k.startswith(("ORTSERVE_", "NOTIFY_", "WATCHDOG_")) or k == SPIN_WAIT
         }
         full_env = {**base, "ORTSERVE_PROVIDERS": "cpu", "NOTIFY_SOCKET": notify_path, **env}
         cmd = [*ORTSERVE, "serve", "--model-dir", str(model_dir), "--port", "0"]

@@ -467,3 +467,33 @@ def test_engine_refuses_a_tampered_model(tiny_model_dir: Path, tmp_path: Path) -
     (copy / "model.onnx.data").write_bytes(bytes(data[:-10]))
     with pytest.raises(ModelIntegrityError, match=r"model\.onnx\.data has"):
         Engine.load(EngineSettings(model_dir=copy))
+
+
+def test_spin_wait_off_reaches_the_sessions_and_changes_no_token(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ORTSERVE_SPIN_WAIT=false` (the suite's workers share the cores): onnxruntime's
+    `session.intra_op.allow_spinning` 0 in the model's session options, the same tokens
+    as with its threads spinning (the default)."""
+    from ortserve.core import og_local
+
+    on = EngineSettings(model_dir=tiny_model_dir, providers="cpu", spin_wait=True)
+    monkeypatch.setenv("ORTSERVE_SPIN_WAIT", "false")
+    off = EngineSettings(model_dir=tiny_model_dir, providers="cpu")
+    assert on.spin_wait and not off.spin_wait
+    entries = og_local.session_overlay(tiny_model_dir, off, 2, dedicated=False)
+    assert entries["model"]["decoder"]["session_options"] == {
+        "intra_op_num_threads": 2,
+        og_local.NO_SPINNING: "0",
+    }
+    spinning = og_local.session_overlay(tiny_model_dir, on, 2, dedicated=True)
+    assert og_local.NO_SPINNING not in spinning["model"]["decoder"]["session_options"]
+    tokens = []
+    for settings in (on, off):
+        engine = Engine.load(settings)
+        try:
+            ids = engine.encode("Edge boards run a daemon")
+            tokens.append(list(engine.stream_tokens(ids, SamplingOptions(24, 24))))
+        finally:
+            engine.close()
+    assert tokens[0] == tokens[1] and tokens[0]
