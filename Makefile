@@ -81,7 +81,10 @@ XDIST := -n $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffini
 pytest: $(VENV)/.dev-installed system-deps
 	$(BIN)/python -m pytest $(XDIST)
 
-test: lint pytest
+# Lint beside the suite (one process beside its workers): a fresh clone's cold mypy costs
+# no wall time. Their lines interleave; either failing fails `make test`.
+test: $(VENV)/.dev-installed
+	@$(MAKE) --no-print-directory -j2 lint pytest
 
 # The edit-test loop (about 3 minutes; docs/tests.md): lint, the unit tests and the HTTP API
 # in-process. Its tiny model comes from the test-model cache (one bake on a fresh clone).
