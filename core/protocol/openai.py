@@ -138,8 +138,9 @@ class OpenAIBody(GenerationBody):
             limit = max(default_limit, min(self.min_tokens, served.max_new_tokens))
         else:
             limit = max_tokens
-        # The server checks it against its limit (Service.budget); ignore_eos: all of it.
-        minimum = limit if self.ignore_eos else self.min_tokens
+        # The server checks it against its limit (Service.budget); ignore_eos: all of it,
+        # and a min_tokens above the limit still says so (it is refused above the server's).
+        minimum = max(limit, self.min_tokens) if self.ignore_eos else self.min_tokens
         options = SamplingOptions(
             max_new_tokens=limit,
             temperature=self.temperature,

@@ -821,6 +821,17 @@ def test_the_operators_limit_is_a_clear_400(target: Target) -> None:
         error = _error(target.call("POST", path, body), 400, "invalid_request")
         assert error["param"] == field
         assert error["message"] == f"{field} 2001 is above this server's limit of 2000"
+    # min_tokens above it is refused too, with ignore_eos as without (schemathesis found
+    # it accepted beside ignore_eos, which made the request's minimum its own limit).
+    for ignore_eos in (False, True):
+        for path, body in (
+            ("/v1/completions", {"prompt": "x", "max_tokens": 4}),
+            ("/generate", {"prompt": "x", "max_new_tokens": 4}),
+        ):
+            too_many = {**body, "min_tokens": 2001, "ignore_eos": ignore_eos}
+            error = _error(target.call("POST", path, too_many), 400, "invalid_request")
+            assert error["param"] == "min_tokens", (path, ignore_eos)
+            assert error["message"] == "min_tokens 2001 is above this server's limit of 2000"
     ollama = {"model": MODEL, "prompt": "x", "stream": False, "options": {"num_predict": 2001}}
     refused = target.call("POST", "/api/generate", ollama)
     assert refused.status == 400 and "limit of 2000" in refused.json()["error"]
