@@ -608,8 +608,9 @@ class MalformedMessageError(OSError):
 
 
 # The version of the messages between the daemon and its engine process (the handshake
-# carries it; both ends are one install, so a mismatch is a broken one).
-PROTOCOL_VERSION = 1
+# carries it; both ends are one install, so a mismatch is a broken one). 2: a generator
+# opens with its adapter and speculative options as arguments; typed adapter calls.
+PROTOCOL_VERSION = 2
 
 # What the daemon builds from a message of its engine process besides plain data (tuples,
 # lists, dicts, sets, str, bytes, int, float, bool, None): these classes only, and
