@@ -63,9 +63,14 @@ def _located_settings(args: argparse.Namespace) -> tuple[EngineSettings, str | N
     """The engine's settings with the model MODEL, `--model-dir` or ORTSERVE_MODEL_DIR
     names located (a folder, or a stored model's name; none: the store's only model), and
     the name to show for the model (None: the manifest's)."""
-    from ortserve.store import with_model
+    from ortserve.core.errors import ModelNotFoundError
+    from ortserve.core.manifest import MANIFEST_NAME
+    from ortserve.store import nothing_to_load, with_model
 
     settings, located = with_model(_settings(args))
+    named = "model_dir" in settings.model_fields_set
+    if located is None and not named and not (settings.model_dir / MANIFEST_NAME).is_file():
+        raise ModelNotFoundError(nothing_to_load(args.command))
     return settings, located.name if located is not None else None
 
 

