@@ -39,6 +39,7 @@ demo: $(VENV)/.bake-installed
 	@model=$$($(BIN)/ortserve run $(MODEL) --target $(TARGET) --bake-only) && \
 	  $(BIN)/ortserve probe --model-dir "$$model" && \
 	  $(BIN)/ortserve generate --model-dir "$$model" --max-new-tokens 32 --chat "$(PROMPT)" && \
+	  echo "make demo: ortserve is $(BIN)/ortserve; in another terminal, \`source $(BIN)/activate\` puts it on the PATH (the docs' commands are written so)" && \
 	  exec $(BIN)/ortserve serve --model-dir "$$model" --host $(HOST) --port $(PORT)
 
 # Debian tools the tests use: systemd-analyze (the unit file), qemu-user-static (the

@@ -102,12 +102,14 @@ QUESTIONS: list[tuple[str, Check]] = [
 ]
 
 
-def score(model: str, seeds: int) -> dict[str, Any]:
-    """Ask each question of `model` once per seed; its figures and answers."""
+def score(model: str, seeds: int, greedy_too: bool = False) -> dict[str, Any]:
+    """Ask each question of `model` once per seed (`greedy_too`: greedy, once, whatever
+    its defaults); its figures and answers."""
     from ortserve import TextGenerator
 
     generator = TextGenerator(model)
-    greedy = generator.engine.sampling_defaults.temperature == 0
+    greedy = greedy_too or generator.engine.sampling_defaults.temperature == 0
+    sampling: dict[str, Any] = {"temperature": 0.0} if greedy_too else {}
     runs = 1 if greedy else seeds
     answers: list[dict[str, Any]] = []
     right = 0
@@ -118,7 +120,10 @@ def score(model: str, seeds: int) -> dict[str, Any]:
         for seed in range(runs):
             start = time.perf_counter()
             reply = generator.chat(
-                [{"role": "user", "content": question}], max_new_tokens=NEW_TOKENS, seed=seed
+                [{"role": "user", "content": question}],
+                max_new_tokens=NEW_TOKENS,
+                seed=seed,
+                **sampling,
             )
             seconds += time.perf_counter() - start
             ok = check(reply["generated_text"])
@@ -132,6 +137,7 @@ def score(model: str, seeds: int) -> dict[str, Any]:
         "model": model,
         "name": generator.model_name,
         "greedy": greedy,
+        "defaults": not greedy_too,
         "seeds": runs,
         "right": right,
         "questions": len(QUESTIONS),
@@ -145,16 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="stored model names or baked folders")
     parser.add_argument("--seeds", type=int, default=3, help="answers per question if sampled")
+    parser.add_argument("--greedy", action="store_true", help="greedy, not the defaults")
     parser.add_argument("--out", type=Path, help="write every answer here (JSON)")
     args = parser.parse_args(argv)
     results = []
     print("| model | right of 20 | seeds | s per answer | at the token limit |")
     print("|---|---:|---:|---:|---:|")
     for model in args.models:
-        result = score(model, args.seeds)
+        result = score(model, args.seeds, args.greedy)
         results.append(result)
         print(
-            f"| {result['name']} | {result['right']} | {result['seeds']} | "
+            f"| {result['name']}{' (greedy)' if args.greedy else ''} | {result['right']} | "
+            f"{result['seeds']} | "
             f"{result['seconds_per_answer']:.1f} | {result['at_token_limit']} |",
             flush=True,
         )

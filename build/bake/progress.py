@@ -7,8 +7,10 @@ onnxruntime-genai 0.18's builder (`python -m onnxruntime_genai.models.builder`) 
 - `Reading layer N` (stdout) as it builds each decoder layer's graph, then `Reading final
   norm` and `Reading LM head`;
 - `Saving ONNX model in …` (stdout), then quantizes the weights: the builder the bake
-  runs (`bake.upstream`, one weight at a time) prints `Quantizing weight 12/197 NAME int4`
-  (stdout) per weight; in og's own whole-model pass the k_quant and RTN quantizers print
+  runs (`bake.upstream`, one weight at a time) prints `Quantizing weight 12/197 NAME int4
+  (values 3211264/1543503872)` (stdout) per weight, counted as the share of the values
+  done (a weight's time is about its size: the last, the LM head, is a quarter of them at 0.5B);
+  in og's own whole-model pass the k_quant and RTN quantizers print
   `\\rProgress: [###  ] 45.45%` (stdout, one step per MatMul), the default one logs
   `start to quantize /model/layers.N/…` (stderr) for each weight;
 - `Saving NAME: 40%|…| 16/41 [...]` (tqdm, stderr) while the tensors are written.
@@ -38,7 +40,7 @@ _LAYER = re.compile(r"^Reading layer (\d+)\s*$")
 _LAYERS_DONE = re.compile(r"^Reading (final norm|LM head)")
 _SAVING_MODEL = re.compile(r"^Saving ONNX model in ")
 _PERCENT = re.compile(r"^Progress: \[[# ]*\] ([\d.]+)%")
-_QUANT_WEIGHT = re.compile(r"^Quantizing weight (\d+)/(\d+) ")
+_QUANT_WEIGHT = re.compile(r"^Quantizing weight (\d+)/(\d+) .*?(?:\(values (\d+)/(\d+)\))?$")
 _QUANT_LAYER = re.compile(r"start to quantize /model/layers\.(\d+)/")
 _QUANT_HEAD = re.compile(r"start to quantize /lm_head/")
 _SAVING = re.compile(r"^Saving .*\|\s*(\d+)/(\d+) \[")
@@ -151,7 +153,7 @@ class BuilderProgress:
         elif _SAVING_MODEL.match(line):
             self._at(2, "quantizing", "%", None, 0)
         elif match := _QUANT_WEIGHT.match(line):
-            self._at(2, "quantizing", "weights", int(match[2]), int(match[1]))
+            self._quantized(match)
         elif match := _PERCENT.match(line):
             self._at(2, "quantizing", "%", 100, float(match[1]))
         elif match := _QUANT_LAYER.search(line):
@@ -161,6 +163,14 @@ class BuilderProgress:
                 self._at(2, "quantizing", "layers", self._layers, self._layers)
         elif match := _SAVING.match(line):
             self._at(3, "saving tensors", "tensors", int(match[2]), int(match[1]))
+
+    def _quantized(self, match: re.Match[str]) -> None:
+        """A `Quantizing weight` line: the share of the values done where it says (a big
+        weight takes long), else of the weights."""
+        if match[4]:
+            self._at(2, "quantizing", "%", 100, 100 * int(match[3]) / max(1, int(match[4])))
+        else:
+            self._at(2, "quantizing", "weights", int(match[2]), int(match[1]))
 
     def _at(self, order: int, name: str, unit: str, total: int | None, done: float) -> None:
         """The builder is in phase `order`, `done` of `total`."""

@@ -158,7 +158,9 @@ def reference(
     `adapter` on it, for that adapter's gate). Computed
     before the baked model is loaded, the checkpoint freed after: at 1.5B its fp32 copy
     (6 GB) and the loaded model (2 GB) together were the bake's peak."""
-    with heartbeat("quality gate"):  # transformers' load and forward say nothing for long
+    # Two steps, each with its own count (one name twice read as a counter that restarted):
+    # transformers' load and forward say nothing for long, nor does the baked model's pass.
+    with heartbeat("quality gate, the reference"):
         ids = _gate_ids(checkpoint)
         if context_length:
             ids = ids[: context_length - 1]
@@ -184,7 +186,7 @@ def check(
         BakeError: The ratio is above `max_ppl_ratio` (never for random weights).
     """
     ids, ref_logits = scored
-    with heartbeat("quality gate"):
+    with heartbeat("quality gate, the baked model"):
         ppl_ref, ppl, top1, kl = compare(ref_logits, baked.logits(ids, adapter), ids)
     ratio = ppl / ppl_ref
     passed = ratio <= max_ppl_ratio

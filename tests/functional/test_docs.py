@@ -59,3 +59,36 @@ def test_the_link_finder_sees_every_kind_of_link() -> None:
         "[d](https://example.org/d) [e](#e) [f](docs/f.md#part)\n```sh\n[g](g.md)\n```\n"
     )
     assert _relative_links(text) == ["docs/a.md", "docs/img/b.png", "docs/f.md#part", "c.png"]
+
+
+ACTIVATE = "source .venv/bin/activate"
+# A shell line that runs the bare `ortserve` command (first word), not `.venv/bin/ortserve`.
+_BARE = re.compile(r"^(?:[^#\n]*\|\s*)?ortserve\s", re.MULTILINE)
+
+
+def test_the_pages_put_ortserve_on_the_path_before_they_use_it() -> None:
+    """#53 item 4: `which ortserve` found nothing after `make demo`, and no page said how.
+    README.md and getting-started show `source .venv/bin/activate` in a shell block before
+    their first bare `ortserve` command, and that line, run as written where `make demo`
+    and `make test` leave the venv, puts this checkout's `ortserve` on the PATH."""
+    for page in (README, ROOT / "docs" / "getting-started.md"):
+        blocks = re.findall(r"^```sh\n(.*?)^```", page.read_text(encoding="utf-8"), re.M | re.S)
+        first = next(i for i, block in enumerate(blocks) if _BARE.search(block))
+        told = [
+            i
+            for i, block in enumerate(blocks)
+            if any(line.split("#")[0].strip() == ACTIVATE for line in block.splitlines())
+        ]
+        assert told and told[0] <= first, (page.name, blocks[first])
+    proc = subprocess.run(
+        ["bash", "-c", f"{ACTIVATE} && command -v ortserve && ortserve --version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    found, version = proc.stdout.splitlines()
+    assert Path(found) == ROOT / ".venv" / "bin" / "ortserve" and version.startswith("ortserve ")

@@ -94,6 +94,24 @@ def test_the_streaming_quantizer_is_counted_in_weights() -> None:
     ]
 
 
+def test_the_streaming_quantizer_estimates_by_values_not_weights() -> None:
+    """#53 item 6: "about 4 s left" before the LM head, then 20 s more: the last weight
+    is the biggest, so the share of values done, not of weights, makes the estimate."""
+    out, clock = io.StringIO(), _Clock()
+    progress = BuilderProgress(4, stream=out, tty=False, interval=1, clock=clock)
+    progress.feed("Saving ONNX model in /tmp/out")
+    progress.feed("Quantizing weight 1/3 /model/layers.0/attn/qkv_proj/MatMul int4 (values 10/100)")
+    progress.feed("Quantizing weight 2/3 /model/layers.0/mlp/down_proj/MatMul int4 (values 25/100)")
+    clock.now += 5  # two of three weights (67%) in 5 s, but a quarter of the values
+    progress.beat()
+    progress.feed("Quantizing weight 3/3 /lm_head/MatMul int4 (values 100/100)")
+    progress.close()
+    assert out.getvalue().splitlines() == [
+        "[bake] the model builder: quantizing: 25%, 5 s, about 15 s left",
+        "[bake] the model builder: quantizing: done in 5 s",
+    ]
+
+
 def test_the_default_quantizer_is_counted_in_layers() -> None:
     out, clock = io.StringIO(), _Clock()
     progress = BuilderProgress(4, stream=out, tty=False, interval=1, clock=clock)
@@ -272,6 +290,7 @@ def test_the_quality_gate_has_a_heartbeat(
         context_length = 0
 
         def logits(self, scored: list[int], adapter: str | None = None) -> np.ndarray[Any, Any]:
+            time.sleep(0.3)
             return logits
 
     monkeypatch.setattr(errors, "HEARTBEAT_S", 0.05)
@@ -280,7 +299,10 @@ def test_the_quality_gate_has_a_heartbeat(
     scored = quality.reference(tmp_path, Baked.context_length)
     result = quality.check(scored, Baked(), 1.25, random_weights=False)
     assert result.status == "passed" and result.ppl_ratio == 1.0
-    assert _beats(capsys.readouterr().err, "[bake] quality gate")
+    # Its two steps each have their own count (one name twice read as a counter restarting).
+    err = capsys.readouterr().err
+    assert _beats(err, "[bake] quality gate, the reference"), err
+    assert _beats(err, "[bake] quality gate, the baked model"), err
 
 
 def test_the_makefiles_heartbeat_runs_the_command_as_it_is(
