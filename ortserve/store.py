@@ -408,7 +408,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 COMMAND_LINE = "`ortserve serve {name}`"
 PYTHON = "`TextGenerator({name!r})`"
 # The first model a newcomer bakes (`make demo`'s; `ortserve list --available` lists more).
-FIRST_MODEL = "smollm2:135m"
+FIRST_MODEL = "qwen2.5-coder:0.5b"
 
 
 def default_model(store: Path, name_one: str = COMMAND_LINE) -> StoredModel | None:

