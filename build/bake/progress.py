@@ -57,6 +57,8 @@ class Phase:
         total: How many there are; None where unknown.
         started: When it began (monotonic seconds).
         done: How many are done.
+        items: What a `%` phase counts besides (`(12, 197, "weights")`: 12 of 197 done),
+            said beside the share; None: nothing.
     """
 
     order: int
@@ -65,6 +67,7 @@ class Phase:
     total: int | None
     started: float
     done: float = 0
+    items: tuple[int, int, str] | None = None
 
     def line(self, now: float) -> str:
         """Where the phase is: `building layers: 12/30 layers (40%), 8 s, about 12 s left`,
@@ -73,14 +76,19 @@ class Phase:
         if self.total is None:
             return f"{self.name}: {elapsed:.0f} s"
         fraction = min(1.0, self.done / self.total) if self.total else 1.0
+        items = self.items
         if fraction >= 1.0:
-            count = "" if self.unit == "%" else f" {self.total} {self.unit}"
+            count = f" {self.total} {self.unit}"
+            if self.unit == "%":
+                count = f" {items[1]} {items[2]}" if items else ""
             return f"{self.name}:{count} done in {elapsed:.0f} s"
-        count = (
-            f"{fraction:.0%}"
-            if self.unit == "%"
-            else (f"{self.done:.0f}/{self.total} {self.unit} ({fraction:.0%})")
-        )
+        count = f"{self.done:.0f}/{self.total} {self.unit} ({fraction:.0%})"
+        if self.unit == "%":
+            count = (
+                f"{items[0]}/{items[1]} {items[2]} ({fraction:.0%} of the work)"
+                if items
+                else f"{fraction:.0%}"
+            )
         # The rate so far says what is left; within its first second a phase has none.
         left = (
             f", about {elapsed * (1 - fraction) / fraction:.0f} s left"
@@ -169,6 +177,8 @@ class BuilderProgress:
         weight takes long), else of the weights."""
         if match[4]:
             self._at(2, "quantizing", "%", 100, 100 * int(match[3]) / max(1, int(match[4])))
+            if self._phase is not None and self._phase.order == 2:
+                self._phase.items = (int(match[1]), int(match[2]), "weights")
         else:
             self._at(2, "quantizing", "weights", int(match[2]), int(match[1]))
 

@@ -107,8 +107,8 @@ def test_the_streaming_quantizer_estimates_by_values_not_weights() -> None:
     progress.feed("Quantizing weight 3/3 /lm_head/MatMul int4 (values 100/100)")
     progress.close()
     assert out.getvalue().splitlines() == [
-        "[bake] the model builder: quantizing: 25%, 5 s, about 15 s left",
-        "[bake] the model builder: quantizing: done in 5 s",
+        "[bake] the model builder: quantizing: 2/3 weights (25% of the work), 5 s, about 15 s left",
+        "[bake] the model builder: quantizing: 3 weights done in 5 s",
     ]
 
 
