@@ -354,8 +354,9 @@ def to_nbits_streaming(self: Any, upstream: Any) -> ir.Model:
         and node.name not in excluded
         and (index := _weight_index(node)) is not None
     ]
-    # Each weight's values: a weight's time is about its size (Qwen's lm_head is 17 of its
-    # 141 weights' worth of time), so the progress line counts values toward its estimate.
+    # Each weight's values: a weight's time follows its size (Qwen2.5-Coder-0.5B's LM head,
+    # the last of 121 weights, is 28% of the values and took 43% of the time), so the
+    # progress line counts values toward its estimate, not weights.
     sizes = [_values(node.inputs[i]) for node, i in todo]
     total, values = sum(sizes), 0
     for done, (node, weight_index) in enumerate(todo, 1):
