@@ -542,10 +542,13 @@ def bake(request: BakeRequest) -> BakeResult:
         failed_log = out.with_name(f"{out.name}.builder.log")
         exact = _exact_import(source, request, precision)
         if exact and "algo_config" not in request.options:
-            # The GGUF's weights replace the builder's: its fastest quantization will do
-            # (RTN; Gemma-3-270M's k_quant_mixed took 9 minutes here), and no recipe. A
-            # tensor the import cannot map keeps this quantization, and the bake says so.
-            options, recipe = {**options, "algo_config": "rtn"}, None
+            # The GGUF's weights replace the builder's: its lightest quantization will do
+            # (og's default, onnxruntime's C++ blockwise rounding; Gemma-3-270M's
+            # k_quant_mixed took 9 minutes here, and numpy's RTN held 1.4 GB more than it
+            # at Qwen2.5-Coder-0.5B for the same seconds: docs/measurements.md), and no
+            # recipe. A tensor the import cannot map keeps this quantization, and the bake
+            # says so.
+            options, recipe = {**options, "algo_config": "default"}, None
         options = _kv_cache_options(source, request, options, work / "kv-cache-scales.json")
         options = _speculative_options(source, request, options)
         precision, options, builder, inferred = _convert(
