@@ -14,6 +14,7 @@ nothing.
 from __future__ import annotations
 
 import math
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +128,26 @@ def _reference_logits(
     import torch
     from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto")
+    model: Any
+    if adapter is None and _stored_dtype(checkpoint) == "float32":
+        # An fp32 checkpoint (a GGUF's weights dequantized) stays on disk: accelerate loads
+        # each layer as it runs, from the safetensors files themselves (nothing is copied).
+        # The same logits bit for bit, in the same 10 s, at 1.5 GiB instead of 6.6 at
+        # Qwen2.5-Coder-1.5B (docs/measurements.md); a smaller model just loads whole.
+        with tempfile.TemporaryDirectory(prefix="ortserve-gate-") as spill:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(checkpoint),
+                dtype="auto",
+                device_map="auto",
+                max_memory={"cpu": REFERENCE_MEMORY},
+                offload_folder=spill,
+            )
+            model.eval()
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0]
+            out: np.ndarray[Any, Any] = logits.float().numpy()
+            return out
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto")
     if adapter is not None:
         from peft import PeftModel
 
@@ -136,8 +156,24 @@ def _reference_logits(
     _fp32_while_running(model)
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0]
-    out: np.ndarray[Any, Any] = logits.float().numpy()
-    return out
+    whole: np.ndarray[Any, Any] = logits.float().numpy()
+    return whole
+
+
+# What the gate's fp32 reference may hold in memory at once (layers beyond it stay on disk).
+REFERENCE_MEMORY = "800MiB"
+
+
+def _stored_dtype(checkpoint: Path) -> str | None:
+    """The dtype config.json says the checkpoint's weights are stored in, if it says."""
+    import json
+
+    try:
+        config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return str(dtype) if dtype else None
 
 
 def _gate_ids(checkpoint: Path) -> list[int]:
@@ -157,7 +193,8 @@ def reference(
     `checkpoint`'s logits for them (`reference` says what the checkpoint is; with a PEFT
     `adapter` on it, for that adapter's gate). Computed
     before the baked model is loaded, the checkpoint freed after: at 1.5B its fp32 copy
-    (6 GB) and the loaded model (2 GB) together were the bake's peak."""
+    (6 GB) and the loaded model (2 GB) together were the bake's peak; an fp32 checkpoint
+    is now read a layer at a time (`_reference_logits`)."""
     # Two steps, each with its own count (one name twice read as a counter that restarted):
     # transformers' load and forward say nothing for long, nor does the baked model's pass.
     with heartbeat("quality gate, the reference"):

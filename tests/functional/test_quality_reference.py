@@ -43,3 +43,40 @@ def test_a_bf16_checkpoint_is_scored_as_if_loaded_in_fp32(bf16_dir: Path) -> Non
     with torch.no_grad():
         plain = bf16(torch.tensor([ids])).logits[0].float().numpy()
     assert np.abs(plain - expected).max() > 1e-4
+
+
+def test_an_fp32_checkpoint_is_read_a_layer_at_a_time_with_the_same_logits(
+    real_hf_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#50 item 5: a GGUF's dequantized fp32 checkpoint (here SmolLM2-135M's) stays on disk
+    and accelerate loads each layer as it runs; the logits are the whole load's, bit for
+    bit, with most of the layers offloaded (a budget far below the model's 540 MB)."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ortserve.bake import quality
+
+    config = json.loads((real_hf_dir / "config.json").read_text(encoding="utf-8"))
+    assert config["dtype"] == "float32"  # the conversion's: the offloaded path is taken
+    ids = list(range(3, 120))
+    whole = AutoModelForCausalLM.from_pretrained(str(real_hf_dir), dtype=torch.float32)
+    with torch.no_grad():
+        expected = whole(torch.tensor([ids])).logits[0].numpy()
+    del whole
+    monkeypatch.setattr(quality, "REFERENCE_MEMORY", "60MiB")
+    loaded: list[object] = []
+    real_load = AutoModelForCausalLM.from_pretrained
+
+    def spy(*args: object, **kwargs: object) -> object:
+        model = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        loaded.append(model)
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    got = _reference_logits(real_hf_dir, ids)
+    (model,) = loaded
+    placed = set(getattr(model, "hf_device_map", {}).values())
+    assert "disk" in placed, placed  # layers were read from disk as they ran
+    np.testing.assert_array_equal(got, expected)
