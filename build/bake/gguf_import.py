@@ -251,7 +251,9 @@ class _Graph:
         import onnx
 
         self.path = path
-        self.model = onnx.load(str(path))
+        # Without the weights: those the import replaces are never read (at Qwen2.5-Coder-
+        # 1.5B the builder's 1.5 GB of matrices), the rest only when saving.
+        self.model = onnx.load(str(path), load_external_data=False)
         self.graph = self.model.graph
         self.inits = {i.name: i for i in self.graph.initializer}
         # Nodes to add after (or, for block sums, before) a node, by its name.
@@ -375,6 +377,10 @@ class _Graph:
         self.graph.node.extend(nodes)
         for name in dropped:
             self.drop_unused(name)
+        from onnx.external_data_helper import load_external_data_for_model
+
+        # The kept weights, read from the builder's data file before it is written anew.
+        load_external_data_for_model(self.model, str(self.path.parent))
         save_graph(self.model, self.path)
 
 
