@@ -271,6 +271,14 @@ VARIANTS: dict[str, Variant] = {
             "forms (Q5_x, Q6_K, Q8_0) made 4-bit blocks of 32",
         ),
         Variant(
+            "og-gguf-compact-imatrix",
+            "og",
+            from_gguf=True,
+            flags=("--compact", "--compact-importance", "activations"),
+            note="--compact with an importance matrix of the checkpoint's activations on "
+            "calibration text (bake.importance) weighing each value's error",
+        ),
+        Variant(
             "og-gguf-exact-kv8",
             "og",
             from_gguf=True,

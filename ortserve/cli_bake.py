@@ -157,6 +157,18 @@ def _add_bake_choices(parser: argparse.ArgumentParser, *, run: bool) -> None:
         ),
     )
     parser.add_argument(
+        "--compact-importance",
+        dest="compact_importance",
+        choices=("weights", "activations"),
+        help=helps(
+            "how --compact weighs each value's error: by the values (weights, the default) or "
+            "by an importance matrix of the checkpoint's activations on calibration text "
+            "(activations: closer to the file's model in agreement, not in perplexity; "
+            "docs/bake.md)",
+            "how --compact weighs errors, as `ortserve bake --compact-importance`",
+        ),
+    )
+    parser.add_argument(
         "--kv-cache",
         dest="kv_cache",
         choices=("fp32", "int8"),
@@ -225,6 +237,7 @@ def _bake_request(args: argparse.Namespace) -> BakeRequest:
         recipe=args.recipe,
         requantize=args.requantize,
         compact=args.compact,
+        compact_importance=args.compact_importance or "weights",
         kv_cache=args.kv_cache or "fp32",
         speculative=args.speculative,
         draft=args.draft,
@@ -337,6 +350,7 @@ _BAKE_OPTIONS = (
     "rebake",
     "requantize",
     "compact",
+    "compact_importance",
     "kv_cache",
     "speculative",
     "draft",

@@ -138,6 +138,8 @@ def short_name(spec: dict[str, Any]) -> str:
     tags += [
         tag for key, tag in (("requantize", "requantized"), ("compact", "compact")) if spec.get(key)
     ]
+    if spec.get("compact_importance"):  # an importance matrix from activations
+        tags.append("imatrix")
     tags += _runtime_tags(spec)
     if spec.get("context_length"):
         tags.append(f"ctx{spec['context_length']}")
@@ -319,6 +321,8 @@ def plan(store: Path, request: BakeRequest, rebake: bool = False) -> Planned:
         spec["requantize"] = True  # absent otherwise: earlier store names stay the same
     if request.compact:
         spec["compact"] = True
+    if request.compact_importance != "weights":
+        spec["compact_importance"] = request.compact_importance
     if request.kv_cache != "fp32":
         spec["kv_cache"] = request.kv_cache
     if request.speculative:

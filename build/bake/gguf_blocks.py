@@ -101,11 +101,15 @@ class Blocks:
             q.astype(np.uint8), self.scale, np.full_like(self.zero, 128), 8, self.block, self.offset
         )
 
-    def compact(self) -> Blocks:
+    def compact(self, importance: Array | None = None) -> Blocks:
         """The weight as 4-bit blocks of 32 with a zero point each (no offset): the
         8-bit forms (Q5_x, Q6_K, Q8_0) requantized by llama.cpp's weighted scale-and-min
         search (`make_qkx2_quants`, as ORT's k_quant), from their exact values. Not exact:
-        5.1 bits a weight where the 8-bit form takes 9 (10 for Q6_K's blocks of 16)."""
+        5.1 bits a weight where the 8-bit form takes 9 (10 for Q6_K's blocks of 16).
+
+        `importance` (float32 [K], the mean square of each input channel on calibration
+        text: bake.importance) weighs each value's error by the input it multiplies, as
+        llama.cpp's quantizer does with an imatrix; None weighs by the values alone."""
         if self.bits == 4:
             return self
         n, k = self.q.shape
@@ -115,7 +119,7 @@ class Blocks:
 
         def part(first: int) -> None:
             last = min(first + rows, n)
-            found = _search4(self.take_rows(np.arange(first, last)).dequantize())
+            found = _search4(self.take_rows(np.arange(first, last)).dequantize(), importance)
             q[first:last], scale[first:last], zero[first:last] = found
 
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -135,14 +139,20 @@ _REQUANTIZE_VALUES = 1 << 21
 _SEARCH_STEPS = 20  # llama.cpp's q4_K: make_qkx2_quants(..., -1.0, 0.1, 20, ...)
 
 
-def _search4(w: Array) -> tuple[Array, Array, Array]:
+def _search4(w: Array, importance: Array | None = None) -> tuple[Array, Array, Array]:
     """4-bit blocks of 32 for float32 `w` [N, K]: per block the scale and integer zero
-    point that minimise the error weighted by |x| + rms(block) (llama.cpp's importance
-    weights for q4_K), trying 21 scales over the block's range (round to nearest is the
-    first) and refitting each by weighted least squares for its integers."""
+    point that minimise the weighted error, trying 21 scales over the block's range (round
+    to nearest is the first) and refitting each by weighted least squares for its
+    integers. The weights are llama.cpp's for q4_K: |x| + rms(block) without an
+    importance matrix, importance[j]·sqrt(σ² + x²) with one (σ² twice the block's mean
+    square, `quantize_row_q4_K_impl`)."""
     n, k = w.shape
     x = w.reshape(-1, 32)
-    weights = np.sqrt((x * x).mean(1, keepdims=True)) + np.abs(x)
+    if importance is None:
+        weights = np.sqrt((x * x).mean(1, keepdims=True)) + np.abs(x)
+    else:
+        per_column = np.broadcast_to(importance.reshape(1, k), (n, k)).reshape(-1, 32)
+        weights = per_column * np.sqrt(2 * (x * x).mean(1, keepdims=True) + x * x)
     low = np.minimum(x.min(1, keepdims=True), 0)
     span = np.maximum(x.max(1, keepdims=True), 0) - low
     span[span == 0] = 1

@@ -436,6 +436,15 @@ def _replace(graph: _Graph, node: Any, blocks: Blocks) -> str | None:
 _EMBEDDING = _Part("token_embd.weight", "model.embed_tokens.weight")
 
 
+def _input_importance(importance: dict[str, Array] | None, part: _Part) -> Array | None:
+    """The importance of the part's input channels. A tied lm_head's blocks are the token
+    embedding's too, whose lookup has no input to weigh: none (as llama.cpp's imatrix
+    has no entry for `token_embd`)."""
+    if importance is None or part.checkpoint == _EMBEDDING.checkpoint:
+        return None
+    return importance.get(part.checkpoint)
+
+
 def _embed(graph: _Graph, source: _Source, report: ImportReport, compact: bool) -> None:
     """Look tokens up in the GGUF's own quantized embedding (GatherBlockQuantized; a
     format with offsets adds them from a [vocab, K/32] table) where the builder left an
@@ -491,7 +500,12 @@ def _embed(graph: _Graph, source: _Source, report: ImportReport, compact: bool) 
 
 
 def import_exact(
-    gguf: Path, model_dir: Path, checkpoint: Path, graph_file: str, compact: bool = False
+    gguf: Path,
+    model_dir: Path,
+    checkpoint: Path,
+    graph_file: str,
+    compact: bool = False,
+    importance: dict[str, Array] | None = None,
 ) -> ImportReport:
     """Replace the quantized weights of `model_dir`'s graph by `gguf`'s own.
 
@@ -502,6 +516,8 @@ def import_exact(
         graph_file: The graph's file name in `model_dir`.
         compact: Make the formats MatMulNBits holds exactly only as 8 bits (Q5_x, Q6_K,
             Q8_0) 4-bit blocks of 32 (Blocks.compact); 4-bit formats stay exact.
+        importance: For `compact`: each projection's input importance by its checkpoint
+            weight name (bake.importance.collect); None weighs by the values alone.
 
     Returns:
         Which GGUF tensors are now exact, and which kept the builder's weights and why.
@@ -525,7 +541,10 @@ def import_exact(
         if why is None:
             blocks = [f for f in found if isinstance(f, Blocks)]
             if compact:
-                blocks = [b.compact() for b in blocks]
+                blocks = [
+                    b.compact(_input_importance(importance, p))
+                    for b, p in zip(blocks, parts, strict=True)
+                ]
             reason = _replace(graph, node, concat(blocks))
             why = None if reason is None else f"{parts[0].gguf}: {reason}"
         if why is not None:

@@ -79,6 +79,10 @@ class BakeRequest:
     requantize: bool = False
     # The exact import's 8-bit forms (Q5_x, Q6_K, Q8_0) made 4-bit (gguf_blocks.compact).
     compact: bool = False
+    # How --compact weighs each value's error: "weights" (by the values, llama.cpp's
+    # weights without an imatrix) or "activations" (an importance matrix from the
+    # checkpoint run over calibration text: bake.importance).
+    compact_importance: str = "weights"
     # "int8": keys and values cached as int8 with calibrated scales (bake.kv_cache).
     kv_cache: str = "fp32"
     # The logits of every position kept (prune_lm_head=false): what og 0.18's speculative
@@ -564,7 +568,11 @@ def bake(request: BakeRequest) -> BakeResult:
             exact,
         )
         steps.done("builder" if source.folder_kind == "hf" else "graph")
-        imported = _import_gguf(source, staging, request.compact) if exact else None
+        imported = (
+            _import_gguf(source, staging, request.compact, request.compact_importance)
+            if exact
+            else None
+        )
         steps.done("import")  # shown where it took time: a GGUF's exact import
         options = _fit_context(source, staging, request, options)
         added = {
@@ -834,6 +842,8 @@ def _exact_import(source: ResolvedSource, request: BakeRequest, precision: str) 
         BakeError: `--recipe` on a GGUF source without `--requantize` (a recipe chooses
             how the builder quantizes; the GGUF's weights are already quantized).
     """
+    if request.compact_importance != "weights" and not request.compact:
+        raise BakeError("--compact-importance applies to --compact")
     if request.compact and (source.gguf is None or request.requantize or precision != "int4"):
         raise BakeError(
             "--compact applies to the exact import of a GGUF source at int4 (not with "
@@ -877,16 +887,24 @@ def _fit_context(
     return options if tokens is None else {**options, "context_length": str(tokens)}
 
 
-def _import_gguf(source: ResolvedSource, staging: Path, compact: bool) -> GgufImport:
-    """Put the GGUF's quantized weights into the builder's graph, exactly."""
+def _import_gguf(
+    source: ResolvedSource, staging: Path, compact: bool, compact_importance: str
+) -> GgufImport:
+    """Put the GGUF's quantized weights into the builder's graph, exactly (or, with
+    `compact`, the 8-bit forms as 4-bit blocks, weighed by `compact_importance`)."""
     from ortserve.bake.gguf_import import import_exact
     from ortserve.core.manifest import sha256_file
 
     assert source.gguf is not None
     config = json.loads((staging / "genai_config.json").read_text(encoding="utf-8"))
     graph = str(config["model"]["decoder"]["filename"])
+    importance = None
+    if compact and compact_importance == "activations":
+        from ortserve.bake.importance import collect
+
+        importance = collect(source.folder)
     with heartbeat("GGUF import"):
-        report = import_exact(source.gguf, staging, source.folder, graph, compact)
+        report = import_exact(source.gguf, staging, source.folder, graph, compact, importance)
     return GgufImport(
         file=source.gguf.name,
         sha256=sha256_file(source.gguf),

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,21 +122,20 @@ def _fp32_while_running(model: Any) -> None:
         module.register_forward_hook(lambda m, _args, _out, d=dtypes: cast(m, d))
 
 
-def _reference_logits(
-    checkpoint: Path, ids: list[int], adapter: Path | None = None
-) -> np.ndarray[Any, Any]:
-    """The source checkpoint's logits in fp32 arithmetic (its weights in their own dtype),
-    with a PEFT LoRA `adapter` applied where one is given."""
-    import torch
+@contextmanager
+def reference_model(checkpoint: Path, adapter: Path | None = None) -> Iterator[Any]:
+    """The source checkpoint as a transformers model computing in fp32 arithmetic (its
+    weights in their own dtype), with a PEFT LoRA `adapter` applied where one is given."""
     from transformers import AutoModelForCausalLM
 
-    model: Any
-    if adapter is None and _stored_dtype(checkpoint) == "float32":
-        # An fp32 checkpoint (a GGUF's weights dequantized) stays on disk: accelerate loads
-        # each layer as it runs, from the safetensors files themselves (nothing is copied).
-        # The same logits bit for bit, in the same 10 s, at 1.5 GiB instead of 6.6 at
-        # Qwen2.5-Coder-1.5B (docs/measurements.md); a smaller model just loads whole.
-        with tempfile.TemporaryDirectory(prefix="ortserve-gate-") as spill:
+    with tempfile.TemporaryDirectory(prefix="ortserve-gate-") as spill:
+        model: Any
+        if adapter is None and _stored_dtype(checkpoint) == "float32":
+            # An fp32 checkpoint (a GGUF's weights dequantized) stays on disk: accelerate
+            # loads each layer as it runs, from the safetensors files themselves (nothing
+            # is copied). The same logits bit for bit, in the same 10 s, at 1.5 GiB instead
+            # of 6.6 at Qwen2.5-Coder-1.5B (docs/measurements.md); a smaller model just
+            # loads whole.
             model = AutoModelForCausalLM.from_pretrained(
                 str(checkpoint),
                 dtype="auto",
@@ -142,22 +143,27 @@ def _reference_logits(
                 max_memory={"cpu": REFERENCE_MEMORY},
                 offload_folder=spill,
             )
-            model.eval()
-            with torch.no_grad():
-                logits = model(torch.tensor([ids])).logits[0]
-            out: np.ndarray[Any, Any] = logits.float().numpy()
-            return out
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto")
-    if adapter is not None:
-        from peft import PeftModel
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto")
+            if adapter is not None:
+                from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(adapter))
-    model.eval()
-    _fp32_while_running(model)
-    with torch.no_grad():
+                model = PeftModel.from_pretrained(model, str(adapter))
+            _fp32_while_running(model)
+        model.eval()
+        yield model
+
+
+def _reference_logits(
+    checkpoint: Path, ids: list[int], adapter: Path | None = None
+) -> np.ndarray[Any, Any]:
+    """The source checkpoint's logits for `ids` in fp32 arithmetic (reference_model)."""
+    import torch
+
+    with reference_model(checkpoint, adapter) as model, torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0]
-    whole: np.ndarray[Any, Any] = logits.float().numpy()
-    return whole
+        out: np.ndarray[Any, Any] = logits.float().numpy()
+    return out
 
 
 # What the gate's fp32 reference may hold in memory at once (layers beyond it stay on disk).

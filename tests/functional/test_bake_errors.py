@@ -105,6 +105,19 @@ def test_compact_is_for_a_gguf(tiny_hf_dir: Path, tmp_path: Path) -> None:
     assert "--compact applies to the exact import of a GGUF source at int4" in message
 
 
+def test_an_importance_matrix_is_for_compact(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    message = bake_fails(
+        "--model",
+        str(tiny_hf_dir),
+        "--target",
+        "gcf",
+        "--compact-importance",
+        "activations",
+        out=tmp_path / "m",
+    )
+    assert "--compact-importance applies to --compact" in message
+
+
 def test_an_int8_kv_cache_is_for_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
     src = copy_without(tiny_model_dir, tmp_path / "src", "manifest.json")
     message = bake_fails(
