@@ -15,25 +15,37 @@
   rounds of N/2, each config's daemon started first once, and the geometric mean of the
   two ratios: two identical daemons here differ by up to 10% (an A/A run shows it).
 
+- Beside llama.cpp (`--llama-server BIN --gguf FILE`): at each N, the same N clients
+  send the same requests to the daemon and to `llama-server --parallel N` (continuous
+  batching) on the same GGUF, the two alternating (the daemon first at odd levels), each
+  client `--requests` long-prompt chats in turn (`--prompt-tokens`, about 100 to 2,000 tokens
+  of the Python reference manual each, every prompt different, so neither server's prompt
+  cache helps) of `--max-tokens` forced new tokens (`ignore_eos`, as both servers take it):
+  aggregate decode tokens/s (generated tokens over the level's wall time), TTFT p50/p99,
+  and each server's peak RSS. Both run as shipped (their defaults) with `--threads`.
+
 Everything stays on 127.0.0.1 and stops by itself. Not a test: figures for docs/measurements.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.support.servers import daemon, daemon_pids, memory_kib
+from benchmarks.support.manual import CHARS_PER_TOKEN, manual
+from benchmarks.support.servers import daemon, daemon_pids, free_port, memory_kib, serve_process
 from ortserve.core.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,18 +60,45 @@ class Tally:
     tokens: int = 0
     busy: int = 0
     busy_without_retry_after: int = 0
+    prompt_tokens: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _one(client: httpx.Client, base: str, max_tokens: int, tally: Tally) -> None:
-    body = {
-        "messages": [{"role": "user", "content": "Tell me about edge boards."}],
+@dataclass(frozen=True)
+class Workload:
+    """Long-prompt chats (`--llama-server`): each client's requests, the same for both
+    servers; `prompt_tokens` are cycled, each client starting at its own place."""
+
+    prompt_tokens: tuple[int, ...]
+    requests: int
+
+    def messages(self, client: int, index: int) -> list[dict[str, str]]:
+        text = manual()
+        tokens = self.prompt_tokens[(client + index) % len(self.prompt_tokens)]
+        chars = int(tokens * CHARS_PER_TOKEN)
+        start = (client * 7919 + index * 104729) % (len(text) - chars)
+        ask = "Summarise the following part of a manual in a few sentences.\n\n"
+        return [{"role": "user", "content": ask + text[start : start + chars]}]
+
+
+def _one(
+    client: httpx.Client,
+    base: str,
+    max_tokens: int,
+    tally: Tally,
+    messages: list[dict[str, str]] | None = None,
+) -> None:
+    body: dict[str, Any] = {
+        "messages": messages or [{"role": "user", "content": "Tell me about edge boards."}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if messages is not None:  # a forced length: every request decodes max_tokens
+        body["ignore_eos"] = True
+    deltas = 0
     start = time.perf_counter()
     first = 0.0
     tokens = 0
@@ -81,10 +120,13 @@ def _one(client: httpx.Client, base: str, max_tokens: int, tally: Tally) -> None
                 event = json.loads(line[6:])
                 if "error" in event:
                     raise RuntimeError(f"stream error: {event['error']}")
-                if not first and event["choices"] and event["choices"][0]["delta"].get("content"):
-                    first = time.perf_counter()
+                if event.get("choices") and event["choices"][0]["delta"].get("content"):
+                    first = first or time.perf_counter()
+                    deltas += 1
                 if event.get("usage"):
                     tokens = event["usage"]["completion_tokens"]
+                    with tally.lock:
+                        tally.prompt_tokens.append(event["usage"]["prompt_tokens"])
     except (httpx.HTTPError, RuntimeError) as exc:
         with tally.lock:
             tally.errors.append(repr(exc))
@@ -93,19 +135,29 @@ def _one(client: httpx.Client, base: str, max_tokens: int, tally: Tally) -> None
     with tally.lock:
         tally.ttft_s.append((first or end) - start)
         tally.latency_s.append(end - start)
-        tally.tokens += tokens
+        tally.tokens += tokens or deltas
 
 
-def _level(base: str, clients: int, seconds: float, max_tokens: int) -> dict[str, Any]:
+def _level(
+    base: str, clients: int, seconds: float, max_tokens: int, workload: Workload | None = None
+) -> dict[str, Any]:
+    """N closed-loop clients for `seconds`, or each through its `workload` requests."""
     tally = Tally()
     deadline = time.monotonic() + seconds
 
-    def loop() -> None:
-        with httpx.Client(timeout=120) as client:
-            while time.monotonic() < deadline:
-                _one(client, base, max_tokens, tally)
+    def loop(which: int) -> None:
+        if workload is None:
+            with httpx.Client(timeout=120) as client:
+                while time.monotonic() < deadline:
+                    _one(client, base, max_tokens, tally)
+            return
+        # A connection each (both servers alike): llama-server closes one after a stream,
+        # and the next request on it fails ("Server disconnected without sending a response").
+        for index in range(workload.requests):
+            with httpx.Client(timeout=600) as client:
+                _one(client, base, max_tokens, tally, workload.messages(which, index))
 
-    threads = [threading.Thread(target=loop) for _ in range(clients)]
+    threads = [threading.Thread(target=loop, args=(which,)) for which in range(clients)]
     start = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -114,10 +166,15 @@ def _level(base: str, clients: int, seconds: float, max_tokens: int) -> dict[str
     elapsed = time.perf_counter() - start
 
     def pct(values: list[float], q: int) -> float:
-        return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else float("nan")
+        if len(values) < 2:  # a level of one request (beside llama-server, 1 stream)
+            return values[0] if values else float("nan")
+        # Inclusive: between the values seen, never beyond them (few requests a level).
+        return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
     return {
         "clients": clients,
+        "requests": len(tally.latency_s),
+        "prompt_tokens_mean": statistics.mean(tally.prompt_tokens) if tally.prompt_tokens else 0,
         "requests_per_s": len(tally.latency_s) / elapsed,
         "tokens_per_s": tally.tokens / elapsed,
         "ttft_p50_ms": pct(tally.ttft_s, 50) * 1000,
@@ -128,6 +185,7 @@ def _level(base: str, clients: int, seconds: float, max_tokens: int) -> dict[str
         "busy_without_retry_after": tally.busy_without_retry_after,
         "other_errors": len(tally.errors),
         "error_samples": tally.errors[:3],
+        "ttft_ms": [round(t * 1000) for t in tally.ttft_s],
     }
 
 
@@ -222,6 +280,92 @@ def _plot(levels: list[dict[str, Any]], path: Path, model: str, run: str) -> Non
     fig.savefig(path, dpi=100)
 
 
+@contextlib.contextmanager
+def _llama_server(
+    binary: Path, gguf: Path, parallel: int, threads: int, slot_tokens: int
+) -> Iterator[tuple[str, int]]:
+    """llama.cpp's own server on `gguf` with `parallel` slots of `slot_tokens` each
+    (continuous batching, its default), until /health answers; yields its URL and pid."""
+    port = free_port()
+    cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["-t", str(threads), "-tb", str(threads), "--parallel", str(parallel)]
+    cmd += ["-c", str(parallel * slot_tokens)]
+    with serve_process(
+        cmd, dict(os.environ), port, ready_path="/health", ready_timeout_s=300
+    ) as server:
+        yield server.base, server.proc.pid
+
+
+def _beside_llama_server(args: argparse.Namespace, env: dict[str, str]) -> list[dict[str, Any]]:
+    """Each level on the daemon and on llama-server, alternating; one row per level."""
+    workload = Workload(tuple(int(t) for t in args.prompt_tokens.split(",")), args.requests)
+    slot = max(workload.prompt_tokens) + args.max_tokens + 256  # + the chat template's
+    rows = []
+    with daemon(args.model_dir, {**env, "ORTSERVE_THREADS": str(args.threads)}) as (base, proc):
+
+        def ours(clients: int) -> dict[str, Any]:
+            level = _level(base, clients, 0, args.max_tokens, workload)
+            level["peak_rss_mib"] = memory_kib(daemon_pids(base, proc.pid), "VmHWM") / 1024
+            return level
+
+        def theirs(clients: int) -> dict[str, Any]:
+            server = _llama_server(args.llama_server, args.gguf, clients, args.threads, slot)
+            with server as (their_base, pid):
+                level = _level(their_base, clients, 0, args.max_tokens, workload)
+                level["peak_rss_mib"] = memory_kib([pid], "VmHWM") / 1024
+            return level
+
+        for order, clients in enumerate(int(c) for c in args.clients.split(",") if c):
+            runs = [("ortserve", ours), ("llama_server", theirs)]
+            found: dict[str, dict[str, Any]] = {}
+            for name, run in runs if order % 2 == 0 else runs[::-1]:
+                found[name] = run(clients)
+                time.sleep(1)  # the other's threads stop spinning
+            ratio = found["ortserve"]["tokens_per_s"] / max(
+                found["llama_server"]["tokens_per_s"], 1e-9
+            )
+            rows.append({"clients": clients, **found, "tokens_per_s_ratio": ratio})
+            print(json.dumps(_rounded(rows[-1])), flush=True)
+    return rows
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 2)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items() if k not in ("error_samples", "ttft_ms")}
+    return value
+
+
+def _beside_table(rows: list[dict[str, Any]]) -> str:
+    """The comparison as a Markdown table."""
+    lines = [
+        "| streams | tokens/s ortserve / llama-server (ratio) | TTFT p50 ms | TTFT p99 ms "
+        "| peak RSS MiB | 503s / errors |",
+        "|---:|---|---|---|---|---|",
+    ]
+    for row in rows:
+        a, b = row["ortserve"], row["llama_server"]
+        lines.append(
+            f"| {row['clients']} | {a['tokens_per_s']:.1f} / {b['tokens_per_s']:.1f} "
+            f"({row['tokens_per_s_ratio']:.2f}x) | {a['ttft_p50_ms']:.0f} / {b['ttft_p50_ms']:.0f} "
+            f"| {a['ttft_p99_ms']:.0f} / {b['ttft_p99_ms']:.0f} "
+            f"| {a['peak_rss_mib']:.0f} / {b['peak_rss_mib']:.0f} "
+            f"| {a['busy_503']}+{a['other_errors']} / {b['busy_503']}+{b['other_errors']} |"
+        )
+    return "\n".join(lines)
+
+
+def _run_beside(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if args.gguf is None:
+        parser.error("--llama-server needs --gguf")
+    env = {**os.environ, "ORTSERVE_PROVIDERS": "cpu", **dict(kv.split("=", 1) for kv in args.env)}
+    rows = _beside_llama_server(args, env)
+    print(_beside_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"beside_llama_server": rows}, indent=2))
+
+
 def main() -> None:
     """Start the daemon, run the load levels (and the soak), print a table."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -235,7 +379,15 @@ def main() -> None:
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the daemon")
     parser.add_argument("--ab", action="append", default=[], help="KEY=VALUE for daemon B")
     parser.add_argument("--ab-requests", type=int, default=30)
+    parser.add_argument("--llama-server", type=Path, help="llama.cpp's server binary")
+    parser.add_argument("--gguf", type=Path, help="the GGUF the model was baked from")
+    parser.add_argument("--requests", type=int, default=2, help="per client, with --llama-server")
+    parser.add_argument("--prompt-tokens", default="100,2000,500,1000")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if args.llama_server is not None:
+        _run_beside(args, parser)
+        return
     env = {**os.environ, "ORTSERVE_PROVIDERS": "cpu", **dict(kv.split("=", 1) for kv in args.env)}
     result: dict[str, Any] = {"levels": []}
     if args.ab:
@@ -258,7 +410,11 @@ def main() -> None:
             result["levels"].append(level)
             print(
                 json.dumps(
-                    {k: round(v, 1) if isinstance(v, float) else v for k, v in level.items()}
+                    {
+                        k: round(v, 1) if isinstance(v, float) else v
+                        for k, v in level.items()
+                        if k != "ttft_ms"
+                    }
                 ),
                 flush=True,
             )

@@ -90,15 +90,15 @@ class ServerProcess:
         tail = self.stdout()[-3000:]
         return tail if self._err == self._out else f"{tail}\nstderr:\n{self.stderr()[-3000:]}"
 
-    def wait_ready(self, timeout_s: float = 120) -> None:
-        """Poll /readyz until 200; fail with its output if it exits, says its load failed,
-        or is not ready within `timeout_s`."""
+    def wait_ready(self, timeout_s: float = 120, path: str = "/readyz") -> None:
+        """Poll `path` (/readyz; llama-server's is /health) until 200; fail with its output
+        if it exits, says its load failed, or is not ready within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self._tail()}")
             try:
-                ready = httpx.get(f"{self.base}/readyz", timeout=2)
+                ready = httpx.get(f"{self.base}{path}", timeout=2)
                 if ready.status_code == 200:
                     return
                 if ready.json().get("status") == "failed":  # it will not come: say why now
@@ -177,11 +177,12 @@ def serve_process(
     ready_timeout_s: float = 120,
     stderr_apart: bool = False,
     group: bool = False,
+    ready_path: str = "/readyz",
 ) -> Iterator[ServerProcess]:
-    """A `ServerProcess` (its whole environment given) once its /readyz answers 200; stopped
-    with SIGTERM afterwards, failing loudly if it ignores that."""
+    """A `ServerProcess` (its whole environment given) once its `ready_path` answers 200;
+    stopped with SIGTERM afterwards, failing loudly if it ignores that."""
     with ServerProcess(cmd, env, port, cwd=cwd, stderr_apart=stderr_apart, group=group) as server:
-        server.wait_ready(ready_timeout_s)
+        server.wait_ready(ready_timeout_s, ready_path)
         yield server
 
 
