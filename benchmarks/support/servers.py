@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,11 +23,38 @@ ORTSERVE = [str(Path(sys.executable).parent / "ortserve")]
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+    """A TCP port free on every address right now, below the kernel's ephemeral range.
+
+    A server started on it binds it seconds later (Python's imports); a port from the
+    ephemeral range (what binding port 0 gives) could meanwhile become the local port of
+    any outgoing connection, and the server's bind then fails with "Address already in
+    use" (seen once in a suite run: a Cloud Run test binding 0.0.0.0). Ports below the
+    range are never handed out for connections."""
+    low = _ephemeral_low()
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.randrange(_FIRST_PORT, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))  # noqa: S104 (a check that nothing holds it)
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free TCP port in {_FIRST_PORT}-{low - 1}")
+
+
+# The lowest port free_port picks (well above the registered services most hosts run).
+_FIRST_PORT = 20000
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text(encoding="ascii")
+        low = int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return low if low > _FIRST_PORT + 1000 else 32768
 
 
 class ServerProcess:
