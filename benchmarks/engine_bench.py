@@ -82,6 +82,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine_load import cpu_snapshot, other_load, wait_quiet
+from benchmarks.support.machine import cpu_model
 
 PROMPT_LENS = (128, 512)
 NEW_TOKENS = 128
@@ -627,16 +628,6 @@ def _worker_json(result: WorkerResult) -> dict[str, Any]:
     return asdict(result) | {"runs": runs}
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="builtin:smollm2-135m-shape")
@@ -746,7 +737,7 @@ def main(argv: list[str] | None = None) -> None:
                 "paths": {k: str(v) for k, v in paths.items()},
             },
             "environment": {
-                "cpu": _cpu_model(),
+                "cpu": cpu_model(),
                 "cpus": str(os.cpu_count()),
                 "python": platform.python_version(),
                 "llama_cpp": llama_version or "absent",

@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.support.machine import environment
 from benchmarks.support.manual import CHARS_PER_TOKEN, manual
 from benchmarks.support.servers import daemon, daemon_pids, free_port, memory_kib, serve_process
 from ortserve.core.manifest import read_manifest
@@ -363,7 +364,8 @@ def _run_beside(args: argparse.Namespace, parser: argparse.ArgumentParser) -> No
     rows = _beside_llama_server(args, env)
     print(_beside_table(rows))
     if args.json:
-        args.json.write_text(json.dumps({"beside_llama_server": rows}, indent=2))
+        record = {"environment": environment(), "daemon_env": args.env, "beside_llama_server": rows}
+        args.json.write_text(json.dumps(record, indent=2))
 
 
 def main() -> None:

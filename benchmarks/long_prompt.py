@@ -92,6 +92,7 @@ import httpx
 from benchmarks.bakes import baked
 from benchmarks.engine_bench import ensure_gguf, llama_cpp_version, quantize_gguf
 from benchmarks.machine_load import wait_quiet
+from benchmarks.support.machine import cpu_model
 from benchmarks.support.servers import daemon, daemon_pids, memory_kib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -570,13 +571,6 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def _measured(args: argparse.Namespace, what: str) -> Iterator[int]:
     """Attempts of one measurement: wait for quiet, yield the attempt number."""
     for attempt in range(args.retries + 1):
@@ -848,7 +842,7 @@ def main(argv: list[str] | None = None) -> None:
         "model_dir": str(model_dir),
         "protocol": protocol,
         "environment": {
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "llama_cpp": llama_version or "absent",

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from benchmarks.support.machine import environment
 from benchmarks.support.manual import CHARS_PER_TOKEN, manual
 from benchmarks.support.servers import daemon
 
@@ -106,7 +107,7 @@ def main() -> None:
             tokens = sorted(r["prompt_tokens"] for r in found)
             print(f"{name}: {recalled}/{len(found)} recalled, prompts of {tokens} tokens")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps({"environment": environment(), **rows}, indent=2))
 
 
 if __name__ == "__main__":

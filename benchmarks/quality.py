@@ -82,6 +82,7 @@ from typing import Any, Literal
 import numpy as np
 
 from benchmarks.machine_load import cpu_snapshot, other_load, wait_quiet
+from benchmarks.support.machine import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -873,14 +874,6 @@ def plot(rows: list[dict[str, Any]], reference: dict[str, Any], out: Path, title
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo)."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 # -- main ---------------------------------------------------------------------------------

@@ -59,7 +59,8 @@ from typing import Any
 
 from benchmarks.engine_bench import ENGINE, LLAMA, WorkerResult, summarize
 from benchmarks.engine_bench import _measure as measure_worker
-from benchmarks.quality import CONVERT, cpu_model
+from benchmarks.quality import CONVERT
+from benchmarks.support.machine import cpu_model
 from benchmarks.support.servers import ORTSERVE, daemon, functions_framework
 
 ROOT = Path(__file__).resolve().parents[1]

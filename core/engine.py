@@ -800,11 +800,13 @@ class Engine:
         max_new: int,
         sampling: EffectiveSampling,
         tenants: list[str] | None = None,
+        to_limit: bool = False,
     ) -> Generator[list[int], None, None]:
         """Decode `prompts` as one og Generator: each step's new token of every row, until
         `max_new` steps past the longest prompt (or the context) are done. An EOS token
         (`eos_ids`) is a row's end; the caller reads the rows, and stops when it needs no
-        more steps (closing the generator frees the batch's KV cache).
+        more steps (closing the generator frees the batch's KV cache). With `to_limit`, og
+        holds EOS back at every step (each row's own limit is the caller's to cut).
         """
         longest = max(len(p) for p in prompts)
         # Right padding with the pad id: og builds the attention mask from a row's trailing
@@ -820,6 +822,8 @@ class Engine:
         if self.context_length:
             max_length = min(max_length, self.context_length)
         search = {"batch_size": len(prompts), "max_length": max_length, **sampling.search()}
+        if to_limit:
+            search["min_length"] = max_length
         owners = tenants or [""] * len(prompts)
         tags = tuple(_tag(p, None, t) for p, t in zip(prompts, owners, strict=True))
         generator = self._model.generator(search, None, tags, adapter=sampling.adapter)

@@ -304,6 +304,17 @@ class _Answer:
 
 
 @dataclass(frozen=True)
+class BatchKey:
+    """What requests must share to decode as one batch (`Sequence.key`): how tokens are
+    picked, and whether EOS is held back until each row's own limit (`to_limit`: a
+    request whose minimum is its limit, as `ignore_eos` asks; og's minimum length is one
+    for the whole batch)."""
+
+    sampling: EffectiveSampling
+    to_limit: bool = False
+
+
+@dataclass(frozen=True)
 class _Prepared:
     """A request ready for a slot: screened, its prompt tokenized, its budget set."""
 
@@ -536,16 +547,17 @@ class Service:
         MatMulNBits (accuracy level 4: int8 compute) rounds those differently from a lone
         request's M = 1 row (x86-64 with AVX2, no AVX-512: logits off by up to ~2.5, so
         near-ties flip; bit-identical with AVX-512 VNNI). So a request with a seed keeps
-        a generator of its own, as does one with a grammar or a minimum length, one that
-        asks for log probabilities (read from its own generator's logits), and a beam
-        search.
+        a generator of its own, as does one with a grammar or a minimum length below its
+        limit (og's minimum is the whole batch's; a minimum that is the limit, as
+        `ignore_eos` asks, batches with its like: `BatchKey.to_limit`), one that asks for
+        log probabilities (read from its own generator's logits), and a beam search.
         """
         options = request.options
         return (
             self._batcher is not None
             and not self.engine.draft_model  # og 0.18 drafts for one sequence only
             and request.guidance is None
-            and options.min_new_tokens == 0
+            and options.min_new_tokens in (0, options.max_new_tokens)
             and options.seed is None
             and request.logprobs is None
             and options.num_beams == 1
@@ -649,7 +661,8 @@ class Service:
         try:
             if batched:
                 assert self._batcher is not None  # _batchable says so
-                key = engine.sampling(request.options)
+                options = request.options
+                key = BatchKey(engine.sampling(options), to_limit=options.min_new_tokens > 0)
                 sequence = Sequence(input_ids, budget, key=key, tenant=request.tenant)
                 self._batcher.submit(sequence)
                 steps = Decoding(self._batched(sequence, request, check), sequence.leave)
@@ -864,17 +877,18 @@ def run_batch(engine: Engine, batch: list[Sequence]) -> None:
     a `Token` a step until its EOS, its limit or its leaving; then a `Finish` to each still
     fed.
 
-    Every sequence's `key` is the `EffectiveSampling` it was batched by (equal in a batch).
+    Every sequence's `key` is the `BatchKey` it was batched by (equal in a batch).
     """
-    sampling = batch[0].key
-    assert isinstance(sampling, EffectiveSampling)  # the service batches by it
+    key = batch[0].key
+    assert isinstance(key, BatchKey)  # the service batches by it
     counts = [0] * len(batch)
     active = set(range(len(batch)))
     steps = engine.decode_batch(
         [s.input_ids for s in batch],
         max(s.max_new for s in batch),
-        sampling,
+        key.sampling,
         [s.tenant for s in batch],
+        to_limit=key.to_limit,
     )
     try:
         for step in steps:

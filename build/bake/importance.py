@@ -48,15 +48,6 @@ def calibration_text() -> str:
     return prose + "\n\n" + inspect.getsource(textwrap)
 
 
-def _calibration_ids(tokenizer: Any) -> list[int]:
-    ids: list[int] = []
-    if getattr(tokenizer, "chat_template", None):
-        chat = tokenizer.apply_chat_template(_CHAT, tokenize=False)
-        ids += tokenizer(chat, add_special_tokens=False)["input_ids"]
-    ids += tokenizer(calibration_text(), add_special_tokens=False)["input_ids"]
-    return [int(i) for i in ids[:CALIBRATION_TOKENS]]
-
-
 def collect(checkpoint: Path) -> dict[str, np.ndarray[Any, Any]]:
     """The mean square of each input channel of every linear layer of `checkpoint` (an
     HF folder) over the calibration text, by the layer's weight name
@@ -66,9 +57,10 @@ def collect(checkpoint: Path) -> dict[str, np.ndarray[Any, Any]]:
     import torch
     from transformers import AutoTokenizer
 
-    from ortserve.bake.quality import reference_model
+    from ortserve.bake.quality import chat_and_text_ids, reference_model
 
-    ids = _calibration_ids(AutoTokenizer.from_pretrained(str(checkpoint)))
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    ids = chat_and_text_ids(tokenizer, _CHAT, calibration_text())[:CALIBRATION_TOKENS]
 
     sums: dict[str, Any] = {}
     counts: dict[str, int] = {}

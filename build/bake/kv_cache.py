@@ -32,42 +32,49 @@ _CHAT = [
 ]
 
 
-def _text_ids(tokenizer: Any) -> list[int]:
-    from ortserve.bake.quality import GATE_TEXT
-
-    ids: list[int] = []
-    if getattr(tokenizer, "chat_template", None):
-        chat = tokenizer.apply_chat_template(_CHAT, tokenize=False)
-        ids += tokenizer(chat, add_special_tokens=False)["input_ids"]
-    ids += tokenizer(GATE_TEXT)["input_ids"]
-    return [int(i) for i in ids]
-
-
 def calibrate(checkpoint: Path, out: Path) -> Path:
     """Write og's KV-cache scale file for `checkpoint` (an HF folder) to `out`.
 
     Raises:
         BakeError: The model's attention has no separate key and value projections.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from ortserve.bake.quality import _fp32_while_running
+    from ortserve.bake.quality import GATE_TEXT, chat_and_text_ids, reference_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype="auto")
-    model.eval()  # type: ignore[no-untyped-call]  # untyped upstream
-    _fp32_while_running(model)
+    ids = chat_and_text_ids(tokenizer, _CHAT, GATE_TEXT, special_tokens=True)
+    with reference_model(checkpoint) as model:
+        largest, heads, head = _largest_keys_and_values(model, ids)
+    keys = []
+    for found in largest["k"]:
+        pairs = found.reshape(heads, 2, head // 2)
+        norm = np.sqrt((pairs**2).sum(1, keepdims=True))
+        keys.append(np.broadcast_to(norm, pairs.shape).reshape(-1))
+
+    def scales(values: list[Any]) -> list[list[float]]:
+        return [(np.maximum(v, 1e-6) * _MARGIN / _QMAX).astype(float).tolist() for v in values]
+
+    record = {"scales": {"k_scales": scales(keys), "v_scales": scales(largest["v"])}}
+    out.write_text(json.dumps({**record, "qmax": _QMAX}), encoding="utf-8")
+    return out
+
+
+def _largest_keys_and_values(model: Any, ids: list[int]) -> tuple[dict[str, list[Any]], int, int]:
+    """Each layer's largest |key| and |value| per channel over `ids` ("k", "v": a
+    [kv heads x head size] array a layer), the KV heads and the head size."""
+    import torch
+
     config = model.config.get_text_config()
     heads = int(config.num_key_value_heads)
     head = int(getattr(config, "head_dim", 0) or config.hidden_size // config.num_attention_heads)
     largest: dict[str, list[Any]] = {"k": [], "v": []}
-    hooks = []
-    layers = getattr(model.get_decoder(), "layers", None)  # type: ignore[no-untyped-call]
+    layers = getattr(model.get_decoder(), "layers", None)
     if layers is None:
         raise BakeError(
             f"--kv-cache int8: {type(model).__name__} has no decoder layers to calibrate"
         )
+    hooks = []
     for layer in layers:
         attention = layer.self_attn
         key = getattr(attention, "k_norm", None) or getattr(attention, "k_proj", None)
@@ -86,19 +93,10 @@ def calibrate(checkpoint: Path, out: Path) -> Path:
                 largest[kind][index] = np.maximum(largest[kind][index], values.numpy())
 
             hooks.append(module.register_forward_hook(seen))
-    with torch.no_grad():
-        model(torch.tensor([_text_ids(tokenizer)]))
-    for hook in hooks:
-        hook.remove()
-    keys = []
-    for found in largest["k"]:
-        pairs = found.reshape(heads, 2, head // 2)
-        norm = np.sqrt((pairs**2).sum(1, keepdims=True))
-        keys.append(np.broadcast_to(norm, pairs.shape).reshape(-1))
-
-    def scales(values: list[Any]) -> list[list[float]]:
-        return [(np.maximum(v, 1e-6) * _MARGIN / _QMAX).astype(float).tolist() for v in values]
-
-    record = {"scales": {"k_scales": scales(keys), "v_scales": scales(largest["v"])}}
-    out.write_text(json.dumps({**record, "qmax": _QMAX}), encoding="utf-8")
-    return out
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return largest, heads, head

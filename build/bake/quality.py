@@ -182,6 +182,19 @@ def _stored_dtype(checkpoint: Path) -> str | None:
     return str(dtype) if dtype else None
 
 
+def chat_and_text_ids(
+    tokenizer: Any, chat: list[dict[str, str]], text: str, *, special_tokens: bool = False
+) -> list[int]:
+    """Calibration tokens: `chat` in the model's chat template (where it has one), then
+    `text` (with the tokenizer's special tokens, such as a BOS, when `special_tokens`)."""
+    ids: list[int] = []
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(chat, tokenize=False)
+        ids += tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    ids += tokenizer(text, add_special_tokens=special_tokens)["input_ids"]
+    return [int(i) for i in ids]
+
+
 def _gate_ids(checkpoint: Path) -> list[int]:
     from transformers import AutoTokenizer
 

@@ -300,6 +300,27 @@ def test_concurrent_greedy_requests_batch_and_match_unbatched(
     assert _as_one_batch(_batching_service(tiny_model_dir), requests) == alone
 
 
+def test_requests_forced_to_their_limits_batch_together_and_match_unbatched(
+    service: Service, tiny_model_dir: Path
+) -> None:
+    """`ignore_eos` (a minimum that is the limit) batches with its like: og holds EOS back
+    for the whole batch, and each row still stops at its own limit, as it does alone."""
+    # The tiny model ends these with EOS after 19, 20 and 24 tokens when it may.
+    prompts = [". edge and", "! fox 1", "run and"]
+    free = [
+        service.generate(GenerationRequest(prompt=p, options=SamplingOptions(60))) for p in prompts
+    ]
+    assert [c.finish_reason for c in free] == ["stop"] * 3
+    lengths = [40, 32, 48]
+    requests = [
+        GenerationRequest(prompt=p, options=SamplingOptions(n, min_new_tokens=n))
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+    alone = [service.generate(r) for r in requests]
+    assert [c.completion_tokens for c in alone] == lengths
+    assert _as_one_batch(_batching_service(tiny_model_dir), requests) == [c.text for c in alone]
+
+
 @pytest.mark.slow
 def test_a_pruned_lm_head_batches_prompts_of_different_lengths_right(
     tiny_hf_dir: Path,

@@ -99,7 +99,8 @@ def test_only_unseeded_unguided_plain_requests_batch() -> None:
     assert service._batchable(_request())
     assert service._batchable(_request(temperature=0.8))  # sampled, unseeded: batches
     assert not service._batchable(_request(seed=1))
-    assert not service._batchable(_request(min_new_tokens=2))
+    assert not service._batchable(_request(min_new_tokens=2))  # og's minimum is the batch's
+    assert service._batchable(_request(10, min_new_tokens=10))  # ignore_eos: with its like
     assert not service._batchable(_request(num_beams=2))
     guided = GenerationRequest(prompt="x", guidance=Guidance("regex", "a+"))
     assert not service._batchable(guided)
