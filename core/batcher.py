@@ -151,9 +151,13 @@ class Batcher:
             )
             deadline = start + (self.window_s if concurrent else min(self.window_s, LONE_WAIT_S))
             while len(batch) < self.max_batch:
-                match = next(
+                # Of the companions that fit, the one whose prompt is closest in length to
+                # the batch's longest: prompts are padded to it.
+                longest = max(len(s.input_ids) for s in batch)
+                match = min(
                     (s for s in self._pending if s.key == first.key and self._fits([*batch, s])),
-                    None,
+                    key=lambda s: abs(len(s.input_ids) - longest),
+                    default=None,
                 )
                 if match is not None:
                     self._pending.remove(match)

@@ -56,6 +56,13 @@ _CACHE_HIT_TOKENS = 64  # prompt tokens the cache must hold for a request to ski
 # prefill parts: batches of short prompts still form, and one pass still stalls the
 # process and holds logits for no more than that many parts.
 ONE_PASS_PARTS = 4
+# A batch's pass beyond that (up to ORTSERVE_BATCH_PREFILL_TOKENS) pads each prompt to the
+# longest: it forms only while its padding is at most this many prompt tokens per decode
+# step that batching saves (one fewer lone step per row after the first, over the
+# smallest limit). Measured on 2 cores, a lone decode step costs what ~6-8 prompt tokens
+# of prefill cost, at 0.5B and at 1.5B (a row added to a batch of 1-4 adds a fifth to a
+# quarter of a step); 2 leaves room for rows that end early.
+PAD_TOKENS_PER_SAVED_STEP = 2
 # The limit without MAX_NEW_TOKENS for a model whose config does not give its context.
 UNKNOWN_CONTEXT_TOKENS = 4096
 
@@ -576,15 +583,27 @@ class Service:
         cut short by a long one).
 
         A batch's padded prompts go into the model in one pass (og 0.18 cannot append a
-        batch in parts), so rows x longest prompt must fit `one_pass_tokens`: its logits
-        and its stall are then bounded by a few parts'. Longer prompts run alone, in
-        parts (side by side: the batcher starts others beside a prefill in parts)."""
+        batch in parts): within `one_pass_tokens` (a few parts) a batch always forms;
+        beyond it, up to ORTSERVE_BATCH_PREFILL_TOKENS, only while its padding costs less
+        prefill than batching saves decode steps (`PAD_TOKENS_PER_SAVED_STEP`). Longer
+        prompts run alone, in parts (side by side: the batcher starts others beside a
+        prefill in parts)."""
         engine = self.engine
-        if len(batch) > 1 and any(s.input_ids[-1] == engine.pad_id for s in batch):
+        rows = len(batch)
+        if rows > 1 and any(s.input_ids[-1] == engine.pad_id for s in batch):
             return False
-        longest = max(len(s.input_ids) for s in batch)
-        if len(batch) * longest > self.one_pass_tokens:
-            return len(batch) == 1
+        lengths = [len(s.input_ids) for s in batch]
+        longest = max(lengths)
+        padded = rows * longest
+        if rows == 1 and padded > self.one_pass_tokens:
+            return True  # alone, in parts
+        if padded > max(self.one_pass_tokens, self.settings.batch_prefill_tokens):
+            return False
+        saved_steps = (rows - 1) * min(s.max_new for s in batch)
+        if padded > self.one_pass_tokens and (
+            padded - sum(lengths) > PAD_TOKENS_PER_SAVED_STEP * saved_steps
+        ):
+            return False
         if not engine.context_length:
             return True
         return longest + max(s.max_new for s in batch) <= engine.context_length

@@ -96,9 +96,17 @@ class EngineSettings(BaseSettings):
             answers health checks, serves other requests and handles signals, and the
             request's cancellation, timeout and the drain are checked; a part's logits
             (part x vocabulary x 4 bytes) are all that is held, never the whole prompt's.
-            onnxruntime-genai 0.18 takes a batch's (or a beam search's) prompts in one
-            pass, which may be up to 4 parts: rows x longest prompt at most that (longer
-            ones run alone; a beam search beyond it is refused).
+            onnxruntime-genai 0.18 takes a beam search's prompts in one pass, which may be
+            up to 4 parts (beams x prompt; a longer one is refused), and a batch's in one
+            pass too (see batch_prefill_tokens).
+        batch_prefill_tokens: The most prompt tokens (rows x longest prompt, padding
+            included) a batch takes in its one pass (onnxruntime-genai 0.18 cannot append
+            a batch in parts). Up to 4 prefill parts a batch always forms; above that, up
+            to this bound, only when its padding costs less prefill than the decode steps
+            batching saves (core.service). The pass holds the engine that long (0.5B: ~7
+            s for 2,048 tokens on 2 cores; 1.5B: ~14 s) and its activations (~+200 MiB at
+            0.5B, +420 MiB at 1.5B for 2,048: bake.sizing counts them); longer prompts
+            run alone, in parts, side by side.
         chat_plain_control_tokens: Control-token strings in chat messages (such as
             `<|im_start|>`) are tokenized as plain text, so a user cannot forge a turn
             (transformers' `sanitize_control_tokens`); off: they become control tokens, as
@@ -141,6 +149,7 @@ class EngineSettings(BaseSettings):
     warmup: bool = True
     prompt_cache_slots: int = Field(default=1, ge=0, le=64)
     prefill_chunk_tokens: int = Field(default=64, ge=16, le=16384)
+    batch_prefill_tokens: int = Field(default=2048, ge=0, le=65536)
     chat_plain_control_tokens: bool = False
     content_filter: Path | None = None
     speculative: Literal["auto", "off"] = "auto"

@@ -83,6 +83,12 @@ MAX_NEW_TOKENS = 512
 # (MAX_BATCH sequences) being one; long prompts run alone but side by side, as many.
 SEQUENCES = _default("max_concurrency") * _default("max_batch")
 PREFILL_CHUNK_TOKENS = _default("prefill_chunk_tokens")
+# A batch's one pass (ORTSERVE_BATCH_PREFILL_TOKENS, rows x longest prompt) holds its
+# activations, not its logits (a CPU bake keeps the last position's only): measured on
+# Qwen2.5-Coder Q4_K_M bakes at 2,048 tokens, +204 MiB at 0.5B (hidden 896) and +420 MiB at
+# 1.5B (hidden 1,536), i.e. 116 and 140 bytes per hidden unit and token; rounded up.
+BATCH_PREFILL_TOKENS = _default("batch_prefill_tokens")
+BATCH_PASS_BYTES_PER_HIDDEN = 160
 PROMPT_CACHE_SLOTS = _default("prompt_cache_slots")
 
 
@@ -96,7 +102,8 @@ class Memory:
         model_mib: The loaded weights (the model's files x `MODEL_FACTOR`).
         kv_mib: The KV caches of `sequences` sequences of `tokens_per_sequence` tokens.
         parts_mib: One prefill part's logits and activations for each sequence (at
-            least `ONE_PASS_PARTS`: a batch's or a beam search's one pass).
+            least `ONE_PASS_PARTS`: a batch's or a beam search's one pass), or a batch's
+            one pass of `BATCH_PREFILL_TOKENS` where sequences batch, whichever is more.
         cache_mib: The prompt cache's slots.
         kept_mib: The Responses API's kept conversations (`KEPT_RESPONSE_BYTES`).
         reload_mib: A second model and its cache during a reload (0: no reloads), and
@@ -164,6 +171,10 @@ def memory_for(
     # A pass og takes at once (a batch's, a beam search's) may be ONE_PASS_PARTS parts.
     passes = max(sequences, ONE_PASS_PARTS)
     parts = mib(passes * PART_FACTOR * min(chunk, tokens) * vocab * FP32_BYTES)
+    if sequences > 1:
+        hidden = int(config.get("decoder", {}).get("hidden_size") or 0)
+        batch_pass = BATCH_PASS_BYTES_PER_HIDDEN * hidden * BATCH_PREFILL_TOKENS
+        parts = max(parts, mib(batch_pass))
     slot = min(context, PROMPT_CACHE_TOKENS) * per_token + KEPT_LOGITS_TOKENS * vocab * FP32_BYTES
     cache = mib(cache_slots * slot)
     kept = mib(KEPT_RESPONSE_BYTES)

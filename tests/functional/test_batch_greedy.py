@@ -17,7 +17,7 @@ import pytest
 
 from ortserve.core.batcher import Sequence
 from ortserve.core.generation import Finish, GenerationRequest, SamplingOptions, Token
-from ortserve.core.service import Service, run_batch
+from ortserve.core.service import BatchKey, Service, run_batch
 from ortserve.core.settings import EngineSettings
 from tests import models
 from tests.functional.batching import concurrently
@@ -85,7 +85,7 @@ def test_without_the_pad_rule_the_padded_prompt_would_decode_differently(
     pad_prompt = [*engine.encode("Edge boards"), engine.pad_id]
     options = SamplingOptions(16)
     solo = list(engine.stream_tokens(pad_prompt, options))
-    key = engine.sampling(options)
+    key = BatchKey(engine.sampling(options))
     sequences = [
         Sequence(ids, 16, key=key) for ids in (pad_prompt, engine.encode("The quick brown fox"))
     ]

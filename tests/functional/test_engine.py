@@ -230,6 +230,7 @@ def test_busy_after_the_queue_timeout(tiny_model_dir: Path) -> None:
         model_dir=tiny_model_dir,
         providers="cpu",
         max_concurrency=1,
+        max_batch=1,  # one generation holds the only slot (a batch place would leave room)
         max_queue=1,
         queue_timeout_s=0.2,
     )

@@ -167,10 +167,10 @@ def test_a_long_prompt_holds_its_kv_cache_and_one_part(start: Any) -> None:  # n
     assert peak - idle <= kv_mib + 150, (idle, peak, kv_mib)
 
 
-def test_prompts_that_do_not_fit_one_part_together_run_alone(tiny_model_dir: Path) -> None:
-    """og 0.18 appends a batch's prompts once: a batch's rows x longest prompt must fit one
-    pass (4 parts), so two prompts of more than 32 tokens batch at parts of 256 and run
-    alone at parts of 16 (with the same text either way)."""
+def test_prompts_past_a_few_parts_batch_only_within_the_batch_pass(tiny_model_dir: Path) -> None:
+    """og 0.18 appends a batch's prompts once: two prompts of more than 32 tokens fit 4
+    parts of 256 together; at parts of 16 they batch within ORTSERVE_BATCH_PREFILL_TOKENS
+    (equal lengths: no padding) and run alone with it at 0 (with the same text each way)."""
     from tests.functional.batching import concurrently
 
     requests = [
@@ -181,21 +181,20 @@ def test_prompts_that_do_not_fit_one_part_together_run_alone(tiny_model_dir: Pat
         for who in ("Ann", "Bob")
     ]
     runs = []
-    for chunk in (256, 16):
+    for chunk, batch_pass in ((256, 0), (16, 2048), (16, 0)):
         settings = EngineSettings(
             model_dir=tiny_model_dir,
             providers="cpu",
             max_batch=4,
             max_concurrency=2,
             prefill_chunk_tokens=chunk,
+            batch_prefill_tokens=batch_pass,
             prompt_cache_slots=0,
             batch_window_ms=200,
         )
         runs.append(concurrently(Service.load(settings), requests))
-    (texts, batches, sequences), (alone_texts, alone_batches, alone_sequences) = runs
-    assert (batches, sequences) == (1, 2)
-    assert (alone_batches, alone_sequences) == (2, 2)
-    assert texts == alone_texts
+    assert [(batches, sequences) for _, batches, sequences in runs] == [(1, 2), (1, 2), (2, 2)]
+    assert runs[0][0] == runs[1][0] == runs[2][0]
 
 
 def test_a_beam_search_beyond_one_part_is_refused(tiny_model_dir: Path) -> None:

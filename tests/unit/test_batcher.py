@@ -77,3 +77,21 @@ def test_only_equal_keys_share_a_batch_and_a_stalled_lone_reader_holds_up_nobody
     assert isinstance(y.out.get(timeout=10), Alone)
     y.done.set()
     assert runner.batches == []
+
+
+def test_a_batch_takes_the_companion_closest_in_length_to_its_longest_prompt() -> None:
+    # Prompts are padded to the longest: of the waiting ones that fit, the closest first.
+    runner = Runner()
+    batcher = Batcher(runner, max_batch=2, window_s=WINDOW_S)
+    blocker = _seq()
+    batcher.submit(blocker)
+    assert isinstance(blocker.out.get(timeout=10), Alone)
+    blocker.paused_at = None  # computing: the next ones queue behind it
+    first, far, near = (Sequence([1] * n, 1, key=0) for n in (500, 130, 480))
+    for sequence in (first, far, near):
+        batcher.submit(sequence)
+    blocker.done.set()
+    assert isinstance(first.out.get(timeout=10), Finish)
+    assert isinstance(near.out.get(timeout=10), Finish)
+    assert runner.batches == [[first, near]]  # `far` waits for the next one
+    far.leave()

@@ -55,7 +55,10 @@ def _fed(sequence: Sequence) -> list[int | str]:
 
 def test_each_row_is_fed_until_its_eos_or_its_own_limit() -> None:
     engine = _Engine([[5, 7], [EOS, 8], [9, 9], [9, 9]])
-    ends_early, limited = Sequence([1, 2], 10, key=BatchKey(GREEDY)), Sequence([3], 2, key=BatchKey(GREEDY))
+    ends_early, limited = (
+        Sequence([1, 2], 10, key=BatchKey(GREEDY)),
+        Sequence([3], 2, key=BatchKey(GREEDY)),
+    )
     run_batch(cast(Any, engine), [ends_early, limited])
     assert _fed(ends_early) == [5, "eos"]
     assert _fed(limited) == [7, 8, "length"]

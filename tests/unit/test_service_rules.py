@@ -120,6 +120,23 @@ def test_a_batch_fits_when_each_row_decodes_as_alone() -> None:
     assert not service._fits(padded) and service._fits(padded[:1])
     # The longest prompt plus the largest limit must fit the context.
     assert not service._fits(rows((60, 10), (10, 41)))
-    # Rows x longest past one pass (4 x 16 = 64): alone in parts, never batched.
+    # Rows x longest past one pass (4 x 16 = 64) with more padding than the steps saved
+    # pay for (66 - 36 = 30 > 2 x 5): alone in parts.
     assert not service._fits(rows((33, 5), (3, 5)))
     assert service._fits(rows((65, 5)))
+
+
+def test_a_batch_past_a_few_parts_forms_where_its_padding_costs_less_than_it_saves() -> None:
+    service = _service(context=4096)  # one pass of 4 x 64 tokens; batch passes of 2,048
+
+    def rows(*shapes: tuple[int, int]) -> list[Sequence]:
+        return [Sequence([5] * length, max_new, key=KEY) for length, max_new in shapes]
+
+    assert service._fits(rows((500, 128), (490, 128)))  # 10 padded tokens for 128 steps
+    assert service._fits(rows((500, 128), (400, 128), (450, 128), (480, 128)))
+    assert not service._fits(rows((500, 128), (134, 128)))  # 366 > 2 x 128
+    assert not service._fits(rows((500, 128), (490, 4)))  # 4 steps saved pay for 8
+    assert not service._fits(rows((1100, 128), (1000, 128)))  # 2,200 > 2,048
+    no_big_pass = _service(context=4096, batch_prefill_tokens=0)
+    assert not no_big_pass._fits(rows((500, 128), (490, 128)))
+    assert no_big_pass._fits(rows((100, 128), (30, 128)))  # within 4 parts: always

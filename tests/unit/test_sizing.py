@@ -4,6 +4,7 @@ targets put it: the Lambda MemorySize (samconfig.toml) and the edge unit's Memor
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,12 +13,12 @@ from ortserve.bake.package_edge import unit_memory_max, with_memory_max
 from ortserve.bake.package_lambda import samconfig
 from ortserve.bake.sizing import memory_for
 
-SMOLLM2_135M = {
+SMOLLM2_135M: dict[str, Any] = {
     "context_length": 8192,
     "vocab_size": 49152,
     "decoder": {"num_hidden_layers": 30, "num_key_value_heads": 3, "head_size": 64},
 }
-QWEN25_05B = {
+QWEN25_05B: dict[str, Any] = {
     "context_length": 32768,
     "vocab_size": 151936,
     "decoder": {"num_hidden_layers": 24, "num_key_value_heads": 2, "head_size": 64},
@@ -47,6 +48,16 @@ def test_the_vocabulary_and_the_chunk_size_the_parts() -> None:
     half = memory_for(500 << 20, QWEN25_05B, sequences=4, chunk=128)
     assert half.parts_mib == 446
     assert qwen.total_mib - half.total_mib == 445
+
+
+def test_a_batchs_one_pass_holds_its_activations_where_they_outweigh_the_parts() -> None:
+    # Qwen2.5-Coder-1.5B's shape: a 2,048-token batch pass measured +420 MiB there.
+    qwen_15b = {**QWEN25_05B, "decoder": {**QWEN25_05B["decoder"], "hidden_size": 1536}}
+    batching = memory_for(1500 << 20, qwen_15b, sequences=4)
+    assert batching.parts_mib == 480  # 160 B x 1,536 x 2,048 tokens, above 4 parts' 223
+    assert memory_for(1500 << 20, qwen_15b, sequences=1).parts_mib == 223  # no batches
+    small = {**SMOLLM2_135M, "decoder": {**SMOLLM2_135M["decoder"], "hidden_size": 576}}
+    assert memory_for(150 << 20, small, sequences=4).parts_mib == 180  # above 4 parts: 72
 
 
 def test_a_reload_has_room_for_a_second_model_and_its_cache() -> None:
