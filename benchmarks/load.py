@@ -22,7 +22,8 @@
   of the Python reference manual each, every prompt different, so neither server's prompt
   cache helps) of `--max-tokens` forced new tokens (`ignore_eos`, as both servers take it):
   aggregate decode tokens/s (generated tokens over the level's wall time), TTFT p50/p99,
-  and each server's peak RSS. Both run as shipped (their defaults) with `--threads`.
+  each server's peak RSS, and the batches the daemon ran (its /metrics counters; a lone
+  request is a batch of 1). Both run as shipped (their defaults) with `--threads`.
 
 Everything stays on 127.0.0.1 and stops by itself. Not a test: figures for docs/measurements.md.
 """
@@ -305,8 +306,13 @@ def _beside_llama_server(args: argparse.Namespace, env: dict[str, str]) -> list[
     with daemon(args.model_dir, {**env, "ORTSERVE_THREADS": str(args.threads)}) as (base, proc):
 
         def ours(clients: int) -> dict[str, Any]:
+            before = _batch_counts(base)
             level = _level(base, clients, 0, args.max_tokens, workload)
             level["peak_rss_mib"] = memory_kib(daemon_pids(base, proc.pid), "VmHWM") / 1024
+            after = _batch_counts(base)
+            # Batches the level ran (a lone request is a batch of 1) and the requests in them.
+            level["batches"] = after[0] - before[0]
+            level["batched_requests"] = after[1] - before[1]
             return level
 
         def theirs(clients: int) -> dict[str, Any]:
@@ -330,6 +336,16 @@ def _beside_llama_server(args: argparse.Namespace, env: dict[str, str]) -> list[
     return rows
 
 
+def _batch_counts(base: str) -> tuple[int, int]:
+    """The daemon's batches and the requests in them so far (its /metrics counters)."""
+    found = {}
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("ortserve_batches_total", "ortserve_batched_requests_total"):
+            found[name] = int(float(value))
+    return found["ortserve_batches_total"], found["ortserve_batched_requests_total"]
+
+
 def _rounded(value: Any) -> Any:
     if isinstance(value, float):
         return round(value, 2)
@@ -342,8 +358,8 @@ def _beside_table(rows: list[dict[str, Any]]) -> str:
     """The comparison as a Markdown table."""
     lines = [
         "| streams | tokens/s ortserve / llama-server (ratio) | TTFT p50 ms | TTFT p99 ms "
-        "| peak RSS MiB | 503s / errors |",
-        "|---:|---|---|---|---|---|",
+        "| peak RSS MiB | 503s / errors | ortserve's batches (requests in them) |",
+        "|---:|---|---|---|---|---|---|",
     ]
     for row in rows:
         a, b = row["ortserve"], row["llama_server"]
@@ -352,7 +368,8 @@ def _beside_table(rows: list[dict[str, Any]]) -> str:
             f"({row['tokens_per_s_ratio']:.2f}x) | {a['ttft_p50_ms']:.0f} / {b['ttft_p50_ms']:.0f} "
             f"| {a['ttft_p99_ms']:.0f} / {b['ttft_p99_ms']:.0f} "
             f"| {a['peak_rss_mib']:.0f} / {b['peak_rss_mib']:.0f} "
-            f"| {a['busy_503']}+{a['other_errors']} / {b['busy_503']}+{b['other_errors']} |"
+            f"| {a['busy_503']}+{a['other_errors']} / {b['busy_503']}+{b['other_errors']} "
+            f"| {a.get('batches', '?')} ({a.get('batched_requests', '?')}) |"
         )
     return "\n".join(lines)
 

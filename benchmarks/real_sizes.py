@@ -61,7 +61,7 @@ MODELS = (
         _BAKES,
         "qwen2.5-coder-0.5b-4k-2026-12-07.json",
         "needle-qwen2.5-coder-0.5b-2026-12-07.json",
-        "beside-llama-server-qwen2.5-coder-0.5b-2026-12-07.json",
+        "beside-llama-server-qwen2.5-coder-0.5b-batching-2026-12-07.json",
     ),
     Model(
         "Qwen2.5-Coder-1.5B",
@@ -70,7 +70,7 @@ MODELS = (
         _BAKES,
         "qwen2.5-coder-1.5b-4k-2026-12-07.json",
         "needle-qwen2.5-coder-1.5b-2026-12-07.json",
-        "beside-llama-server-qwen2.5-coder-1.5b-2026-12-07.json",
+        "beside-llama-server-qwen2.5-coder-1.5b-batching-2026-12-07.json",
     ),
 )
 X = "\u00d7"  # the times sign of the docs' tables

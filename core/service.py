@@ -516,6 +516,13 @@ class Service:
         beam search's (`ONE_PASS_PARTS` prefill parts)."""
         return ONE_PASS_PARTS * self.settings.prefill_chunk_tokens
 
+    @property
+    def batch_pass_tokens(self) -> int:
+        """The most prompt tokens a batch's one pass may take beyond `one_pass_tokens`:
+        ORTSERVE_BATCH_PREFILL_TOKENS where og runs in its engine process; 0 where it runs
+        in this one, whose GIL the pass would hold (health checks, every stream)."""
+        return self.settings.batch_prefill_tokens if self.settings.engine_process else 0
+
     # -- the prompt cache ----------------------------------------------------------------
 
     def _cacheable(self, request: GenerationRequest) -> bool:
@@ -584,7 +591,7 @@ class Service:
 
         A batch's padded prompts go into the model in one pass (og 0.18 cannot append a
         batch in parts): within `one_pass_tokens` (a few parts) a batch always forms;
-        beyond it, up to ORTSERVE_BATCH_PREFILL_TOKENS, only while its padding costs less
+        beyond it, up to `batch_pass_tokens`, only while its padding costs less
         prefill than batching saves decode steps (`PAD_TOKENS_PER_SAVED_STEP`). Longer
         prompts run alone, in parts (side by side: the batcher starts others beside a
         prefill in parts)."""
@@ -597,7 +604,7 @@ class Service:
         padded = rows * longest
         if rows == 1 and padded > self.one_pass_tokens:
             return True  # alone, in parts
-        if padded > max(self.one_pass_tokens, self.settings.batch_prefill_tokens):
+        if padded > max(self.one_pass_tokens, self.batch_pass_tokens):
             return False
         saved_steps = (rows - 1) * min(s.max_new for s in batch)
         if padded > self.one_pass_tokens and (

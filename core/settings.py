@@ -106,7 +106,9 @@ class EngineSettings(BaseSettings):
             batching saves (core.service). The pass holds the engine that long (0.5B: ~7
             s for 2,048 tokens on 2 cores; 1.5B: ~14 s) and its activations (~+200 MiB at
             0.5B, +420 MiB at 1.5B for 2,048: bake.sizing counts them); longer prompts
-            run alone, in parts, side by side.
+            run alone, in parts, side by side. Only with engine_process: og in the
+            serving process would hold its GIL (health checks, every stream) through
+            the pass, so there batches stay within 4 parts.
         chat_plain_control_tokens: Control-token strings in chat messages (such as
             `<|im_start|>`) are tokenized as plain text, so a user cannot forge a turn
             (transformers' `sanitize_control_tokens`); off: they become control tokens, as

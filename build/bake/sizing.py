@@ -103,7 +103,8 @@ class Memory:
         kv_mib: The KV caches of `sequences` sequences of `tokens_per_sequence` tokens.
         parts_mib: One prefill part's logits and activations for each sequence (at
             least `ONE_PASS_PARTS`: a batch's or a beam search's one pass), or a batch's
-            one pass of `BATCH_PREFILL_TOKENS` where sequences batch, whichever is more.
+            one pass of `BATCH_PREFILL_TOKENS` where sequences batch in an engine
+            process, whichever is more.
         cache_mib: The prompt cache's slots.
         kept_mib: The Responses API's kept conversations (`KEPT_RESPONSE_BYTES`).
         reload_mib: A second model and its cache during a reload (0: no reloads), and
@@ -171,7 +172,7 @@ def memory_for(
     # A pass og takes at once (a batch's, a beam search's) may be ONE_PASS_PARTS parts.
     passes = max(sequences, ONE_PASS_PARTS)
     parts = mib(passes * PART_FACTOR * min(chunk, tokens) * vocab * FP32_BYTES)
-    if sequences > 1:
+    if sequences > 1 and engine_process:  # (core.service: only there)
         hidden = int(config.get("decoder", {}).get("hidden_size") or 0)
         batch_pass = BATCH_PASS_BYTES_PER_HIDDEN * hidden * BATCH_PREFILL_TOKENS
         parts = max(parts, mib(batch_pass))

@@ -189,6 +189,7 @@ def test_prompts_past_a_few_parts_batch_only_within_the_batch_pass(tiny_model_di
             max_concurrency=2,
             prefill_chunk_tokens=chunk,
             batch_prefill_tokens=batch_pass,
+            engine_process=True,  # where batch passes beyond 4 parts apply
             prompt_cache_slots=0,
             batch_window_ms=200,
         )

@@ -127,7 +127,7 @@ def test_a_batch_fits_when_each_row_decodes_as_alone() -> None:
 
 
 def test_a_batch_past_a_few_parts_forms_where_its_padding_costs_less_than_it_saves() -> None:
-    service = _service(context=4096)  # one pass of 4 x 64 tokens; batch passes of 2,048
+    service = _service(context=4096, engine_process=True)  # 4 x 64 tokens; passes of 2,048
 
     def rows(*shapes: tuple[int, int]) -> list[Sequence]:
         return [Sequence([5] * length, max_new, key=KEY) for length, max_new in shapes]
@@ -137,6 +137,10 @@ def test_a_batch_past_a_few_parts_forms_where_its_padding_costs_less_than_it_sav
     assert not service._fits(rows((500, 128), (134, 128)))  # 366 > 2 x 128
     assert not service._fits(rows((500, 128), (490, 4)))  # 4 steps saved pay for 8
     assert not service._fits(rows((1100, 128), (1000, 128)))  # 2,200 > 2,048
-    no_big_pass = _service(context=4096, batch_prefill_tokens=0)
+    no_big_pass = _service(context=4096, engine_process=True, batch_prefill_tokens=0)
     assert not no_big_pass._fits(rows((500, 128), (490, 128)))
     assert no_big_pass._fits(rows((100, 128), (30, 128)))  # within 4 parts: always
+    # og in this process: the pass would hold its GIL, so batches stay within 4 parts.
+    in_process = _service(context=4096)
+    assert not in_process._fits(rows((500, 128), (490, 128)))
+    assert in_process._fits(rows((100, 128), (30, 128)))
