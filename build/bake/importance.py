@@ -57,7 +57,7 @@ def collect(checkpoint: Path) -> dict[str, np.ndarray[Any, Any]]:
     import torch
     from transformers import AutoTokenizer
 
-    from ortserve.bake.quality import chat_and_text_ids, reference_model
+    from ortserve.bake.quality import chat_and_text_ids, forward_with_hooks, reference_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     ids = chat_and_text_ids(tokenizer, _CHAT, calibration_text())[:CALIBRATION_TOKENS]
@@ -79,10 +79,5 @@ def collect(checkpoint: Path) -> dict[str, np.ndarray[Any, Any]]:
             for name, module in model.named_modules()
             if isinstance(module, torch.nn.Linear)
         ]
-        try:
-            with torch.no_grad():
-                model(torch.tensor([ids]))
-        finally:
-            for hook in hooks:
-                hook.remove()
+        forward_with_hooks(model, ids, hooks)
     return {name: (total / counts[name]).numpy().astype(np.float32) for name, total in sums.items()}

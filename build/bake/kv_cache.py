@@ -63,7 +63,7 @@ def calibrate(checkpoint: Path, out: Path) -> Path:
 def _largest_keys_and_values(model: Any, ids: list[int]) -> tuple[dict[str, list[Any]], int, int]:
     """Each layer's largest |key| and |value| per channel over `ids` ("k", "v": a
     [kv heads x head size] array a layer), the KV heads and the head size."""
-    import torch
+    from ortserve.bake.quality import forward_with_hooks
 
     config = model.config.get_text_config()
     heads = int(config.num_key_value_heads)
@@ -93,10 +93,5 @@ def _largest_keys_and_values(model: Any, ids: list[int]) -> tuple[dict[str, list
                 largest[kind][index] = np.maximum(largest[kind][index], values.numpy())
 
             hooks.append(module.register_forward_hook(seen))
-    try:
-        with torch.no_grad():
-            model(torch.tensor([ids]))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    forward_with_hooks(model, ids, hooks)
     return largest, heads, head

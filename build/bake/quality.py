@@ -154,6 +154,19 @@ def reference_model(checkpoint: Path, adapter: Path | None = None) -> Iterator[A
         yield model
 
 
+def forward_with_hooks(model: Any, ids: list[int], hooks: list[Any]) -> None:
+    """Run `model` (reference_model's) over `ids` without gradients, for what its
+    `hooks` (torch hook handles) collect; they are removed however it ends."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def _reference_logits(
     checkpoint: Path, ids: list[int], adapter: Path | None = None
 ) -> np.ndarray[Any, Any]:
