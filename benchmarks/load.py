@@ -354,21 +354,29 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def _beside_table(rows: list[dict[str, Any]]) -> str:
-    """The comparison as a Markdown table."""
+def beside_table(rows: list[dict[str, Any]]) -> str:
+    """Levels of `--llama-server` records (`beside_llama_server`) as a Markdown table, with
+    a model column where the rows name one (benchmarks.real_sizes adds it)."""
+    named = any("model" in row for row in rows)
     lines = [
-        "| streams | tokens/s ortserve / llama-server (ratio) | TTFT p50 ms | TTFT p99 ms "
-        "| peak RSS MiB | 503s / errors | ortserve's batches (requests in them) |",
-        "|---:|---|---|---|---|---|---|",
+        ("| model " if named else "")
+        + "| streams | new tokens/s ortserve / llama-server | TTFT p50 s | TTFT p99 s "
+        "| peak RSS MiB | 503s + errors, ortserve / llama-server | ortserve's batches "
+        "(requests in them) |",
+        ("|---" if named else "") + "|---:|---|---|---|---|---|---|",
     ]
     for row in rows:
         a, b = row["ortserve"], row["llama_server"]
+        sent = a["requests"] + a["busy_503"] + a["other_errors"]  # answered or not
         lines.append(
-            f"| {row['clients']} | {a['tokens_per_s']:.1f} / {b['tokens_per_s']:.1f} "
-            f"({row['tokens_per_s_ratio']:.2f}x) | {a['ttft_p50_ms']:.0f} / {b['ttft_p50_ms']:.0f} "
-            f"| {a['ttft_p99_ms']:.0f} / {b['ttft_p99_ms']:.0f} "
-            f"| {a['peak_rss_mib']:.0f} / {b['peak_rss_mib']:.0f} "
-            f"| {a['busy_503']}+{a['other_errors']} / {b['busy_503']}+{b['other_errors']} "
+            (f"| {row['model']} " if named else "")
+            + f"| {row['clients']} | {a['tokens_per_s']:.1f} / {b['tokens_per_s']:.1f} "
+            f"({row['tokens_per_s_ratio']:.2f}\u00d7) "
+            f"| {a['ttft_p50_ms'] / 1000:.1f} / {b['ttft_p50_ms'] / 1000:.1f} "
+            f"| {a['ttft_p99_ms'] / 1000:.1f} / {b['ttft_p99_ms'] / 1000:.1f} "
+            f"| {a['peak_rss_mib']:,.0f} / {b['peak_rss_mib']:,.0f} "
+            f"| {a['busy_503']}+{a['other_errors']} of {sent} / "
+            f"{b['busy_503']}+{b['other_errors']} "
             f"| {a.get('batches', '?')} ({a.get('batched_requests', '?')}) |"
         )
     return "\n".join(lines)
@@ -379,7 +387,7 @@ def _run_beside(args: argparse.Namespace, parser: argparse.ArgumentParser) -> No
         parser.error("--llama-server needs --gguf")
     env = {**os.environ, "ORTSERVE_PROVIDERS": "cpu", **dict(kv.split("=", 1) for kv in args.env)}
     rows = _beside_llama_server(args, env)
-    print(_beside_table(rows))
+    print(beside_table(rows))
     if args.json:
         record = {"environment": environment(), "daemon_env": args.env, "beside_llama_server": rows}
         args.json.write_text(json.dumps(record, indent=2))

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.load import beside_table
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 
@@ -122,23 +124,20 @@ def long_rows() -> list[dict[str, Any]]:
 
 
 def stream_rows() -> list[dict[str, Any]]:
-    """One row per (model, streams): ortserve serve beside llama-server --parallel N."""
+    """One row per (model, streams): a level of `benchmarks.load --llama-server`'s record
+    (ortserve serve beside llama-server --parallel N), with its model and the ratios the
+    figure draws."""
     out = []
     for model in MODELS:
         for level in _load(model.beside)["beside_llama_server"]:
-            ours, theirs = level["ortserve"], level["llama_server"]
-            sent = ours["requests"] + ours["busy_503"] + ours["other_errors"]  # answered + not
+            p99 = level["ortserve"]["ttft_p99_ms"] / level["llama_server"]["ttft_p99_ms"]
             out.append(
                 {
+                    **level,
                     "model": model.label,
                     "streams": level["clients"],
-                    "tps": (ours["tokens_per_s"], theirs["tokens_per_s"]),
                     "ratio": level["tokens_per_s_ratio"],
-                    "ttft_p50_s": (ours["ttft_p50_ms"] / 1000, theirs["ttft_p50_ms"] / 1000),
-                    "ttft_p99_s": (ours["ttft_p99_ms"] / 1000, theirs["ttft_p99_ms"] / 1000),
-                    "ttft_p99_ratio": ours["ttft_p99_ms"] / theirs["ttft_p99_ms"],
-                    "rss_mib": (ours["peak_rss_mib"], theirs["peak_rss_mib"]),
-                    "busy": (ours["busy_503"], sent),
+                    "ttft_p99_ratio": p99,
                 }
             )
     return out
@@ -200,23 +199,6 @@ def long_table(found: list[dict[str, Any]]) -> str:
             f"| {r['model']} | {r['prefill_og']:.1f} / {r['prefill_llama']:.1f} "
             f"({r['prefill_ratio']:.2f}{X}) | {r['decode_og']:.1f} / {r['decode_llama']:.1f} "
             f"({r['decode_ratio']:.2f}{X}) | {ours[0]} of {ours[1]} / {theirs[0]} of {theirs[1]} |"
-        )
-    return "\n".join(lines)
-
-
-def stream_table(found: list[dict[str, Any]]) -> str:
-    lines = [
-        "| model | streams | new tokens/s ortserve / llama-server | TTFT p50 s | TTFT p99 s "
-        "| peak RSS MiB | ortserve's 503s |",
-        "|---|---:|---|---|---|---|---:|",
-    ]
-    for r in found:
-        (a, b), (p50a, p50b), (p99a, p99b) = r["tps"], r["ttft_p50_s"], r["ttft_p99_s"]
-        lines.append(
-            f"| {r['model']} | {r['streams']} | {a:.1f} / {b:.1f} ({r['ratio']:.2f}{X}) "
-            f"| {p50a:.1f} / {p50b:.1f} | {p99a:.1f} / {p99b:.1f} "
-            f"| {r['rss_mib'][0]:,.0f} / {r['rss_mib'][1]:,.0f} "
-            f"| {r['busy'][0]} of {r['busy'][1]} |"
         )
     return "\n".join(lines)
 
@@ -307,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     cpu = " / ".join(cpus())
     found, longs, streams = rows(), long_rows(), stream_rows()
     print(f"Measured on: {cpu}\n")
-    print(table(found), long_table(longs), stream_table(streams), sep="\n\n")
+    print(table(found), long_table(longs), beside_table(streams), sep="\n\n")
     plot(found, longs, streams, cpu, args.out)
     print(f"wrote {args.out}")
 
