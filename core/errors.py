@@ -44,6 +44,14 @@ class ModelIntegrityError(ModelUnavailableError):
     code = "model_integrity"
 
 
+class ModelLoadError(ModelUnavailableError):
+    """A baked model folder that is whole but cannot run: onnxruntime refuses its graph,
+    its tokenizer does not load, or it is not the kind of model asked for."""
+
+    code = "model_load_failed"
+    retryable = False
+
+
 class EngineFaultError(ModelUnavailableError):
     """The engine process ended (a signal, the memory ceiling) while this request was in
     it, or is restarting after that: retry (the parent restarts it)."""

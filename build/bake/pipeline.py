@@ -542,50 +542,18 @@ def bake(request: BakeRequest) -> BakeResult:
         source = resolve(request.source, work / "src", request.revision, request.cache_dir, choice)
         say(f"source: {source.name} ({source.kind}, {source.folder_kind})")
         steps.done("source")
-        # Beside the output, not in `work`: a failed bake's builder log outlives it.
-        failed_log = out.with_name(f"{out.name}.builder.log")
-        exact = _exact_import(source, request, precision)
-        if exact and "algo_config" not in request.options:
-            # The GGUF's weights replace the builder's: its lightest quantization will do
-            # (og's default, onnxruntime's C++ blockwise rounding; Gemma-3-270M's
-            # k_quant_mixed took 9 minutes here, and numpy's RTN held 1.4 GB more than it
-            # at Qwen2.5-Coder-0.5B for the same seconds: docs/measurements.md), and no
-            # recipe. A tensor the import cannot map keeps this quantization, and the bake
-            # says so.
-            options, recipe = {**options, "algo_config": "default"}, None
-        options = _kv_cache_options(source, request, options, work / "kv-cache-scales.json")
-        options = _speculative_options(source, request, options)
-        precision, options, builder, inferred = _convert(
-            source,
-            staging,
-            work / "cache",
-            request,
-            target,
-            precision,
-            options,
-            failed_log,
-            recipe,
-            exact,
-        )
-        steps.done("builder" if source.folder_kind == "hf" else "graph")
-        imported = (
-            _import_gguf(source, staging, request.compact, request.compact_importance)
-            if exact
-            else None
-        )
-        steps.done("import")  # shown where it took time: a GGUF's exact import
-        options = _fit_context(source, staging, request, options)
-        added = {
-            "gguf_import": imported,
-            "draft": _add_draft(request, staging, work, steps),
-            "adapters": _add_adapters(source, adapters, staging, steps),
-        }
-        manifest = _finish_folder(source, staging, target, precision, options, inferred, builder)
-        manifest = manifest.model_copy(update=added)
-        write_manifest(staging, manifest)
-        steps.done("manifest")
-        manifest, text, provider = _verify(staging, source, target, request, manifest, adapters)
-        steps.done("gate")
+        # The one branch between the two kinds of model: the staging, install, manifest
+        # and packaging around it are the same.
+        if source.folder_kind == "embedding":
+            from ortserve.bake.embedding import bake_embedding
+
+            manifest, text = bake_embedding(source, staging, request, target, work)
+            provider = "cpu"
+            steps.done("export and gate")
+        else:
+            manifest, text, provider = _bake_generative(
+                request, source, target, (precision, recipe, options), out, work, adapters, steps
+            )
         if request.package:
             package(target, bundle)
             steps.done("packaging")
@@ -605,6 +573,71 @@ def bake(request: BakeRequest) -> BakeResult:
     say(f"baked {manifest.model_name} for {target.name} into {out} (model: {out / MODEL_SUBDIR})")
     say(steps.summary())
     return BakeResult(out, manifest, text, provider)
+
+
+def _bake_generative(
+    request: BakeRequest,
+    source: ResolvedSource,
+    target: Target,
+    plan: tuple[str, tuple[str, Recipe] | None, dict[str, str]],
+    out: Path,
+    work: Path,
+    adapters: list[AdapterSpec],
+    steps: _StepTimes,
+) -> tuple[Manifest, str, str]:
+    """Build a generative model into `work/bundle/model` (`plan`: the precision, recipe
+    and builder options of `_plan`), its manifest written, gated and smoke-tested.
+
+    Returns:
+        The manifest, the smoke text and the provider that loaded the model.
+    """
+    precision, recipe, options = plan
+    staging = work / "bundle" / MODEL_SUBDIR
+    # Beside the output, not in `work`: a failed bake's builder log outlives it.
+    failed_log = out.with_name(f"{out.name}.builder.log")
+    exact = _exact_import(source, request, precision)
+    if exact and "algo_config" not in request.options:
+        # The GGUF's weights replace the builder's: its lightest quantization will do
+        # (og's default, onnxruntime's C++ blockwise rounding; Gemma-3-270M's
+        # k_quant_mixed took 9 minutes here, and numpy's RTN held 1.4 GB more than it
+        # at Qwen2.5-Coder-0.5B for the same seconds: docs/measurements.md), and no
+        # recipe. A tensor the import cannot map keeps this quantization, and the bake
+        # says so.
+        options, recipe = {**options, "algo_config": "default"}, None
+    options = _kv_cache_options(source, request, options, work / "kv-cache-scales.json")
+    options = _speculative_options(source, request, options)
+    precision, options, builder, inferred = _convert(
+        source,
+        staging,
+        work / "cache",
+        request,
+        target,
+        precision,
+        options,
+        failed_log,
+        recipe,
+        exact,
+    )
+    steps.done("builder" if source.folder_kind == "hf" else "graph")
+    imported = (
+        _import_gguf(source, staging, request.compact, request.compact_importance)
+        if exact
+        else None
+    )
+    steps.done("import")  # shown where it took time: a GGUF's exact import
+    options = _fit_context(source, staging, request, options)
+    added = {
+        "gguf_import": imported,
+        "draft": _add_draft(request, staging, work, steps),
+        "adapters": _add_adapters(source, adapters, staging, steps),
+    }
+    manifest = _finish_folder(source, staging, target, precision, options, inferred, builder)
+    manifest = manifest.model_copy(update=added)
+    write_manifest(staging, manifest)
+    steps.done("manifest")
+    manifest, text, provider = _verify(staging, source, target, request, manifest, adapters)
+    steps.done("gate")
+    return manifest, text, provider
 
 
 class _StepTimes:

