@@ -45,7 +45,7 @@ from ortserve.core.logs import escaped
 from ortserve.core.protocol.bodies import GenerationBody, parse
 from ortserve.core.protocol.serving import Event, MultiChoiceReply, Reply, Served
 from ortserve.core.records import RequestRecord
-from ortserve.core.routes import METRICS_ROUTE, PUBLIC_ROUTES, TABLE, find, ollama_shaped
+from ortserve.core.routes import METRICS_ROUTE, PUBLIC_ROUTES, TABLE, error_shape, find
 from ortserve.core.settings import ServerSettings
 from ortserve.core.state import ModelState
 from ortserve.core.tenants import tenant_of
@@ -127,11 +127,11 @@ class Api:
         with self._lock:
             self.in_flight += 1
         ctx = Context(request_id)
-        ollama = ollama_shaped(request.path)
+        shape = error_shape(request.path)
         try:
             response = self._dispatch(request, ctx)
         except OrtServeError as exc:
-            response = error_response(exc, ollama)
+            response = error_response(exc, shape)
             ctx.reason = _reason(exc)
             if isinstance(exc, ContentFilterError):
                 ctx.filtered = exc.rule
@@ -139,7 +139,7 @@ class Api:
             # The path is the client's: escaped, one line (log forging).
             log.exception("unhandled error in %s %s", request.method, escaped(request.path))
             internal = OrtServeError("internal error")
-            response = error_response(internal, ollama)
+            response = error_response(internal, shape)
             ctx.reason = _reason(internal)
         if ctx.reply is not None and response.status in (500, 504):
             ctx.ending = "error"  # a generation that failed or ran out of time
@@ -320,6 +320,7 @@ class Api:
         """A generation's events, as SSE or NDJSON (the reply's framing)."""
 
         def events() -> Iterator[Event]:
+            reply.opened(stream.prompt_tokens)
             yield from reply.first_events()
             for delta in stream:
                 delta_event = reply.delta(delta, stream.take_logprobs())
@@ -382,7 +383,13 @@ class Api:
     ) -> Iterator[bytes]:
         """`events`, encoded in the reply's framing; an error after the first byte is sent
         as a final error event (and no `[DONE]`); `close` runs however it ends."""
-        encode = sse_event if reply.framing == "sse" else ndjson_line
+
+        def encode(event: Event) -> bytes:
+            if reply.framing == "ndjson":
+                return ndjson_line(event)
+            # Anthropic's streams name each event after its type.
+            return sse_event(event, str(event["type"]) if reply.named_events else None)
+
         try:
             for event in events:
                 yield encode(event)

@@ -212,7 +212,8 @@ class Completion:
     """The result of one generation (`logprobs` when the request asked for them;
     `cached_tokens`: prompt tokens the prompt cache held; `filtered`: the content filter's
     rule that ended the output; `redactions`: spans of personal data it replaced;
-    `drafts`: speculative decoding's figures, when it was decoded speculatively)."""
+    `drafts`: speculative decoding's figures, when it was decoded speculatively;
+    `stop_sequence`: the stop string that ended it, if one did)."""
 
     text: str
     finish_reason: FinishReason
@@ -224,6 +225,7 @@ class Completion:
     filtered: str = ""
     redactions: int = 0
     drafts: Drafts | None = None
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True)
@@ -304,9 +306,12 @@ class GenerationStream:
         completion: Callable[[], Completion | None],
         on_unstarted_close: Callable[[], None],
         ledger: LogprobLedger | None = None,
+        prompt_tokens: int = 0,
     ) -> None:
         """Wrap `deltas`, whose `completion()` is there once they end, however they end
-        (and whose tokens' log probabilities go to `ledger`, when asked for)."""
+        (and whose tokens' log probabilities go to `ledger`, when asked for);
+        `prompt_tokens`: the prompt's length, known before the first delta."""
+        self.prompt_tokens = prompt_tokens
         self._deltas = deltas
         self._completion = completion
         self._on_unstarted_close = on_unstarted_close

@@ -7,7 +7,7 @@ import json
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ortserve.core.errors import (
     BusyError,
@@ -162,9 +162,41 @@ def error_payload(exc: OrtServeError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}}
 
 
-def error_response(exc: OrtServeError, ollama: bool = False) -> Response:
+#: Whose conventions an error body follows: OpenAI's (the default, and /generate's),
+#: Ollama's (`{"error": message}`, its routes) or Anthropic's (the Messages API).
+ErrorShape = Literal["openai", "ollama", "anthropic"]
+
+#: Anthropic's error types by status (its errors page); any other is `api_error`.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def anthropic_error(exc: OrtServeError) -> dict[str, Any]:
+    """The Anthropic-shaped error body (and stream event) for `exc`."""
+    kind = _ANTHROPIC_TYPES.get(exc.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
+def error_body(exc: OrtServeError, shape: ErrorShape) -> dict[str, Any]:
+    """The error body for `exc` in `shape`'s conventions."""
+    if shape == "ollama":
+        return {"error": exc.message}
+    return anthropic_error(exc) if shape == "anthropic" else error_payload(exc)
+
+
+def error_response(exc: OrtServeError, shape: ErrorShape = "openai") -> Response:
     """The HTTP response for an ortserve error (the one place errors become HTTP); the
-    body is OpenAI's shape, or Ollama's `{"error": message}` on Ollama's routes."""
+    body in the conventions of the API it answers (`shape`: core.routes.error_shape)."""
     headers: list[tuple[str, str]] = []
     if isinstance(exc, BusyError):
         headers.append(("retry-after", str(int(exc.retry_after_s))))
@@ -174,8 +206,15 @@ def error_response(exc: OrtServeError, ollama: bool = False) -> Response:
         headers.append(("retry-after", "5"))
     if isinstance(exc, MethodNotAllowedError):
         headers.append(("allow", ", ".join(exc.allowed)))
-    payload = {"error": exc.message} if ollama else error_payload(exc)
-    return json_response(exc.status, payload, headers)
+    return json_response(exc.status, error_body(exc, shape), headers)
+
+
+def stream_error(exc: OrtServeError, shape: ErrorShape) -> bytes:
+    """The last chunk of a stream an error cut, in its API's framing: an NDJSON line
+    (Ollama), an `error` event (Anthropic), or an OpenAI-shaped SSE event."""
+    if shape == "ollama":
+        return ndjson_line(error_body(exc, shape))
+    return sse_event(error_body(exc, shape), "error" if shape == "anthropic" else None)
 
 
 NDJSON = "application/x-ndjson"
@@ -195,10 +234,12 @@ def ndjson_response(chunks: Iterator[bytes]) -> Response:
     )
 
 
-def sse_event(payload: Any) -> bytes:
-    """One server-sent event carrying `payload` as compact JSON."""
+def sse_event(payload: Any, name: str | None = None) -> bytes:
+    """One server-sent event carrying `payload` as compact JSON, under the event `name`
+    where the API names its events (Anthropic's)."""
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
+    head = f"event: {name}\n" if name is not None else ""
+    return f"{head}data: {data}\n\n".encode()
 
 
 SSE_DONE = b"data: [DONE]\n\n"

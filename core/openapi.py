@@ -56,7 +56,8 @@ def _answer(route: Route) -> dict[str, Any]:
 
 
 def _error(route: Route) -> dict[str, Any]:
-    name = "OllamaError" if route.ollama else "Error"
+    shapes = {"ollama": "OllamaError", "anthropic": "AnthropicError"}
+    name = shapes.get(route.error_shape, "Error")
     return {"application/json": {"schema": _ref(name)}}
 
 
@@ -114,6 +115,7 @@ _TOKEN_LIMITS = {
     "CompletionBody": ("max_tokens", "min_tokens"),
     "ChatBody": ("max_tokens", "max_completion_tokens", "min_tokens"),
     "ResponsesBody": ("max_output_tokens",),
+    "MessagesBody": ("max_tokens",),
     "OllamaOptions": ("num_predict",),
 }
 

@@ -62,7 +62,11 @@ class Picker:
         if penalty != 1:
             seen = np.flatnonzero(self._seen)
             scores = logits[seen]
-            logits[seen] = np.where(scores < 0, scores * penalty, scores / penalty)
+            # A penalty near 0 (the API allows any above 0; 5e-324 is 0 in float32) makes
+            # infinities, and 0 / 0 a NaN: the scores stay finite, each at its limit.
+            with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+                penalized = np.where(scores < 0, scores * penalty, scores / penalty)
+            logits[seen] = np.nan_to_num(penalized, nan=0.0, posinf=_LARGEST, neginf=_LOWEST)
         if sampling.temperature == 0:
             return int(np.argmax(logits))  # the first of equal maxima, as og's greedy search
         indices, probs = distribution(logits, sampling.top_k, sampling.top_p, sampling.temperature)

@@ -14,10 +14,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ortserve.core import health, playground
-from ortserve.core.http import Request, Response, json_response
-from ortserve.core.protocol import adapters, chat, native, ollama, openai, responses
+from ortserve.core.http import ErrorShape, Request, Response, json_response
+from ortserve.core.protocol import adapters, anthropic, chat, native, ollama, openai, responses
 from ortserve.core.protocol.bodies import Body
 from ortserve.core.protocol.replies import (
+    AnthropicBlockDelta,
+    AnthropicBlockStart,
+    AnthropicBlockStop,
+    AnthropicError,
+    AnthropicMessage,
+    AnthropicMessageDelta,
+    AnthropicMessageStart,
+    AnthropicMessageStop,
+    AnthropicPing,
+    AnthropicTokenCount,
     ChatCompletion,
     ChatCompletionChunk,
     Generated,
@@ -51,9 +61,21 @@ Method = Literal["GET", "POST"]
 OLLAMA_PREFIX = "/api/"
 
 
+#: Paths under this prefix are Anthropic's Messages API: their errors take its shape.
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
 def ollama_shaped(path: str) -> bool:
     """Whether the errors (and streams) of a request to `path` take Ollama's shape."""
     return path.startswith(OLLAMA_PREFIX)
+
+
+def error_shape(path: str) -> ErrorShape:
+    """Whose conventions the errors of a request to `path` follow (known route or not)."""
+    if ollama_shaped(path):
+        return "ollama"
+    anthropic = path == ANTHROPIC_PREFIX or path.startswith(f"{ANTHROPIC_PREFIX}/")
+    return "anthropic" if anthropic else "openai"
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,11 @@ class Route:
     def ollama(self) -> bool:
         """Ollama's route: errors in Ollama's shape, streams in NDJSON."""
         return ollama_shaped(self.path)
+
+    @property
+    def error_shape(self) -> ErrorShape:
+        """Whose conventions its errors follow (`error_shape`)."""
+        return error_shape(self.path)
 
     @property
     def prefix(self) -> str | None:
@@ -175,6 +202,32 @@ TABLE: tuple[Route, ...] = (
             ResponseArgumentsEvent,
             ResponseErrorEvent,
         ),
+    ),
+    Route(
+        "/v1/messages",
+        "POST",
+        anthropic.messages,
+        "Anthropic-compatible message (the Messages API)",
+        body=anthropic.MessagesBody,
+        reply=AnthropicMessage,
+        events=(
+            AnthropicMessageStart,
+            AnthropicBlockStart,
+            AnthropicPing,
+            AnthropicBlockDelta,
+            AnthropicBlockStop,
+            AnthropicMessageDelta,
+            AnthropicMessageStop,
+            AnthropicError,
+        ),
+    ),
+    Route(
+        "/v1/messages/count_tokens",
+        "POST",
+        anthropic.count_tokens,
+        "a conversation's prompt tokens (Anthropic's count_tokens)",
+        body=anthropic.CountTokensBody,
+        reply=AnthropicTokenCount,
     ),
     Route("/v1/models", "GET", openai.models, "the served model", reply=ModelList),
     Route(

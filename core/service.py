@@ -299,6 +299,7 @@ class _Answer:
             filtered=guard.rule if guard is not None else "",
             redactions=self._redactions + (guard.redactions if guard is not None else 0),
             drafts=self._drafts,
+            stop_sequence=self.cuts.stops.matched if finish == "stop" else None,
         )
 
     def finish(self) -> FinishReason:
@@ -704,7 +705,9 @@ class Service:
             release()
 
         deltas = self._deltas(steps, answer, check, release)
-        return GenerationStream(deltas, answer.completion, close_unstarted, answer.ledger)
+        return GenerationStream(
+            deltas, answer.completion, close_unstarted, answer.ledger, len(prepared.input_ids)
+        )
 
     def generate(self, request: GenerationRequest) -> Completion:
         """Run a whole generation and return its text and figures."""

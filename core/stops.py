@@ -20,6 +20,8 @@ class StopMatcher:
         self._held = ""
         self.stopped = False
         self.dropped = ""
+        #: The stop string that ended the text (None: none has).
+        self.matched: str | None = None
 
     def feed(self, delta: str) -> str:
         """Add a delta; return the text that is safe to emit."""
@@ -28,9 +30,9 @@ class StopMatcher:
         if not self.stops:
             return delta
         text = self._held + delta
-        found = [(i + len(s), i) for s in self.stops if (i := text.find(s)) >= 0]
+        found = [(i + len(s), i, s) for s in self.stops if (i := text.find(s)) >= 0]
         if found:
-            _, cut = min(found)
+            _, cut, self.matched = min(found)
             self.stopped = True
             self._held = ""
             self.dropped = text[cut:]

@@ -522,6 +522,127 @@ class Health(ModelDescription, total=False):
     alive: bool
 
 
+# -- Anthropic's Messages API --------------------------------------------------------------
+
+#: How an Anthropic answer ended: the model's end, the token limit, a stop sequence, a
+#: tool call, or the content filter (`refusal`).
+AnthropicStop = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "refusal"]
+
+
+class AnthropicUsage(TypedDict):
+    """A message's tokens: `input_tokens` are the prompt's beyond those the prompt cache
+    held (`cache_read_input_tokens`), as Anthropic counts them."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+
+
+class AnthropicText(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicToolUse(TypedDict):
+    """A call the model made: `input` is the arguments, an object."""
+
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class AnthropicMessage(TypedDict):
+    """POST /v1/messages: the whole answer, and (no content yet, no stop reason) what a
+    stream's `message_start` carries."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[AnthropicText | AnthropicToolUse]
+    stop_reason: AnthropicStop | None
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+class AnthropicMessageStart(TypedDict):
+    type: Literal["message_start"]
+    message: AnthropicMessage
+
+
+class AnthropicPing(TypedDict):
+    type: Literal["ping"]
+
+
+class AnthropicBlockStart(TypedDict):
+    """`content_block_start`: a block opens (a text block empty, a tool_use block with
+    an empty `input`)."""
+
+    type: Literal["content_block_start"]
+    index: int
+    content_block: AnthropicText | AnthropicToolUse
+
+
+class AnthropicTextDelta(TypedDict):
+    type: Literal["text_delta"]
+    text: str
+
+
+class AnthropicJsonDelta(TypedDict):
+    """A tool_use block's arguments, as JSON text (the whole of it, in one delta)."""
+
+    type: Literal["input_json_delta"]
+    partial_json: str
+
+
+class AnthropicBlockDelta(TypedDict):
+    type: Literal["content_block_delta"]
+    index: int
+    delta: AnthropicTextDelta | AnthropicJsonDelta
+
+
+class AnthropicBlockStop(TypedDict):
+    type: Literal["content_block_stop"]
+    index: int
+
+
+class AnthropicStopDelta(TypedDict):
+    stop_reason: AnthropicStop
+    stop_sequence: str | None
+
+
+class AnthropicMessageDelta(TypedDict):
+    """`message_delta`: how the message ended, and its whole usage."""
+
+    type: Literal["message_delta"]
+    delta: AnthropicStopDelta
+    usage: AnthropicUsage
+
+
+class AnthropicMessageStop(TypedDict):
+    type: Literal["message_stop"]
+
+
+class AnthropicErrorDetail(TypedDict):
+    type: str
+    message: str
+
+
+class AnthropicError(TypedDict):
+    """An error's body, and the `error` event that ends a stream an error cut."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+class AnthropicTokenCount(TypedDict):
+    """POST /v1/messages/count_tokens: the prompt's tokens, as the model sees them."""
+
+    input_tokens: int
+
+
 #: Every reply shape, by the name the OpenAPI document gives it.
 REPLIES: tuple[type, ...] = (
     TextCompletion,
@@ -546,4 +667,14 @@ REPLIES: tuple[type, ...] = (
     OllamaPs,
     OllamaVersion,
     Health,
+    AnthropicMessage,
+    AnthropicMessageStart,
+    AnthropicPing,
+    AnthropicBlockStart,
+    AnthropicBlockDelta,
+    AnthropicBlockStop,
+    AnthropicMessageDelta,
+    AnthropicMessageStop,
+    AnthropicError,
+    AnthropicTokenCount,
 )

@@ -123,12 +123,19 @@ class Reply(ABC):
     framing: Literal["sse", "ndjson"] = "sse"
     #: A stream ends with `data: [DONE]` (OpenAI's routes).
     done_marker = True
+    #: Each SSE event is named after its `type` (`event: message_start`: Anthropic's).
+    named_events = False
     #: The request's tools (chat routes that take them), which decide a `tool_calls` ending.
     tools: ToolPlan | None = None
 
     def error_event(self, exc: OrtServeError) -> Event:
         """The event that ends a stream an error cut (after its first byte)."""
         return error_payload(exc)
+
+    def opened(self, prompt_tokens: int) -> None:
+        """A stream's generation was admitted, with a prompt of `prompt_tokens` tokens
+        (before `first_events`, which may state it)."""
+        return None  # most streams do not state it
 
     def first_events(self) -> Sequence[Event]:
         """Events sent before the first text."""

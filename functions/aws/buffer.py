@@ -13,13 +13,7 @@ import math
 from typing import Any
 
 from ortserve.core.errors import OrtServeError
-from ortserve.core.http import (
-    Response,
-    error_payload,
-    error_response,
-    ndjson_line,
-    sse_event,
-)
+from ortserve.core.http import ErrorShape, Response, error_response, stream_error
 from ortserve.functions.aws.errors import ResponseTooLargeError
 from ortserve.functions.aws.events import Version, encoded_size, http_result
 
@@ -35,11 +29,14 @@ def _escaped_len(chunk: bytes) -> int:
 
 
 def error_result(
-    version: Version, exc: OrtServeError, request_id: str | None = None, ollama: bool = False
+    version: Version,
+    exc: OrtServeError,
+    request_id: str | None = None,
+    shape: ErrorShape = "openai",
 ) -> dict[str, Any]:
-    """`exc` as a whole error response in the event shape `version` (the body in Ollama's
-    shape for a request to Ollama's routes: core.http decides, as for every error)."""
-    error = error_response(exc, ollama)
+    """`exc` as a whole error response in the event shape `version` (the body in the
+    shape of the API the request was to: core.http decides, as for every error)."""
+    error = error_response(exc, shape)
     if request_id is not None:
         error.headers.append(("x-request-id", request_id))
     assert isinstance(error.body, bytes)  # error responses are whole
@@ -47,25 +44,23 @@ def error_result(
 
 
 def _too_large(
-    version: Version, response: Response, size: int, limit: int, ollama: bool
+    version: Version, response: Response, size: int, limit: int, shape: ErrorShape
 ) -> dict[str, Any]:
     exc = ResponseTooLargeError(
         f"the response ({size} bytes) is larger than the {limit} bytes a buffered Lambda "
         f"response may carry: {_ADVICE}"
     )
-    return error_result(version, exc, response.header("x-request-id"), ollama)
+    return error_result(version, exc, response.header("x-request-id"), shape)
 
 
-def _collect(response: Response, version: Version, limit: int, ollama: bool) -> dict[str, Any]:
+def _collect(response: Response, version: Version, limit: int, shape: ErrorShape) -> dict[str, Any]:
     assert not isinstance(response.body, bytes)
     cut_error = ResponseTooLargeError(
         f"the stream was cut at the {limit} bytes a buffered Lambda response may carry: {_ADVICE}"
     )
-    # The stream's own framing: SSE (OpenAI, /generate), or Ollama's NDJSON lines.
-    if ollama:
-        tail = ndjson_line({"error": cut_error.message})
-    else:
-        tail = sse_event(error_payload(cut_error))
+    # The stream's own framing: SSE (OpenAI, /generate, Anthropic's named events), or
+    # Ollama's NDJSON lines.
+    tail = stream_error(cut_error, shape)
     empty = http_result(version, response.status, response.headers, b"")
     budget = limit - encoded_size(empty) - _escaped_len(tail)
     chunks: list[bytes] = []
@@ -86,12 +81,12 @@ def _collect(response: Response, version: Version, limit: int, ollama: bool) -> 
 
 
 def buffered_result(
-    response: Response, version: Version, limit: int, ollama: bool = False
+    response: Response, version: Version, limit: int, shape: ErrorShape = "openai"
 ) -> dict[str, Any]:
     """The Lambda result for `response`, whose serialized size is at most `limit` bytes
-    (`ollama`: it answers a request to Ollama's routes; see core.routes.ollama_shaped)."""
+    (`shape`: the API the request was to; see core.routes.error_shape)."""
     if not isinstance(response.body, bytes):
-        return _collect(response, version, limit, ollama)
+        return _collect(response, version, limit, shape)
     result = http_result(version, response.status, response.headers, response.body)
     size = encoded_size(result)
-    return result if size <= limit else _too_large(version, response, size, limit, ollama)
+    return result if size <= limit else _too_large(version, response, size, limit, shape)

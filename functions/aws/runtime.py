@@ -24,7 +24,7 @@ from ortserve.core.errors import InvalidRequestError, OrtServeError
 from ortserve.core.http import Request
 from ortserve.core.logs import JsonLog
 from ortserve.core.manifest import read_manifest
-from ortserve.core.routes import WITHOUT_MODEL, ollama_shaped
+from ortserve.core.routes import WITHOUT_MODEL, error_shape
 from ortserve.core.state import ModelState
 from ortserve.functions.aws.buffer import buffered_result, error_result
 from ortserve.functions.aws.coldstart import cold_start, model_settings
@@ -267,7 +267,7 @@ class LambdaApp:
         """The buffered result of one core request, in the event shape `version`."""
         response = self.api.handle(request)
         limit = self.settings.lambda_max_response_bytes
-        return buffered_result(response, version, limit, ollama_shaped(request.path))
+        return buffered_result(response, version, limit, error_shape(request.path))
 
     def _context(self) -> dict[str, str]:
         """What each log line says of the invoke being answered (nothing outside one)."""

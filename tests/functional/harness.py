@@ -120,6 +120,7 @@ class InProcess:
 _VOLATILE = [
     (re.compile(rb'"id":"(cmpl|chatcmpl)-[0-9a-f]{32}"'), rb'"id":"\1-ID"'),
     (re.compile(rb'"created":\d{10}'), rb'"created":0'),
+    (re.compile(rb'"id":"msg_[0-9a-f]{32}"'), rb'"id":"msg_ID"'),
     # Each bake has its own manifest digest (the target is part of it).
     (re.compile(rb'"system_fingerprint":"fp_[0-9a-f]{12}"'), rb'"system_fingerprint":"fp_X"'),
 ]

@@ -159,6 +159,15 @@ def test_same_bytes_as_the_core(
             },
         ),
         ("/v1/completions", {"prompt": "Parity", "max_tokens": 10, "temperature": 0}),
+        (
+            "/v1/messages",
+            {
+                "messages": [{"role": "user", "content": "P"}],
+                "max_tokens": 10,
+                "temperature": 0,
+                "stream": True,
+            },
+        ),
     ]
     for path, body in requests:
         got, want = target.call("POST", path, body), reference.call("POST", path, body)
@@ -198,6 +207,26 @@ def test_a_too_large_stream_is_cut_and_the_generation_stopped(tiny_model_dir: Pa
         assert len(whole.body) < 4096
     assert whole.status == 413
     assert whole.json()["error"]["code"] == "response_too_large"
+
+
+def test_a_too_large_anthropic_stream_ends_with_its_error_event(tiny_model_dir: Path) -> None:
+    """The Messages API's stream, cut at the limit, ends as Anthropic's streams end on an
+    error: an `error` event in its shape (not OpenAI's)."""
+    app = lambda_app(tiny_model_dir, lambda_max_response_bytes=4096)
+    target = LambdaTarget(app.handle)
+    body = {
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 2000,
+        "temperature": 0,
+        "stream": True,
+    }
+    reply = target.call("POST", "/v1/messages", body)
+    assert reply.status == 200
+    blocks = [b for b in reply.body.decode().split("\n\n") if b.strip()]
+    assert blocks[0].startswith("event: message_start\n")
+    name, data = blocks[-1].split("\n")
+    assert name == "event: error"
+    assert json.loads(data.removeprefix("data: "))["error"]["type"] == "request_too_large"
 
 
 # -- cold start --------------------------------------------------------------------------

@@ -57,6 +57,16 @@ BODIES: dict[str, list[dict[str, Any]]] = {
             "tool_choice": "required",
         },
     ],
+    "/v1/messages": [
+        {"model": "m", "messages": CHAT, "max_tokens": 4, "system": "Be brief."},
+        {
+            "model": "m",
+            "messages": CHAT,
+            "max_tokens": 24,
+            "tools": [{"name": "time", "input_schema": TIME["function"]["parameters"]}],  # type: ignore[index]
+            "tool_choice": {"type": "any"},
+        },
+    ],
     "/api/generate": [{"model": "m", "prompt": "Hello", "options": {"num_predict": 4}}],
     "/api/chat": [
         {"model": "m", "messages": CHAT, "options": {"num_predict": 4}},
@@ -96,8 +106,9 @@ def _route(path: str) -> Route:
 def _stream_objects(route: Route, body: bytes) -> list[Any]:
     if route.ollama:
         return [json.loads(line) for line in body.splitlines() if line]
-    events = [b.removeprefix(b"data: ") for b in body.split(b"\n\n") if b]
-    assert events[-1] == b"[DONE]" or route.path in ("/generate", "/v1/responses")
+    # An event's data line (Anthropic's events have an `event:` line before it).
+    events = [b.split(b"\n")[-1].removeprefix(b"data: ") for b in body.split(b"\n\n") if b]
+    assert events[-1] == b"[DONE]" or route.path in ("/generate", "/v1/responses", "/v1/messages")
     return [json.loads(e) for e in events if e != b"[DONE]"]
 
 
@@ -123,12 +134,14 @@ def test_every_answer_and_every_event_has_the_published_shape(
         assert whole.status == 200, whole.body
         _validate(document, whole_ref, whole.json())
         streamed = {**body, "stream": True}
-        if path.startswith("/v1/") and path != "/v1/responses":
+        if path in ("/v1/completions", "/v1/chat/completions"):
             streamed["stream_options"] = {"include_usage": True}
         stream = core.call("POST", path, streamed)
         assert stream.status == 200, stream.body
-        if body.get("tool_choice") == "required":  # the calls' shapes are checked too
-            call = b'"function_call"' if path == "/v1/responses" else b'"tool_calls"'
+        if body.get("tool_choice") in ("required", {"type": "any"}):  # calls' shapes too
+            call = {"/v1/responses": b'"function_call"', "/v1/messages": b'"tool_use"'}.get(
+                path, b'"tool_calls"'
+            )
             assert call in whole.body and call in stream.body
         objects = _stream_objects(route, stream.body)
         assert len(objects) >= 2
@@ -148,3 +161,10 @@ def test_every_get_answer_has_the_published_shape(
     assert {_route(p).path for p in GETS} == {
         r.path for r in TABLE if r.method == "GET" and r.reply is not None
     }  # every route with a reply shape is checked here
+
+
+def test_a_token_count_has_the_published_shape(core: InProcess, document: dict[str, Any]) -> None:
+    route = _route("/v1/messages/count_tokens")
+    reply = core.call("POST", route.path, {"model": "m", "messages": CHAT})
+    assert reply.status == 200, reply.body
+    _validate(document, _media(document, route, stream=False)["schema"]["$ref"], reply.json())

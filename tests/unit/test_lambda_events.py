@@ -191,11 +191,11 @@ def test_on_ollamas_routes_a_cut_stream_and_a_413_speak_ollamas_shape() -> None:
     every target: Ollama's `{"error": "..."}`, and an NDJSON line to end a cut stream."""
     closed: list[bool] = []
     line = b'{"response":"' + b"x" * 100 + b'","done":false}\n'
-    result = buffered_result(_stream([line] * 100, closed), "2.0", 4096, ollama=True)
+    result = buffered_result(_stream([line] * 100, closed), "2.0", 4096, shape="ollama")
     assert encoded_size(result) <= 4096 and closed == [True]
     last = json.loads(result["body"].splitlines()[-1])
     assert set(last) == {"error"} and "streaming Function URL" in last["error"]
     whole = Response(200, [("content-type", "application/json")], b'{"x":"' + b"y" * 9000 + b'"}')
-    too_large = buffered_result(whole, "2.0", 4096, ollama=True)
+    too_large = buffered_result(whole, "2.0", 4096, shape="ollama")
     assert too_large["statusCode"] == 413
     assert isinstance(json.loads(too_large["body"])["error"], str)

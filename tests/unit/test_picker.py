@@ -110,3 +110,20 @@ def test_a_temperature_too_small_for_float32_is_greedy_not_nan() -> None:
         for top_k, top_p in ((20, 0.8), (0, 0.9), (0, 1.0)):
             picker = Picker(EffectiveSampling(temperature, top_p, top_k, 1.0), 1, [])
             assert picker.pick(logits.copy()) == int(np.argmax(logits))
+
+
+def test_a_penalty_near_zero_keeps_the_logits_finite() -> None:
+    """The API takes any penalty above 0: 5e-324 is 0 in float32, and dividing by it made
+    infinities (and 0 / 0 a NaN), so a sampled pick raised "Probabilities contain NaN"
+    (the fuzz test's 500). The seen tokens' scores now stay at their limits."""
+    logits = _logits(1000, 5)
+    logits[3] = 0.0
+    for temperature in (0.0, 1.0):
+        for penalty in (5e-324, 1e-40):
+            picker = Picker(EffectiveSampling(temperature, 1.0, 0, penalty), 1, [3, 7, 11])
+            token = picker.pick(logits.copy())
+            assert 0 <= token < 1000
+    # At a penalty that small, a seen token with a positive logit is the greedy pick.
+    seen = int(np.flatnonzero(logits > 0)[0])
+    greedy = Picker(EffectiveSampling(0.0, 1.0, 0, 5e-324), 1, [seen])
+    assert greedy.pick(logits.copy()) == seen

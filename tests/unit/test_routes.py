@@ -15,6 +15,7 @@ from ortserve.core.routes import (
     ROUTES,
     TABLE,
     WITHOUT_MODEL,
+    error_shape,
     find,
     label,
 )
@@ -41,6 +42,7 @@ def test_each_generation_route_parses_the_body_its_document_names() -> None:
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/responses",
+        "/v1/messages",
         "/api/generate",
         "/api/chat",
     }
@@ -86,6 +88,15 @@ def test_a_path_finds_its_route_and_its_metric_label() -> None:
     assert label("/wp-admin/login.php") == "other"  # unknown paths: no unbounded labels
     assert label(METRICS_ROUTE) == METRICS_ROUTE
     assert METRICS_ROUTE not in ROUTES  # only the daemon has it
+
+
+def test_each_api_keeps_its_own_error_shape() -> None:
+    """Errors (known route or not) follow the conventions of the API a path belongs to."""
+    assert error_shape("/api/nope") == "ollama"
+    assert error_shape("/v1/messages") == error_shape("/v1/messages/count_tokens") == "anthropic"
+    assert error_shape("/v1/messages/nope") == "anthropic"
+    assert error_shape("/v1/messagesx") == error_shape("/v1/chat/completions") == "openai"
+    assert error_shape("/generate") == "openai"
 
 
 def test_the_document_holds_json_schema_keywords_only() -> None:
