@@ -91,9 +91,10 @@ BATCH_PREFILL_TOKENS = _default("batch_prefill_tokens")
 BATCH_PASS_BYTES_PER_HIDDEN = 160
 PROMPT_CACHE_SLOTS = _default("prompt_cache_slots")
 # An embedding model's largest pass (core.embedding: MAX_BATCH rows, MAX_BATCH_TOKENS
-# tokens): its activations, measured with benchmarks/embeddings.py (peak RSS of a pass of 32
-# rows of 256 tokens above the loaded model, all-MiniLM-L6-v2 fp32), rounded up.
-EMBEDDING_PASS_MIB = 256
+# tokens): its activations. Measured with benchmarks/embeddings.py (2026-12-07, peak RSS
+# after a pass of 32 rows of 256 tokens above the loaded model, all-MiniLM-L6-v2): +284 MiB
+# fp32, +17 MiB int8 (a row a pass); rounded up from the larger.
+EMBEDDING_PASS_MIB = 320
 
 
 @dataclass(frozen=True)
