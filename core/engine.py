@@ -23,6 +23,7 @@ from ortserve.core.errors import (
     ConflictError,
     GenerationError,
     InvalidRequestError,
+    ModelLoadError,
     ModelNotFoundError,
     ModelUnavailableError,
     OrtServeError,
@@ -276,12 +277,18 @@ class Engine:
 
         Raises:
             ModelIntegrityError: The folder is missing, incomplete or altered.
+            ModelLoadError: It holds an embedding model (core.embedding runs those).
             ProviderUnavailableError: No allowed execution provider could load it.
         """
         start = time.perf_counter()
         return_freed_memory()  # before the model's buffers exist (core.memory)
         folder = settings.model_dir
         manifest = verify_folder(folder, full_hash=settings.verify_sha256)
+        if manifest.kind == "embedding":
+            raise ModelLoadError(
+                f"{folder} holds an embedding model ({manifest.model_name}): it embeds text "
+                "(core.embedding), it does not generate"
+            )
         config = genai_config(folder)
         threads = _threads(config, settings)
         model: Model

@@ -179,3 +179,11 @@ def test_the_catalog_lists_it() -> None:
     assert proc.returncode == 0, proc.stderr
     line = next(row for row in proc.stdout.splitlines() if row.startswith(EMBEDDING_MODEL))
     assert "all-MiniLM-L6-v2" in line
+
+
+def test_the_generative_engine_says_what_the_folder_holds(folder: Path) -> None:
+    from ortserve.core.engine import Engine
+    from ortserve.core.settings import EngineSettings
+
+    with pytest.raises(ModelLoadError, match=r"holds an embedding model \(all-MiniLM-L6-v2\)"):
+        Engine.load(EngineSettings(model_dir=folder, providers="cpu"))
