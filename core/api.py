@@ -9,6 +9,7 @@ Every adapter (edge daemon, Lambda, Cloud Functions) calls `Api.handle` and writ
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import re
@@ -22,9 +23,13 @@ from typing import TYPE_CHECKING
 from ortserve.core.content_filter import ContentFilterError
 from ortserve.core.errors import (
     AuthenticationError,
+    BusyError,
     ClientClosedError,
     DrainingError,
+    InvalidRequestError,
     MethodNotAllowedError,
+    ModelNotFoundError,
+    ModelUnavailableError,
     NotFoundError,
     OrtServeError,
     PayloadTooLargeError,
@@ -51,6 +56,7 @@ from ortserve.core.state import ModelState
 from ortserve.core.tenants import tenant_of
 
 if TYPE_CHECKING:  # annotations only: adapters import this module without onnxruntime-genai
+    from ortserve.core.embedding import EmbeddingModel, ServedEmbedding
     from ortserve.core.service import Choices, Service
 
 log = logging.getLogger("ortserve")
@@ -74,6 +80,7 @@ class Context:
     tenant: str = ""  # whose request it is (core.tenants): "" when no keys are set
     keyed: bool = False  # it carried a valid API key (or admin key)
     admin: bool = False  # it carried an admin key (ORTSERVE_ADMIN_KEYS)
+    embedded_tokens: int = 0  # an embedding request's input tokens
 
 
 #: What answers a route (core.routes' `Route.answer`): a function of the API, the request
@@ -113,6 +120,15 @@ class Api:
         self._routes: dict[str, dict[str, Answer]] = {}
         for route in TABLE:
             self._routes.setdefault(route.path, {})[route.method] = route.answer
+        # The embedding models served beside the model (each its own state, loaded on its
+        # first request), and the places embedding requests take (as many as generations).
+        self.embedding_states = [
+            ModelState(
+                settings.model_copy(update={"model_dir": d, "served_name": None, "aliases": []})
+            )
+            for d in settings.embedding_models
+        ]
+        self._embedding_slots = threading.BoundedSemaphore(max(1, settings.max_concurrency))
         self._scrape = metrics
         if metrics is not None:
             self._routes[METRICS_ROUTE] = {"GET": Api._metrics}
@@ -207,6 +223,8 @@ class Api:
                 draft_tokens=done.drafts.drafted if done.drafts is not None else 0,
                 accepted_tokens=done.drafts.accepted if done.drafts is not None else 0,
             )
+        if ctx.embedded_tokens:
+            record = replace(record, prompt_tokens=ctx.embedded_tokens)
         ending = ctx.ending
         if not ending and done is not None and ctx.reply is not None:
             ending = ctx.reply.ending(done)
@@ -440,6 +458,112 @@ class Api:
             sampling=engine.sampling_defaults,
             adapters=tuple(engine.adapters),
         )
+
+    def models(self, request: Request) -> list[Served]:
+        """Every model this server serves, the model first (waiting for its load as
+        `loaded` does), then the embedding models beside it (loaded now, on this first
+        use; one that fails to load is left out, and /readyz says why)."""
+        listed: list[Served] = []
+        if self.state.require_embedder(self.settings.queue_timeout_s, request.cancelled) is None:
+            listed.append(self.served(self.loaded(request)))
+        for state in [self.state, *self.embedding_states]:
+            if state is not self.state:
+                state.start_loading()
+            try:
+                embedder = state.require_embedder(self.settings.queue_timeout_s, request.cancelled)
+            except ModelUnavailableError:
+                continue
+            if embedder is not None:
+                listed.append(self.served_embedding(state.names, embedder))
+        return listed
+
+    @staticmethod
+    def served_embedding(names: tuple[str, ...], embedder: EmbeddingModel) -> Served:
+        """What the listing routes need to know of an embedding model."""
+        manifest = embedder.manifest
+        return Served(
+            names[0] if names else embedder.name,
+            embedder.digest,
+            manifest.created_at if manifest is not None else "1970-01-01T00:00:00+00:00",
+            0,
+            0,
+            context_length=embedder.max_tokens,
+            precision=embedder.config.precision,
+            size=embedder.size,
+            also_known_as=names[1:],
+            kind="embedding",
+            dimensions=embedder.dimensions,
+        )
+
+    def embedding(
+        self, request: Request, name: str | None, ollama: bool = False
+    ) -> ServedEmbedding:
+        """The embedding model `name` names (None or "": the one there is): one served
+        beside the model (loaded now, on its first request), or the model itself.
+
+        Raises:
+            ModelNotFoundError: No embedding model has that name (the error lists them).
+            InvalidRequestError: It names the generative model.
+            ModelUnavailableError: The model named (or, unnamed, the model) is loading
+                past QUEUE_TIMEOUT_S or failed.
+        """
+        from ortserve.core.embedding import ServedEmbedding
+        from ortserve.core.names import same_name
+
+        if self.draining:
+            raise DrainingError("the server is shutting down; retry on another instance")
+        wait, cancelled = self.settings.queue_timeout_s, request.cancelled
+        ready: list[ServedEmbedding] = []
+        failed: ModelUnavailableError | None = None
+        for state in [*self.embedding_states, self.state]:
+            if state is not self.state:
+                state.start_loading()
+            try:
+                embedder = state.require_embedder(wait, cancelled)
+            except ModelUnavailableError as exc:
+                failed = failed or exc
+                continue
+            if embedder is None:
+                continue  # the generative model
+            served = ServedEmbedding(
+                embedder, state.model_id or embedder.name, state.content_filter
+            )
+            if not name or any(same_name(name, known) for known in state.names):
+                return served
+            ready.append(served)
+        generative = self.state.service
+        if name and generative is not None:
+            model_name = generative.engine.model_name
+            if any(same_name(name, n) for n in self.settings.served_names(model_name)):
+                raise InvalidRequestError(
+                    f"the model {name!r} generates text; it does not make embeddings "
+                    "(serve an embedding model beside it: `ortserve serve MODEL "
+                    "all-minilm:l6-v2`)",
+                    "model",
+                )
+        if failed is not None and not ready:
+            raise failed
+        have = ", ".join(repr(s.name) for s in ready) or "no embedding model"
+        quoted = f"model '{name}'" if ollama else f"the model {name!r}"
+        raise ModelNotFoundError(f"{quoted} not found; this server has {have} for embeddings")
+
+    @contextlib.contextmanager
+    def embedding_slot(self, request: Request) -> Iterator[None]:
+        """One of the places embedding requests take (as many as MAX_CONCURRENCY): a
+        request waits for one up to QUEUE_TIMEOUT_S, then gets 503 with Retry-After.
+
+        Raises:
+            BusyError: No place within QUEUE_TIMEOUT_S.
+        """
+        timeout = self.settings.queue_timeout_s
+        if not self._embedding_slots.acquire(timeout=timeout):
+            raise BusyError(
+                f"every embedding place was busy for {timeout:.0f} s; retry later", timeout
+            )
+        try:
+            yield
+        finally:
+            self._embedding_slots.release()
 
     def _metrics(self, request: Request, ctx: Context) -> Response:
         assert self._scrape is not None  # the route exists only with a scrape

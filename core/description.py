@@ -16,6 +16,7 @@ class ModelDescription(TypedDict, total=False):
 
     reason: str | None
     model: str | None
+    kind: str
     manifest_digest: str
     execution_provider: str
     skipped_providers: dict[str, str]
@@ -29,3 +30,4 @@ class ModelDescription(TypedDict, total=False):
     adapters: dict[str, dict[str, Any]]
     reload: dict[str, Any]
     engine: dict[str, Any]
+    embedding: dict[str, Any]

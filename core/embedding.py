@@ -20,10 +20,18 @@ from typing import TYPE_CHECKING, Any
 
 from ortserve.core.cpu import usable_cpus
 from ortserve.core.errors import ModelIntegrityError, ModelLoadError
-from ortserve.core.manifest import MANIFEST_NAME, read_manifest, verify_folder
+from ortserve.core.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    manifest_digest,
+    read_manifest,
+    verify_folder,
+)
 
 if TYPE_CHECKING:  # numpy and onnxruntime load with the model, not with this module
     import numpy as np
+
+    from ortserve.core.content_filter import ContentFilter
 
 EMBEDDING_CONFIG = "embedding.json"
 GRAPH = "model.onnx"
@@ -129,10 +137,25 @@ class EmbeddingModel:
         max_tokens: The longest input in tokens, special tokens included.
         normalized: Whether each vector has unit length.
         config: The whole embedding.json.
+        manifest: The baked folder's manifest (None: built without one, in tests).
+        digest: The manifest's sha256 ("" without one).
+        size: The baked folder's bytes (its manifest's files).
+        load_seconds: How long `load` took.
     """
 
-    def __init__(self, config: EmbeddingConfig, session: Any, tokenizer: Any) -> None:
+    def __init__(
+        self,
+        config: EmbeddingConfig,
+        session: Any,
+        tokenizer: Any,
+        manifest: Manifest | None = None,
+        digest: str = "",
+    ) -> None:
         self.config = config
+        self.manifest = manifest
+        self.digest = digest
+        self.size = sum(f.size for f in manifest.files) if manifest is not None else 0
+        self.load_seconds = 0.0
         self.name = config.name
         self.dimensions = config.dimensions
         self.max_tokens = config.max_tokens
@@ -141,6 +164,33 @@ class EmbeddingModel:
         self._tokenizer = tokenizer
         self._inputs = {i.name for i in session.get_inputs()}
         self._lock = threading.Lock()  # the tokenizer's batch call, to be safe
+        # What the tokenizer puts around a text ([CLS] and [SEP]): what token-id input,
+        # a text's tokens as OpenAI's clients send them, gets too.
+        around = tokenizer.encode("", add_special_tokens=True).ids
+        self._special = (list(around[:1]), list(around[1:])) if around else ([], [])
+        self._vocab = int(tokenizer.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names it answers to, its id first: the catalog name it was baked from
+        (`all-minilm:l6-v2`, as Ollama names it) where it was, and the model's own."""
+        names = [self.name]
+        if self.manifest is not None and self.manifest.source_kind == "catalog":
+            # `all-minilm` too, as Ollama's clients name it (its `latest`).
+            family = self.manifest.source.partition(":")[0]
+            names = [self.manifest.source, *names, family]
+        return tuple(dict.fromkeys(names))
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids it takes are below this."""
+        return self._vocab
+
+    def around(self, ids: Sequence[int]) -> list[int]:
+        """A text's token ids (no special tokens) with the model's special tokens around
+        them, as `tokenize` gives a text's."""
+        first, last = self._special
+        return [*first, *ids, *last]
 
     @classmethod
     def load(cls, folder: Path, threads: int = 0, verify_sha256: bool = False) -> EmbeddingModel:
@@ -154,8 +204,11 @@ class EmbeddingModel:
             ModelLoadError: Not an embedding model, or onnxruntime or the tokenizer
                 refuse its files.
         """
+        import time
+
         from ortserve.core.manifest import sha256_file
 
+        start = time.perf_counter()
         manifest = verify_folder(folder, full_hash=verify_sha256)
         if manifest.kind != "embedding":
             raise ModelLoadError(
@@ -175,7 +228,9 @@ class EmbeddingModel:
         outputs = [o.name for o in session.get_outputs()]
         if OUTPUT not in outputs:
             raise ModelLoadError(f"{folder / GRAPH} has no output {OUTPUT!r} (it has {outputs})")
-        return cls(config, session, tokenizer)
+        model = cls(config, session, tokenizer, manifest, manifest_digest(folder))
+        model.load_seconds = time.perf_counter() - start
+        return model
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text's token ids with the model's special tokens ([CLS] ... [SEP]), not
@@ -276,3 +331,13 @@ def _session(graph: Path, threads: int) -> Any:
         return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime's own error types (Fail, InvalidGraph, ...)
         raise ModelLoadError(f"onnxruntime cannot load {graph}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ServedEmbedding:
+    """An embedding model as a request gets it: the model, the name answers give it, and
+    the content filter whose input rules its texts pass (None: no filter)."""
+
+    model: EmbeddingModel
+    name: str
+    content_filter: ContentFilter | None = None

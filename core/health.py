@@ -66,6 +66,10 @@ def _health(api: Api, ctx: Context, *, shown: bool = True) -> Health:
     if service is not None:
         stats = service.stats()
         payload["active"], payload["waiting"] = stats.active, stats.waiting
+    if api.embedding_states:  # served beside it: each loads on its first request
+        payload["embedding_models"] = [
+            {"status": s.status, **s.describe()} for s in api.embedding_states
+        ]
     return _shown(api, ctx, payload) if shown else payload
 
 

@@ -66,7 +66,7 @@ class Picker:
             # infinities, and 0 / 0 a NaN: the scores stay finite, each at its limit.
             with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
                 penalized = np.where(scores < 0, scores * penalty, scores / penalty)
-            logits[seen] = np.nan_to_num(penalized, nan=0.0, posinf=_LARGEST, neginf=_LOWEST)
+            logits[seen] = np.nan_to_num(penalized, nan=0.0, posinf=_LARGEST, neginf=float(_LOWEST))
         if sampling.temperature == 0:
             return int(np.argmax(logits))  # the first of equal maxima, as og's greedy search
         indices, probs = distribution(logits, sampling.top_k, sampling.top_p, sampling.temperature)

@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Literal
 
 from ortserve.core import health, playground
 from ortserve.core.http import ErrorShape, Request, Response, json_response
-from ortserve.core.protocol import adapters, anthropic, chat, native, ollama, openai, responses
+from ortserve.core.protocol import (
+    adapters,
+    anthropic,
+    chat,
+    embeddings,
+    native,
+    ollama,
+    openai,
+    responses,
+)
 from ortserve.core.protocol.bodies import Body
 from ortserve.core.protocol.replies import (
     AnthropicBlockDelta,
@@ -30,6 +39,7 @@ from ortserve.core.protocol.replies import (
     AnthropicTokenCount,
     ChatCompletion,
     ChatCompletionChunk,
+    EmbeddingList,
     Generated,
     GeneratedEnd,
     GeneratedText,
@@ -37,6 +47,8 @@ from ortserve.core.protocol.replies import (
     LoraAdapterReply,
     ModelCard,
     ModelList,
+    OllamaEmbed,
+    OllamaEmbedding,
     OllamaLine,
     OllamaPs,
     OllamaShow,
@@ -229,6 +241,14 @@ TABLE: tuple[Route, ...] = (
         body=anthropic.CountTokensBody,
         reply=AnthropicTokenCount,
     ),
+    Route(
+        "/v1/embeddings",
+        "POST",
+        embeddings.embeddings,
+        "OpenAI-compatible embeddings (an embedding model's)",
+        body=embeddings.EmbeddingsBody,
+        reply=EmbeddingList,
+    ),
     Route("/v1/models", "GET", openai.models, "the served model", reply=ModelList),
     Route(
         "/v1/models/{model}",
@@ -284,6 +304,22 @@ TABLE: tuple[Route, ...] = (
         events=(OllamaLine,),
     ),
     Route(
+        "/api/embed",
+        "POST",
+        embeddings.embed,
+        "Ollama-compatible embeddings (an embedding model's)",
+        body=embeddings.OllamaEmbedBody,
+        reply=OllamaEmbed,
+    ),
+    Route(
+        "/api/embeddings",
+        "POST",
+        embeddings.embeddings_legacy,
+        "Ollama's older embeddings route (one prompt)",
+        body=embeddings.OllamaEmbeddingsBody,
+        reply=OllamaEmbedding,
+    ),
+    Route(
         "/api/tags",
         "GET",
         ollama.tags,
@@ -324,6 +360,8 @@ ROUTES = frozenset(r.path for r in TABLE if r.prefix is None)
 PUBLIC_ROUTES = frozenset(r.path for r in TABLE if r.public)
 #: Routes that answer without the model.
 WITHOUT_MODEL = frozenset(r.path for r in TABLE if r.without_model)
+#: Routes an embedding model answers.
+EMBEDDING_ROUTES = frozenset({"/v1/embeddings", "/api/embed", "/api/embeddings"})
 
 
 def find(path: str) -> Route | None:

@@ -222,6 +222,9 @@ class ServerSettings(EngineSettings):
         aliases: More names the API serves the model under (comma-separated in
             ORTSERVE_ALIASES; `serve --alias`, as vLLM's `--served-model-name`): the first
             is then the model's id, the others and `served_name` are listed after it.
+        embedding_models: Baked embedding model folders served beside the model, for
+            /v1/embeddings and /api/embed (comma-separated in ORTSERVE_EMBEDDING_MODELS;
+            `ortserve serve MODEL EMBEDDING...` sets it). Each loads on its first request.
     """
 
     host: str = "127.0.0.1"
@@ -234,8 +237,9 @@ class ServerSettings(EngineSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     served_name: str | None = Field(default=None, min_length=1)
     aliases: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    embedding_models: Annotated[list[Path], NoDecode] = Field(default_factory=list, max_length=8)
 
-    @field_validator("aliases", mode="before")
+    @field_validator("aliases", "embedding_models", mode="before")
     @classmethod
     def _split_aliases(cls, value: object) -> object:
         names = value.split(",") if isinstance(value, str) else value

@@ -1,5 +1,8 @@
 """The model's life in a serving process: loading, ready or failed, never a crash; and
-the blue/green switch to another model folder while serving (`ModelState.reload`)."""
+the blue/green switch to another model folder while serving (`ModelState.reload`).
+
+The folder may hold a generative model (og, behind `Service`) or an embedding model
+(onnxruntime, core.embedding): a state holds one or the other once ready."""
 
 from __future__ import annotations
 
@@ -14,12 +17,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ortserve.core.admission import CANCEL_POLL_S
+from ortserve.core.cpu import usable_cpus
 from ortserve.core.description import ModelDescription
-from ortserve.core.errors import ClientClosedError, ModelUnavailableError, OrtServeError
+from ortserve.core.errors import (
+    ClientClosedError,
+    InvalidRequestError,
+    ModelUnavailableError,
+    OrtServeError,
+)
 from ortserve.core.manifest import arch_mismatch, manifest_digest, verify_folder
 from ortserve.core.settings import EngineSettings, ServerSettings
 
 if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module
+    from ortserve.core.content_filter import ContentFilter
+    from ortserve.core.embedding import EmbeddingModel
     from ortserve.core.engine import Engine
     from ortserve.core.service import Service
 
@@ -70,7 +81,8 @@ class ModelState:
     Attributes:
         status: loading, ready or failed.
         reason: Why it failed (or what it is doing), for /readyz and logs.
-        service: The model's service, when ready.
+        service: The model's service, when ready (a generative model).
+        embedder: The embedding model, when ready (an embedding model's folder).
     """
 
     def __init__(self, settings: EngineSettings) -> None:
@@ -78,6 +90,9 @@ class ModelState:
         self.status: ModelStatus = "loading"
         self.reason: str | None = f"loading {settings.model_dir}"
         self.service: Service | None = None
+        self.embedder: EmbeddingModel | None = None
+        #: The content filter an embedding model's inputs pass (the service has its own).
+        self.content_filter: ContentFilter | None = None
         self._lock = threading.Lock()  # held through a load
         self._loader_lock = threading.Lock()  # never held long: requests call start_loading
         self._loader: threading.Thread | None = None
@@ -111,9 +126,13 @@ class ModelState:
             if self.status == "ready":
                 return
             try:
+                from ortserve.core.embedding import is_embedding_folder
                 from ortserve.core.service import Service
 
                 settings = self._pinned(self.settings.model_dir)
+                if is_embedding_folder(settings.model_dir):
+                    self._load_embedder(settings)
+                    return
                 service = Service.load(settings)
                 if settings.warmup:
                     self.warmup_s = service.warm_up()
@@ -127,6 +146,26 @@ class ModelState:
                 return
             self.service, self.status, self.reason = service, "ready", None
             _log_ready(service, self.warmup_s, self.model_id)
+
+    def _load_embedder(self, settings: EngineSettings) -> None:
+        """Load the embedding model in `settings.model_dir` (the caller handles errors)."""
+        from ortserve.core.content_filter import ContentFilter
+        from ortserve.core.embedding import EmbeddingModel
+
+        path = settings.content_filter  # a bad filter file fails before the model loads
+        self.content_filter = ContentFilter.load(path) if path is not None else None
+        embedder = EmbeddingModel.load(
+            settings.model_dir, settings.threads or 0, settings.verify_sha256
+        )
+        self.embedder, self.status, self.reason = embedder, "ready", None
+        log.info(
+            "embedding model %s ready on onnxruntime's CPU provider (%d dimensions, %s; "
+            "loaded in %.2f s)",
+            self.model_id,
+            embedder.dimensions,
+            embedder.config.precision,
+            embedder.load_seconds,
+        )
 
     def _pinned(self, model_dir: Path) -> EngineSettings:
         """The settings with `model_dir` resolved to the folder it names now."""
@@ -155,6 +194,15 @@ class ModelState:
             settings = self._pinned(model_dir or self.settings.model_dir)
             folder = settings.model_dir
             self._report("reloading", folder)
+            from ortserve.core.embedding import is_embedding_folder
+
+            if self.embedder is not None or is_embedding_folder(folder):
+                return self._reload_failed(
+                    folder,
+                    None,
+                    "a reload switches between generative models; an embedding model is "
+                    "served from the server's start (restart it to serve another)",
+                )
             try:
                 digest: str | None = manifest_digest(folder)
             except OSError:
@@ -252,12 +300,29 @@ class ModelState:
         """What health endpoints and cold-start logs say of the model: what is loaded,
         where and how fast, or why nothing is."""
         engine = self.engine
-        described: ModelDescription = (
-            {"reason": self.reason} if engine is None else self._loaded(engine)
-        )
+        embedder = self.embedder
+        described: ModelDescription
+        if embedder is not None:
+            described = self._embedding(embedder)
+        else:
+            described = {"reason": self.reason} if engine is None else self._loaded(engine)
         if self.last_reload is not None:
             described["reload"] = asdict(self.last_reload)
         return described
+
+    def _embedding(self, embedder: EmbeddingModel) -> ModelDescription:
+        manifest = embedder.manifest
+        quality = manifest.quality if manifest is not None else None
+        return {
+            "model": self.model_id,
+            "kind": "embedding",
+            "manifest_digest": embedder.digest,
+            "execution_provider": "cpu",
+            "threads": self.settings.threads or usable_cpus(),
+            "load_seconds": round(embedder.load_seconds, 3),
+            "quality": quality.model_dump() if quality is not None else None,
+            "embedding": embedder.config.record(),
+        }
 
     def _loaded(self, engine: Engine) -> ModelDescription:
         probe = engine.probe
@@ -286,12 +351,24 @@ class ModelState:
     @property
     def model_id(self) -> str | None:
         """What the API calls the loaded model (see `ServerSettings.served_names`)."""
-        engine = self.engine
-        if engine is None:
-            return None
+        names = self.names
+        return names[0] if names else None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names the API serves the loaded model under, its id first (none before
+        it loads): `ServerSettings.served_names` of the manifest's model name, or, for
+        an embedding model, of its own names (`EmbeddingModel.names`)."""
+        engine, embedder = self.engine, self.embedder
+        if embedder is not None:
+            own = embedder.names
+        elif engine is not None:
+            own = (engine.model_name,)
+        else:
+            return ()
         if isinstance(self.settings, ServerSettings):
-            return self.settings.served_names(engine.model_name)[0]
-        return engine.model_name
+            return tuple(dict.fromkeys([*self.settings.served_names(own[0]), *own[1:]]))
+        return own
 
     @property
     def engine(self) -> Engine | None:
@@ -308,24 +385,52 @@ class ModelState:
         Raises:
             ModelUnavailableError: Not loaded (still loading after `wait_s`, or failed).
             ClientClosedError: `cancelled` was set while waiting.
+            InvalidRequestError: It is an embedding model (it generates nothing).
         """
+        self._wait(wait_s, cancelled)
+        if self.embedder is not None:
+            raise InvalidRequestError(
+                f"{self.model_id!r} is an embedding model: it does not generate text "
+                "(POST /v1/embeddings or /api/embed)"
+            )
+        service = self.service
+        if service is None:
+            raise self._unavailable()
+        return service
+
+    def require_embedder(
+        self, wait_s: float = 0.0, cancelled: threading.Event | None = None
+    ) -> EmbeddingModel | None:
+        """The embedding model, once loaded (waiting as `require` does); None: the
+        folder holds a generative model.
+
+        Raises:
+            ModelUnavailableError: Not loaded (still loading after `wait_s`, or failed).
+            ClientClosedError: `cancelled` was set while waiting.
+        """
+        self._wait(wait_s, cancelled)
+        if self.embedder is None and self.service is None:
+            raise self._unavailable()
+        return self.embedder
+
+    def _unavailable(self) -> ModelUnavailableError:
+        error = ModelUnavailableError(
+            f"the model is not ready ({self.status}: {self.reason or 'no reason given'})"
+        )
+        error.retryable = self.status != "failed"  # a failed load will not come back
+        return error
+
+    def _wait(self, wait_s: float, cancelled: threading.Event | None) -> None:
+        """Wait up to `wait_s` for a load under way to end."""
         deadline = time.monotonic() + wait_s
         with self._settled:
-            while self.service is None and self.status == "loading" and self._loading:
+            while self.status == "loading" and self._loading:
                 if cancelled is not None and cancelled.is_set():
                     raise ClientClosedError("the client closed the request while the model loaded")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._settled.wait(left if cancelled is None else min(left, CANCEL_POLL_S))
-        service = self.service
-        if service is None:
-            error = ModelUnavailableError(
-                f"the model is not ready ({self.status}: {self.reason or 'no reason given'})"
-            )
-            error.retryable = self.status != "failed"  # a failed load will not come back
-            raise error
-        return service
 
 
 def _log_ready(service: Service, warmup_s: float | None, name: str | None) -> None:

@@ -153,6 +153,12 @@ class Daemon:
             self.notifier.reloading(f"reloading: loading {target} beside the serving model")
             report = await run_in_thread(self.state.reload, "ortserve-reload")
             engine = self.state.engine
+            if self.state.embedder is not None:  # an embedding model: not reloaded
+                self.notifier.ready(
+                    f"reload refused ({report.reason}); still serving {self.state.model_id} "
+                    f"at {address}"
+                )
+                continue
             if engine is None:  # nothing serves (the first load failed too): not ready
                 self.notifier.status(
                     f"model failed to load: {self.state.reason}; /readyz answers 503 at {address}"
@@ -229,6 +235,13 @@ class Daemon:
         """Announce the first load's outcome; True when the process should exit 1 (the
         model failed to load, and `wait_for_model` is not set)."""
         engine = self.state.engine
+        embedder = self.state.embedder
+        if embedder is not None:
+            self.notifier.ready(
+                f"serving the embedding model {self.state.model_id} on onnxruntime's CPU "
+                f"provider at {address} (loaded in {embedder.load_seconds:.1f} s)"
+            )
+            return False
         if engine is None and not self.settings.wait_for_model:
             self.notifier.status(f"model failed to load: {self.state.reason}; exiting")
             hint = _no_model_hint(self.settings)

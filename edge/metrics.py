@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 
 from ortserve.core.cpu import usable_cpus
 from ortserve.core.records import RequestRecord
-from ortserve.core.routes import label
+from ortserve.core.routes import EMBEDDING_ROUTES, label
 from ortserve.core.service import Stats
 from ortserve.core.state import ModelState
 
@@ -149,6 +149,11 @@ class Metrics:
         self.prompt_tokens = Counter(
             "ortserve_prompt_tokens", "Prompt tokens of generation requests.", registry=r
         )
+        self.embedded_tokens = Counter(
+            "ortserve_embedded_tokens",
+            "Input tokens of embedding requests (/v1/embeddings, /api/embed).",
+            registry=r,
+        )
         self.ttft = Histogram(
             "ortserve_time_to_first_token_seconds",
             "Time from the start of a generation to its first token.",
@@ -232,7 +237,9 @@ class Metrics:
             # The engine's decode rate is (tokens - 1) / (generation time - TTFT), timed
             # inside the generation; the record's duration would add the queue wait.
             self.tpot.labels(route).observe(1 / record.tokens_per_s)
-        if record.prompt_tokens:
+        if record.prompt_tokens and route in EMBEDDING_ROUTES:
+            self.embedded_tokens.inc(record.prompt_tokens)
+        elif record.prompt_tokens:
             self.prompt_tokens.inc(record.prompt_tokens)
         if record.ending:
             self.answers.labels(route, record.ending).inc()

@@ -439,27 +439,38 @@ def chat(api: Api, request: Request, ctx: Context) -> Response:
 
 
 def tags(api: Api, request: Request, ctx: Context) -> Response:
-    """GET /api/tags: the served model, as Ollama lists local models."""
-    served = api.served(api.loaded(request))
-    listing: OllamaTags = {"models": [_model_entry(served, name) for name in served.names]}
+    """GET /api/tags: the served models, as Ollama lists local models."""
+    models = [_model_entry(s, name) for s in api.models(request) for name in s.names]
+    listing: OllamaTags = {"models": models}
     return json_response(200, listing)
 
 
 def show(api: Api, request: Request, ctx: Context) -> Response:
-    """POST /api/show: the served model's details and template."""
+    """POST /api/show: a served model's details and template.
+
+    Raises:
+        ModelNotFoundError: No served model has that name.
+    """
     body = parse(OllamaShowBody, request.body)
-    return json_response(200, _show(body, api.served(api.loaded(request))))
+    name = body.model or body.name or ""
+    served = api.models(request)
+    chosen = next((s for s in served if s.named(name) is not None), None)
+    if chosen is None:
+        have = "', '".join(s.model for s in served)
+        raise ModelNotFoundError(f"model '{name}' not found; this server has '{have}'")
+    return json_response(200, _show(body, chosen))
 
 
 def ps(api: Api, request: Request, ctx: Context) -> Response:
-    """GET /api/ps: the loaded model; none while it loads (no wait for it)."""
+    """GET /api/ps: the loaded models; none while one loads (no wait for it)."""
+    running: list[tuple[Served, str]] = []
     service = api.state.service
-    if service is None:
-        return json_response(200, _ps(None, "", 0))
-    engine = service.engine
-    return json_response(
-        200, _ps(api.served(service), engine.probe.provider, engine.context_length)
-    )
+    if service is not None:
+        running.append((api.served(service), service.engine.probe.provider))
+    for state in [api.state, *api.embedding_states]:
+        if state.embedder is not None:
+            running.append((api.served_embedding(state.names, state.embedder), "cpu"))
+    return json_response(200, _ps(running))
 
 
 def version(api: Api, request: Request, ctx: Context) -> Response:
@@ -477,6 +488,8 @@ def _show(body: OllamaShowBody, served: Served) -> OllamaShow:
     name = body.model or body.name or ""
     if served.named(name) is None:
         raise model_not_found(name, served)
+    if served.kind == "embedding":
+        return _show_embedding(served)
     capabilities = ["completion"]
     if served.chat_template is not None:  # every template family takes tools (tools.py)
         capabilities.append("tools")
@@ -512,17 +525,34 @@ def _show(body: OllamaShowBody, served: Served) -> OllamaShow:
     }
 
 
-def _ps(served: Served | None, provider: str, context_length: int) -> OllamaPs:
-    """/api/ps's answer: the loaded model (none while it loads), as Ollama lists one kept
-    loaded for good (`keep_alive: -1`): it stays until the process ends.
+def _show_embedding(served: Served) -> OllamaShow:
+    """/api/show's answer for an embedding model (its capability: `embedding`)."""
+    return {
+        "modelfile": "",
+        "parameters": f"{'num_ctx':<30} {served.context_length}",
+        "template": "",
+        "details": _details(served),
+        "model_info": {
+            "general.architecture": "onnx",
+            "onnx.context_length": served.context_length,
+            "onnx.embedding_length": served.dimensions,
+            "ortserve.precision": served.precision,
+            "ortserve.manifest_digest": served.digest,
+        },
+        "capabilities": ["embedding"],
+        "modified_at": served.created_at,
+    }
 
-    Args:
-        served: The served model (None: not loaded).
-        provider: The execution provider it runs on (`size_vram` is its size on a GPU).
-        context_length: Its context in tokens (0: unknown, not said).
-    """
-    if served is None:
-        return {"models": []}
+
+def _ps(running: list[tuple[Served, str]]) -> OllamaPs:
+    """/api/ps's answer: the loaded models (none while one loads), as Ollama lists those
+    kept loaded for good (`keep_alive: -1`): they stay until the process ends. Each with
+    the execution provider it runs on (`size_vram` is its size on a GPU)."""
+    return {"models": [_running(served, provider) for served, provider in running]}
+
+
+def _running(served: Served, provider: str) -> OllamaRunning:
+    context_length = served.context_length
     entry: OllamaRunning = {
         "name": served.model,
         "model": served.model,
@@ -534,7 +564,7 @@ def _ps(served: Served | None, provider: str, context_length: int) -> OllamaPs:
     }
     if context_length:
         entry["context_length"] = context_length
-    return {"models": [entry]}
+    return entry
 
 
 def _model_entry(served: Served, name: str) -> OllamaModel:

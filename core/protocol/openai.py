@@ -366,8 +366,7 @@ def completions(api: Api, request: Request, ctx: Context) -> Response:
 
 def models(api: Api, request: Request, ctx: Context) -> Response:
     """GET /v1/models: the served model, once under each name it is served as."""
-    served = api.served(api.loaded(request))
-    cards = [_model_card(served, name) for name in served.names]
+    cards = [_model_card(s, name) for s in api.models(request) for name in s.names]
     listing: ModelList = {"object": "list", "data": cards}
     return json_response(200, listing)
 
@@ -379,14 +378,14 @@ def model(api: Api, request: Request, ctx: Context) -> Response:
     Raises:
         ModelNotFoundError: Another model was named.
     """
-    served = api.served(api.loaded(request))
     name = request.path.removeprefix(_MODEL_PREFIX)
-    listed = served.named(name) if name else None
-    if listed is None:
-        raise ModelNotFoundError(
-            f"the model {name!r} does not exist; this server has {served.model!r}"
-        )
-    return json_response(200, _model_card(served, listed))
+    served = api.models(request)
+    for model in served:
+        listed = model.named(name) if name else None
+        if listed is not None:
+            return json_response(200, _model_card(model, listed))
+    have = ", ".join(repr(s.model) for s in served)
+    raise ModelNotFoundError(f"the model {name!r} does not exist; this server has {have}")
 
 
 def _model_card(served: Served, name: str) -> ModelCard:
@@ -398,9 +397,10 @@ def _model_card(served: Served, name: str) -> ModelCard:
         "object": "model",
         "created": served.created,
         "owned_by": "ortserve",
-        "max_tokens": served.max_new_tokens,
-        "sampling": served.sampling_card(),
     }
+    if served.kind == "generative":  # an embedding model generates nothing
+        card["max_tokens"] = served.max_new_tokens
+        card["sampling"] = served.sampling_card()
     if served.context_length:
         card["max_model_len"] = served.context_length
     if served.adapter_of(name) is not None:  # vLLM's: a LoRA adapter's base model

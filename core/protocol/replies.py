@@ -199,8 +199,8 @@ class ModelCard(TypedDict):
     created: int
     owned_by: str
     max_model_len: NotRequired[int]
-    max_tokens: int
-    sampling: SamplingCard
+    max_tokens: NotRequired[int]
+    sampling: NotRequired[SamplingCard]
     parent: NotRequired[str]
 
 
@@ -509,6 +509,48 @@ class OllamaVersion(TypedDict):
     version: str
 
 
+# -- embeddings ------------------------------------------------------------------------------
+
+
+class EmbeddingUsage(TypedDict):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingItem(TypedDict):
+    """One input's vector: floats, or (`encoding_format` base64) its float32 bytes,
+    little-endian, in base64."""
+
+    object: Literal["embedding"]
+    embedding: list[float] | str
+    index: int
+
+
+class EmbeddingList(TypedDict):
+    """POST /v1/embeddings."""
+
+    object: Literal["list"]
+    data: list[EmbeddingItem]
+    model: str
+    usage: EmbeddingUsage
+
+
+class OllamaEmbed(TypedDict):
+    """POST /api/embed: one vector an input; durations in nanoseconds, as Ollama's."""
+
+    model: str
+    embeddings: list[list[float]]
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+
+
+class OllamaEmbedding(TypedDict):
+    """POST /api/embeddings (Ollama's older route): one prompt's vector."""
+
+    embedding: list[float]
+
+
 # -- health ----------------------------------------------------------------------------------
 
 
@@ -520,6 +562,8 @@ class Health(ModelDescription, total=False):
     active: int
     waiting: int
     alive: bool
+    #: The embedding models served beside the model: each one's status and description.
+    embedding_models: list[dict[str, Any]]
 
 
 # -- Anthropic's Messages API --------------------------------------------------------------
@@ -677,4 +721,7 @@ REPLIES: tuple[type, ...] = (
     AnthropicMessageStop,
     AnthropicError,
     AnthropicTokenCount,
+    EmbeddingList,
+    OllamaEmbed,
+    OllamaEmbedding,
 )

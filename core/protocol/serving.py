@@ -61,6 +61,10 @@ class Served:
     also_known_as: tuple[str, ...] = ()
     sampling: SamplingDefaults = HOUSE_SAMPLING
     adapters: tuple[str, ...] = ()
+    #: `embedding`: an embedding model (its context is `max_tokens`; it generates nothing).
+    kind: Literal["generative", "embedding"] = "generative"
+    #: An embedding model's vector length.
+    dimensions: int = 0
 
     def sampling_card(self) -> SamplingCard:
         """The sampling defaults, as /v1/models states them."""

@@ -223,7 +223,7 @@ class LambdaApp:
             **self._figures,
             **state.describe(),
         }
-        self._log.write("INFO" if state.engine else "ERROR", message, **figures)
+        self._log.write("INFO" if state.status == "ready" else "ERROR", message, **figures)
 
     # -- invokes ----------------------------------------------------------------------
 
