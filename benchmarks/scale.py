@@ -19,7 +19,7 @@ Per shape:
   from the baked model folder (no builder);
 - **artefacts**: the model folder, the Lambda image's contents (the bundle: model,
   code, wheels), the edge bundle, and the memory the bake generates for the model
-  (`bake.sizing.model_memory`), against Lambda's limits (image 10 GB, memory 10,240 MB)
+  (`core.sizing.model_memory`), against Lambda's limits (image 10 GB, memory 10,240 MB)
   and Cloud Run's (32 GiB at 8 vCPU);
 - **speed**: `benchmarks.engine_bench` workers, each a fresh process: the engine
   (`core.engine.Engine.stream_tokens`, the served path minus HTTP) on the bake, and
@@ -438,7 +438,7 @@ def _bake(record: dict[str, Any], key: str, command: list[str], log: Path) -> Ti
 
 def run_shape(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
     """Every step for one shape, each skipped when its record is there."""
-    from ortserve.bake.sizing import model_memory
+    from ortserve.core.sizing import model_memory
 
     work: Path = args.work / shape.name
     work.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ EMBEDDING_CONFIG = "embedding.json"
 GRAPH = "model.onnx"
 OUTPUT = "sentence_embedding"
 # One pass holds at most this many rows and this many tokens (rows x the longest row):
-# a pass's activations grow with both (bake.sizing counts one such pass).
+# a pass's activations grow with both (core.sizing counts one such pass).
 MAX_BATCH = 32
 MAX_BATCH_TOKENS = 8192
 

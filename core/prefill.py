@@ -17,7 +17,7 @@ _MIN_PART = 2
 _MIN_CHUNK = 4  # (a chunk of 2 could not split 3 tokens without a part of one)
 # A generator keeps its last part's logits until its next step: one that is kept (the
 # prompt cache) ends a longer prompt on a small part, so it holds at most this many
-# positions of logits besides its KV cache (core.engine, and bake.sizing's cache term).
+# positions of logits besides its KV cache (core.engine, and core.sizing's cache term).
 KEPT_LOGITS_TOKENS = 64
 
 

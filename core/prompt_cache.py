@@ -13,7 +13,7 @@ from typing import Any
 from ortserve.core.prefill import KEPT_LOGITS_TOKENS
 
 #: A kept generator's token room (prompt + new tokens; capped by the model's context):
-#: its KV cache is allocated for all of it at once (and bake.sizing declares it).
+#: its KV cache is allocated for all of it at once (and core.sizing declares it).
 SLOT_TOKENS = 4096
 #: Prompt tokens a reused generator prefills at least (see `PromptCache._choose`).
 MIN_APPENDED = 2

@@ -182,7 +182,7 @@ def kv_bytes_per_token(model_config: dict[str, Any], element_bytes: int = 4) -> 
     section; `element_bytes`: 4 for og 0.18's fp32 cache on CPU, 1 for an int8 one), and
     in every layer of its draft model where it has one (`--draft`: an fp32 cache of its
     own). The engine states it (/readyz's prompt cache); the bake declares memory with it
-    (bake.sizing).
+    (core.sizing).
 
     Raises:
         KeyError, TypeError, ValueError: A section does not say its layers, KV heads or

@@ -105,7 +105,7 @@ class EngineSettings(BaseSettings):
             to this bound, only when its padding costs less prefill than the decode steps
             batching saves (core.service). The pass holds the engine that long (0.5B: ~7
             s for 2,048 tokens on 2 cores; 1.5B: ~14 s) and its activations (~+200 MiB at
-            0.5B, +420 MiB at 1.5B for 2,048: bake.sizing counts them); longer prompts
+            0.5B, +420 MiB at 1.5B for 2,048: core.sizing counts them); longer prompts
             run alone, in parts, side by side. Only with engine_process: og in the
             serving process would hold its GIL (health checks, every stream) through
             the pass, so there batches stay within 4 parts.

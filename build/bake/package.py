@@ -22,7 +22,7 @@ from ortserve.bake.packaging_common import (
     copy_runtime_code,
     write_lines,
 )
-from ortserve.bake.sizing import model_memory, write_record
+from ortserve.core.sizing import model_memory, write_record
 from ortserve.bake.targets import Target
 
 # The Python of the Cloud Functions bundle (`--runtime python312`, `--base-image python312`).

@@ -13,7 +13,7 @@ Sizing rule (`sizing`), from the model's manifest and genai_config.json:
 - concurrency = ORTSERVE_MAX_BATCH (4): the requests one instance decodes as one batch
   (decode is memory-bandwidth bound, so a batch is where a CPU's throughput comes from);
   Cloud Run sends an instance at most that many and starts another for more.
-- memory = `bake.sizing.memory_for` (runtime + model + the KV caches and prefill parts of
+- memory = `core.sizing.memory_for` (runtime + model + the KV caches and prefill parts of
   `concurrency` sequences + the prompt cache; its terms measured, see there), rounded up
   to 256 MiB, at least 1 GiB; `sizing.json` states every term. Where the context is
   longer than 4096 tokens, prompts and new tokens are capped so that a sequence fits
@@ -39,7 +39,7 @@ from ortserve.bake.packaging_common import (
     pinned_closure,
     write_lines,
 )
-from ortserve.bake.sizing import Memory, memory_for, model_memory, write_record
+from ortserve.core.sizing import Memory, memory_for, model_memory, write_record
 from ortserve.bake.targets import Target
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "cloudrun"
@@ -117,7 +117,7 @@ class Sizing:
         max_new_tokens: ORTSERVE_MAX_NEW_TOKENS (0: only the context limits).
         model_mib: The loaded model (its files x the measured factor), for the record.
         kv_mib: The KV cache of `concurrency` sequences, for the record.
-        memory: The formula's terms (`bake.sizing`).
+        memory: The formula's terms (`core.sizing`).
     """
 
     concurrency: int

@@ -5,7 +5,7 @@
     install.sh               the installer (POSIX sh; `sh install.sh --help`)
     README.md                what the bundle is, how to install it, where the guide is
                              (edge/README-board.md; the guide: docs/edge.md)
-    ortserve.service         the systemd unit, its MemoryMax= from the model (bake.sizing)
+    ortserve.service         the systemd unit, its MemoryMax= from the model (core.sizing)
     sizing.json              the memory formula's terms for this model, and MemoryMax
     ortserve.env             the unit's settings file (installed once, never overwritten)
     wheels/                  every runtime wheel for the target's arch and Python 3.11 to 3.14,
@@ -46,7 +46,7 @@ from ortserve.bake.packaging_common import (
     pinned,
     write_lines,
 )
-from ortserve.bake.sizing import Memory, engine_ceiling, model_memory, shipped_caps, write_record
+from ortserve.core.sizing import Memory, engine_ceiling, model_memory, shipped_caps, write_record
 from ortserve.bake.targets import Target
 from ortserve.core.manifest import sha256_file
 
@@ -358,7 +358,7 @@ def with_memory_max(unit: str, limit: str) -> str:
 
 def with_caps(settings: str, terms: Memory) -> str:
     """The settings file `settings` with the limits that keep each sequence in the room
-    the unit's MemoryMax counts (`bake.sizing.shipped_caps`), set, not commented."""
+    the unit's MemoryMax counts (`core.sizing.shipped_caps`), set, not commented."""
     caps = shipped_caps(terms)
     ceiling = engine_ceiling(terms)
     text = settings.rstrip() + "\n"

@@ -29,7 +29,7 @@ from ortserve.bake.packaging_common import (
     copy_runtime_code,
     package_dir,
 )
-from ortserve.bake.sizing import Memory, model_memory, shipped_caps, write_record
+from ortserve.core.sizing import Memory, model_memory, shipped_caps, write_record
 from ortserve.bake.targets import Target
 
 DOCKERFILES = ("Dockerfile", "Dockerfile.stream")
@@ -84,7 +84,7 @@ def bake_template(text: str, architecture: str) -> str:
 
 def memory_size(model_dir: Path) -> tuple[int, Memory]:
     """The function's MemorySize for the model in `model_dir`: what one request at a
-    time needs (`bake.sizing`; an instance serves one invoke at a time), at least the
+    time needs (`core.sizing`; an instance serves one invoke at a time), at least the
     template's default (Lambda's CPU share comes with the memory), and the terms.
 
     Raises:
@@ -101,7 +101,7 @@ def memory_size(model_dir: Path) -> tuple[int, Memory]:
 
 def dockerfile_with_caps(text: str, terms: Memory) -> str:
     """A Dockerfile whose image keeps a request in the room MemorySize counts
-    (`bake.sizing.shipped_caps`): an ENV line before its CMD or ENTRYPOINT."""
+    (`core.sizing.shipped_caps`): an ENV line before its CMD or ENTRYPOINT."""
     caps = shipped_caps(terms)
     if not caps:
         return text

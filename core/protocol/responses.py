@@ -74,7 +74,7 @@ if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
 #: How many responses each process keeps for `previous_response_id` (the most recent).
 KEPT_RESPONSES = 32
 #: The most bytes the kept conversations take in all (their strings and containers, as
-#: `conversation_bytes` counts them): the memory formula (bake.sizing) counts this much.
+#: `conversation_bytes` counts them): the memory formula (core.sizing) counts this much.
 #: It is one capacity all tenants share; only lookups are per tenant.
 KEPT_RESPONSE_BYTES = 16 << 20
 

@@ -291,7 +291,7 @@ def test_keda_scales_in_slowly_and_sets_nothing_without_effect(bundle: Path) -> 
 
 def test_sizing_of_real_model_shapes() -> None:
     small = sizing_for(150 << 20, SMOLLM2_135M)
-    # bake.sizing at parts of 64 tokens: 256 MiB + the engine process's 64 MiB + 1.25 x
+    # core.sizing at parts of 64 tokens: 256 MiB + the engine process's 64 MiB + 1.25 x
     # 150 MiB + 4 x 4096 tokens x 45 KiB (fp32 KV) + 4 parts of 64 x 49,152 x 4 B x 1.5 +
     # a cache slot (180 MiB + 64 positions of logits) + 16 MiB of stored responses =
     # 1508 MiB -> 1536 MiB

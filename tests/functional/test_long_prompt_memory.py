@@ -21,12 +21,12 @@ from tests.functional.test_edge_daemon import start  # noqa: F401 (the daemon fi
 def test_the_declared_concurrency_of_longest_prompts_fits_the_declared_memory(
     start: Any,  # noqa: F811
 ) -> None:
-    """The Cloud Run sizing of the 135M shape (`bake.sizing`): its concurrency of prompts
+    """The Cloud Run sizing of the 135M shape (`core.sizing`): its concurrency of prompts
     of the longest length it allows, each with room for the most new tokens, all
     prefilling at once, keep the process's peak RSS (VmHWM, load included) under the
     memory the bake declares."""
     from ortserve.bake.package_cloudrun import sizing
-    from ortserve.bake.sizing import MAX_NEW_TOKENS
+    from ortserve.core.sizing import MAX_NEW_TOKENS
 
     shape = models.shape_135m()
     size = sizing(shape)
@@ -48,7 +48,7 @@ def _peak_of_longest_prompts(daemon: Any, count: int, prompt_tokens: int) -> flo
     longest prompt allowed (`prompt_tokens`; different for each: no shared cache) and
     room for the most new tokens, all have their first token (their KV room and prefill
     are done). Batchable (no seed, no min_tokens), as most requests are."""
-    from ortserve.bake.sizing import MAX_NEW_TOKENS
+    from ortserve.core.sizing import MAX_NEW_TOKENS
 
     first_tokens = threading.Barrier(count + 1, timeout=900)
     counts: list[int] = []
@@ -91,7 +91,7 @@ def test_the_edge_bundles_shipped_settings_hold_its_memory_max(start: Any) -> No
     allowed prompts, all at once, peak (VmHWM) under MemoryMax."""
     from ortserve.bake.package_edge import unit_memory_max, with_caps
     from ortserve.bake.packaging_common import package_dir
-    from ortserve.bake.sizing import model_memory
+    from ortserve.core.sizing import model_memory
 
     shape = models.shape_135m()
     terms = model_memory(shape, reloads=True)

@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 
-from ortserve.bake.sizing import model_memory
+from ortserve.core.sizing import model_memory
 from ortserve.core.engine import Engine
 from ortserve.core.errors import ModelUnavailableError
 from ortserve.core.generation import GenerationRequest, SamplingOptions, Token

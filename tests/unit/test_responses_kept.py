@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ortserve.bake.sizing import MIB, memory_for
+from ortserve.core.sizing import MIB, memory_for
 from ortserve.core.errors import InvalidRequestError
 from ortserve.core.protocol.bodies import parse
 from ortserve.core.protocol.responses import (

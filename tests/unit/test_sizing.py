@@ -1,4 +1,4 @@
-"""The memory formula every generated limit comes from (bake.sizing), and where the
+"""The memory formula every generated limit comes from (core.sizing), and where the
 targets put it: the Lambda MemorySize (samconfig.toml) and the edge unit's MemoryMax."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from ortserve.bake.errors import BakeError
 from ortserve.bake.package_edge import unit_memory_max, with_memory_max
 from ortserve.bake.package_lambda import samconfig
-from ortserve.bake.sizing import memory_for
+from ortserve.core.sizing import memory_for
 
 SMOLLM2_135M: dict[str, Any] = {
     "context_length": 8192,
@@ -105,7 +105,7 @@ def test_the_shipped_settings_keep_requests_in_the_declared_room() -> None:
     from ortserve.bake.package_edge import with_caps
     from ortserve.bake.package_lambda import DOCKERFILES, dockerfile_with_caps
     from ortserve.bake.packaging_common import package_dir
-    from ortserve.bake.sizing import shipped_caps
+    from ortserve.core.sizing import shipped_caps
 
     edge = memory_for(150 << 20, SMOLLM2_135M, sequences=4, reloads=True)
     caps = {"ORTSERVE_MAX_PROMPT_TOKENS": "3584", "ORTSERVE_MAX_NEW_TOKENS": "512"}
@@ -138,7 +138,7 @@ def test_the_cloud_functions_bundle_reads_its_caps_from_sizing_json(
     still overrides them; no file or no caps: no limit."""
     import json
 
-    from ortserve.bake.sizing import write_record
+    from ortserve.core.sizing import write_record
     from ortserve.functions.gcp import settings as gcf
 
     terms = memory_for(150 << 20, SMOLLM2_135M, sequences=4)
@@ -165,7 +165,7 @@ def test_the_engine_process_adds_its_runtime_and_ships_its_ceiling() -> None:
     the whole declared memory, set in the edge bundle's settings file."""
     from ortserve.bake.package_edge import with_caps
     from ortserve.bake.packaging_common import package_dir
-    from ortserve.bake.sizing import ENGINE_PROCESS_MIB, engine_ceiling
+    from ortserve.core.sizing import ENGINE_PROCESS_MIB, engine_ceiling
 
     one = memory_for(150 << 20, SMOLLM2_135M, sequences=4, reloads=True)
     two = memory_for(150 << 20, SMOLLM2_135M, sequences=4, reloads=True, engine_process=True)
