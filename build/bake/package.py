@@ -22,8 +22,8 @@ from ortserve.bake.packaging_common import (
     copy_runtime_code,
     write_lines,
 )
-from ortserve.core.sizing import model_memory, write_record
 from ortserve.bake.targets import Target
+from ortserve.core.sizing import model_memory, write_record
 
 # The Python of the Cloud Functions bundle (`--runtime python312`, `--base-image python312`).
 GCF_PYTHON = "3.12"

@@ -39,8 +39,8 @@ from ortserve.bake.packaging_common import (
     pinned_closure,
     write_lines,
 )
-from ortserve.core.sizing import Memory, memory_for, model_memory, write_record
 from ortserve.bake.targets import Target
+from ortserve.core.sizing import Memory, memory_for, model_memory, write_record
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "cloudrun"
 # What the template folder holds, as written into the bundle (same relative paths).

@@ -46,9 +46,9 @@ from ortserve.bake.packaging_common import (
     pinned,
     write_lines,
 )
-from ortserve.core.sizing import Memory, engine_ceiling, model_memory, shipped_caps, write_record
 from ortserve.bake.targets import Target
 from ortserve.core.manifest import sha256_file
+from ortserve.core.sizing import Memory, engine_ceiling, model_memory, shipped_caps, write_record
 
 # The edge extra's distributions (pyproject's `edge` extra); the runtime ones come from
 # bake.packaging_common. pip goes in too: install.sh runs pip from its wheel, so the board

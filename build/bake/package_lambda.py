@@ -29,8 +29,8 @@ from ortserve.bake.packaging_common import (
     copy_runtime_code,
     package_dir,
 )
-from ortserve.core.sizing import Memory, model_memory, shipped_caps, write_record
 from ortserve.bake.targets import Target
+from ortserve.core.sizing import Memory, model_memory, shipped_caps, write_record
 
 DOCKERFILES = ("Dockerfile", "Dockerfile.stream")
 # onnxruntime-genai's own runtime dependency, pinned too: the image must be the tested set.

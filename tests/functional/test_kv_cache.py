@@ -17,10 +17,10 @@ import pytest
 from onnx import TensorProto, helper, load
 
 from ortserve.bake.kv_cache import calibrate
-from ortserve.core.sizing import model_memory
 from ortserve.core.engine import Engine
 from ortserve.core.manifest import read_manifest
 from ortserve.core.settings import EngineSettings
+from ortserve.core.sizing import model_memory
 from tests import models
 
 TEXT = (

@@ -22,12 +22,12 @@ import httpx
 import numpy as np
 import pytest
 
-from ortserve.core.sizing import model_memory
 from ortserve.core.engine import Engine
 from ortserve.core.errors import ModelUnavailableError
 from ortserve.core.generation import GenerationRequest, SamplingOptions, Token
 from ortserve.core.manifest import read_manifest
 from ortserve.core.settings import EngineSettings
+from ortserve.core.sizing import model_memory
 from tests import models
 from tests.functional.harness import AUTH, edge_server, gcf_server
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from ortserve.core.sizing import MIB, memory_for
 from ortserve.core.errors import InvalidRequestError
 from ortserve.core.protocol.bodies import parse
 from ortserve.core.protocol.responses import (
@@ -21,6 +20,7 @@ from ortserve.core.protocol.responses import (
     conversation_bytes,
 )
 from ortserve.core.protocol.serving import Served
+from ortserve.core.sizing import MIB, memory_for
 
 A, B = "tenant-a", "tenant-b"
 
