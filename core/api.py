@@ -29,7 +29,6 @@ from ortserve.core.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
     ModelNotFoundError,
-    ModelUnavailableError,
     NotFoundError,
     OrtServeError,
     PayloadTooLargeError,
@@ -50,7 +49,15 @@ from ortserve.core.logs import escaped
 from ortserve.core.protocol.bodies import GenerationBody, parse
 from ortserve.core.protocol.serving import Event, MultiChoiceReply, Reply, Served
 from ortserve.core.records import RequestRecord
-from ortserve.core.routes import METRICS_ROUTE, PUBLIC_ROUTES, TABLE, error_shape, find
+from ortserve.core.registry import Lease, Models
+from ortserve.core.routes import (
+    METRICS_ROUTE,
+    PUBLIC_ROUTES,
+    TABLE,
+    error_shape,
+    find,
+    ollama_shaped,
+)
 from ortserve.core.settings import ServerSettings
 from ortserve.core.state import ModelState
 from ortserve.core.tenants import tenant_of
@@ -81,6 +88,8 @@ class Context:
     keyed: bool = False  # it carried a valid API key (or admin key)
     admin: bool = False  # it carried an admin key (ORTSERVE_ADMIN_KEYS)
     embedded_tokens: int = 0  # an embedding request's input tokens
+    lease: Lease | None = None  # its hold on the model it asked for (core.registry)
+    keep_s: float | None = None  # how long that model stays loaded after it (keep_alive)
 
 
 #: What answers a route (core.routes' `Route.answer`): a function of the API, the request
@@ -120,14 +129,9 @@ class Api:
         self._routes: dict[str, dict[str, Answer]] = {}
         for route in TABLE:
             self._routes.setdefault(route.path, {})[route.method] = route.answer
-        # The embedding models served beside the model (each its own state, loaded on its
-        # first request), and the places embedding requests take (as many as generations).
-        self.embedding_states = [
-            ModelState(
-                settings.model_copy(update={"model_dir": d, "served_name": None, "aliases": []})
-            )
-            for d in settings.embedding_models
-        ]
+        # Every model served: this one first, then ORTSERVE_MODELS (core.registry); and
+        # the places embedding requests take (as many as generations).
+        self.registry = Models(state, settings)
         self._embedding_slots = threading.BoundedSemaphore(max(1, settings.max_concurrency))
         self._scrape = metrics
         if metrics is not None:
@@ -201,11 +205,14 @@ class Api:
         """End every running generation at its next text: a stream with a final
         `shutting_down` error event, a buffered request with that 503 (the drain's end)."""
         self.draining = True
-        service = self.state.service
-        if service is not None:
-            service.stop_generations()
+        for state in self.registry.states:
+            service = state.service
+            if service is not None:
+                service.stop_generations()
 
     def _finish(self, record: RequestRecord, ctx: Context, start: float) -> None:
+        if ctx.lease is not None:
+            ctx.lease.release(ctx.keep_s)
         with self._lock:
             self.in_flight -= 1
         if self.on_record is None:
@@ -298,11 +305,23 @@ class Api:
             return response
         return methods[request.method](self, request, ctx)
 
-    def _service(self, request: Request) -> Service:
-        """The model's service for a new generation (none while draining)."""
+    def _service(
+        self, request: Request, ctx: Context, name: str | None
+    ) -> tuple[Service, ModelState]:
+        """The service of the model `name` names for a new generation (none while
+        draining), held for the request (`ctx.lease`, released when it ends).
+
+        Raises:
+            ModelNotFoundError: No model has that name.
+            ModelUnavailableError: It is loading past QUEUE_TIMEOUT_S, failed, or does
+                not fit the memory budget beside the models in use.
+            InvalidRequestError: It is an embedding model.
+        """
         if self.draining:
             raise DrainingError("the server is shutting down; retry on another instance")
-        return self.loaded(request)
+        state = self.registry.pick(name, ollama_shaped(request.path))
+        ctx.lease = self.registry.acquire(state)
+        return state.require(self.settings.queue_timeout_s, request.cancelled), state
 
     # -- generation routes --------------------------------------------------------------
 
@@ -311,8 +330,13 @@ class Api:
         body says what to generate and how to answer; the service generates."""
         body = parse(body_type, request.body)
         body.sent_by(ctx.tenant)
-        service = self._service(request)
-        served = self.served(service)
+        service, state = self._service(request, ctx, getattr(body, "model", None))
+        served = self.served(service, state)
+        keep_alive = getattr(body, "keep_alive", None)
+        if keep_alive is not None:  # Ollama's: how long the model stays after this request
+            from ortserve.core.durations import seconds
+
+            ctx.keep_s = seconds(keep_alive)
         instant = body.instant_answer(served)
         if instant is not None:
             return json_response(200, instant)
@@ -436,12 +460,26 @@ class Api:
         (up to QUEUE_TIMEOUT_S, as for a slot), as Ollama's requests do."""
         return self.state.require(self.settings.queue_timeout_s, request.cancelled)
 
-    def served(self, service: Service) -> Served:
+    def service_of(
+        self, request: Request, ctx: Context, name: str | None
+    ) -> tuple[Service, Served]:
+        """The service of the generative model `name` names and what formats know of it,
+        held for the request (as a generation holds it).
+
+        Raises:
+            As `_service`.
+        """
+        service, state = self._service(request, ctx, name)
+        return service, self.served(service, state)
+
+    def served(self, service: Service, state: ModelState | None = None) -> Served:
         """What request formats need to know of `service`'s model, under the names it is
-        served as (ALIASES, SERVED_NAME, else the manifest's name)."""
+        served as (`state`'s: ALIASES, SERVED_NAME or the name it was given, else the
+        manifest's name)."""
         engine = service.engine
         manifest = engine.manifest
-        model, *aliases = self.settings.served_names(engine.model_name)
+        names = self.registry.names(state or self.state) or (engine.model_name,)
+        model, *aliases = names
         return Served(
             model,
             engine.digest,
@@ -460,21 +498,21 @@ class Api:
         )
 
     def models(self, request: Request) -> list[Served]:
-        """Every model this server serves, the model first (waiting for its load as
-        `loaded` does), then the embedding models beside it (loaded now, on this first
-        use; one that fails to load is left out, and /readyz says why)."""
+        """Every model this server serves, the model first (waiting for its first load
+        as `loaded` does), then the others, loaded or not (as their manifests say them;
+        one whose folder cannot be read is left out, and /readyz says why)."""
         listed: list[Served] = []
-        if self.state.require_embedder(self.settings.queue_timeout_s, request.cancelled) is None:
-            listed.append(self.served(self.loaded(request)))
-        for state in [self.state, *self.embedding_states]:
-            if state is not self.state:
-                state.start_loading()
-            try:
-                embedder = state.require_embedder(self.settings.queue_timeout_s, request.cancelled)
-            except ModelUnavailableError:
-                continue
-            if embedder is not None:
-                listed.append(self.served_embedding(state.names, embedder))
+        for state in self.registry.states:
+            if state is self.state and state.status == "loading":
+                state.require_embedder(self.settings.queue_timeout_s, request.cancelled)
+            if state.service is not None:
+                listed.append(self.served(state.service, state))
+            elif state.embedder is not None:
+                listed.append(self.served_embedding(self.registry.names(state), state.embedder))
+            else:
+                declared = _declared(state, self.registry.names(state))
+                if declared is not None:
+                    listed.append(declared)
         return listed
 
     @staticmethod
@@ -496,56 +534,43 @@ class Api:
         )
 
     def embedding(
-        self, request: Request, name: str | None, ollama: bool = False
+        self, request: Request, ctx: Context, name: str | None, ollama: bool = False
     ) -> ServedEmbedding:
-        """The embedding model `name` names (None or "": the one there is): one served
-        beside the model (loaded now, on its first request), or the model itself.
+        """The embedding model `name` names (None or "": the first one served), held for
+        the request (`ctx.lease`).
 
         Raises:
-            ModelNotFoundError: No embedding model has that name (the error lists them).
-            InvalidRequestError: It names the generative model.
-            ModelUnavailableError: The model named (or, unnamed, the model) is loading
-                past QUEUE_TIMEOUT_S or failed.
+            ModelNotFoundError: No model has that name, or no embedding model is served.
+            InvalidRequestError: It names a generative model.
+            ModelUnavailableError: It is loading past QUEUE_TIMEOUT_S, failed, or does
+                not fit the memory budget.
         """
         from ortserve.core.embedding import ServedEmbedding
-        from ortserve.core.names import same_name
 
         if self.draining:
             raise DrainingError("the server is shutting down; retry on another instance")
-        wait, cancelled = self.settings.queue_timeout_s, request.cancelled
-        ready: list[ServedEmbedding] = []
-        failed: ModelUnavailableError | None = None
-        for state in [*self.embedding_states, self.state]:
-            if state is not self.state:
-                state.start_loading()
-            try:
-                embedder = state.require_embedder(wait, cancelled)
-            except ModelUnavailableError as exc:
-                failed = failed or exc
-                continue
-            if embedder is None:
-                continue  # the generative model
-            served = ServedEmbedding(
-                embedder, state.model_id or embedder.name, state.content_filter
+        embedding = [s for s in self.registry.states if s.kind == "embedding"]
+        state = self.registry.find(name) if name else (embedding[0] if embedding else None)
+        if state is None or (not name and state.kind != "embedding"):
+            have = ", ".join(repr(self.registry.names(s)[0]) for s in embedding if s.names)
+            quoted = f"model '{name}'" if ollama else f"the model {name!r}"
+            raise ModelNotFoundError(
+                f"{quoted} not found; this server has {have or 'no embedding model'} for embeddings"
             )
-            if not name or any(same_name(name, known) for known in state.names):
-                return served
-            ready.append(served)
-        generative = self.state.service
-        if name and generative is not None:
-            model_name = generative.engine.model_name
-            if any(same_name(name, n) for n in self.settings.served_names(model_name)):
-                raise InvalidRequestError(
-                    f"the model {name!r} generates text; it does not make embeddings "
-                    "(serve an embedding model beside it: `ortserve serve MODEL "
-                    "all-minilm:l6-v2`)",
-                    "model",
-                )
-        if failed is not None and not ready:
-            raise failed
-        have = ", ".join(repr(s.name) for s in ready) or "no embedding model"
-        quoted = f"model '{name}'" if ollama else f"the model {name!r}"
-        raise ModelNotFoundError(f"{quoted} not found; this server has {have} for embeddings")
+        if state.kind != "embedding":
+            raise InvalidRequestError(
+                f"the model {name!r} generates text; it does not make embeddings "
+                "(serve an embedding model beside it: `ortserve serve MODEL "
+                "all-minilm:l6-v2`)",
+                "model",
+            )
+        ctx.lease = self.registry.acquire(state)
+        embedder = state.require_embedder(self.settings.queue_timeout_s, request.cancelled)
+        assert embedder is not None  # its manifest says embedding, and it loaded
+        name_id = self.registry.names(state)
+        return ServedEmbedding(
+            embedder, name_id[0] if name_id else embedder.name, state.content_filter
+        )
 
     @contextlib.contextmanager
     def embedding_slot(self, request: Request) -> Iterator[None]:
@@ -612,4 +637,31 @@ def _merged(dones: list[Completion]) -> Completion:
         drafts=Drafts(sum(d.drafted for d in drafts), sum(d.accepted for d in drafts))
         if drafts
         else None,
+    )
+
+
+def _declared(state: ModelState, names: tuple[str, ...]) -> Served | None:
+    """What the listing routes say of a model that is not loaded, from its manifest (None:
+    there is none to read)."""
+    from ortserve.core.manifest import manifest_digest
+    from ortserve.core.state import pinned_folder
+
+    manifest = state.manifest()
+    if manifest is None or not names:
+        return None
+    try:
+        digest = manifest_digest(pinned_folder(state.settings.model_dir))
+    except OSError:
+        return None
+    embedding = manifest.kind == "embedding"
+    return Served(
+        names[0],
+        digest,
+        manifest.created_at,
+        0,
+        0,
+        precision=manifest.precision,
+        size=sum(f.size for f in manifest.files),
+        also_known_as=names[1:],
+        kind="embedding" if embedding else "generative",
     )

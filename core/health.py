@@ -19,6 +19,8 @@ from ortserve.core.protocol.replies import Health
 
 if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
     from ortserve.core.api import Api, Context
+    from ortserve.core.registry import Models
+    from ortserve.core.state import ModelState
 
 Status = Literal["loading", "ready", "restarting", "failed", "draining"]
 
@@ -56,7 +58,9 @@ def _health(api: Api, ctx: Context, *, shown: bool = True) -> Health:
     """The probes' answer: everything (`shown` False), or what `ctx`'s caller may see."""
     state = api.state
     engine = state.engine
-    status: Status = state.status
+    # Unloaded (several models: its keep_alive ran out) is ready: it loads on its next
+    # request.
+    status: Status = "ready" if state.status == "unloaded" else state.status
     if engine is not None and engine.model.state != "ready":  # its process restarts
         status = "failed" if engine.model.state == "failed" else "restarting"
     status = "draining" if api.draining else status
@@ -66,11 +70,23 @@ def _health(api: Api, ctx: Context, *, shown: bool = True) -> Health:
     if service is not None:
         stats = service.stats()
         payload["active"], payload["waiting"] = stats.active, stats.waiting
-    if api.embedding_states:  # served beside it: each loads on its first request
-        payload["embedding_models"] = [
-            {"status": s.status, **s.describe()} for s in api.embedding_states
+    registry = api.registry
+    if registry.several:  # served beside it: each loads on its first request
+        payload["models"] = [
+            {"status": s.status, **s.describe(), **_until(registry, s)} for s in registry.states
         ]
     return _shown(api, ctx, payload) if shown else payload
+
+
+def _until(registry: Models, state: ModelState) -> dict[str, Any]:
+    """When a loaded model unloads (`expires_at`, ISO 8601; none: for good, or in use)."""
+    from datetime import UTC, datetime
+
+    if state.status != "ready":
+        return {}
+    at = registry.expires_at(state)
+    when = None if at is None else datetime.fromtimestamp(at, UTC).isoformat()
+    return {"expires_at": when}
 
 
 def _shown(api: Api, ctx: Context, payload: Health) -> Health:

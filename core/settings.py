@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from ortserve.core.durations import GO_DURATION
+
 # The most new tokens MAX_NEW_TOKENS (and so any request) may name: 128k.
 MAX_TOKENS_BOUND = 131072
 
@@ -199,6 +201,10 @@ class StoreSettings(BaseSettings):
         return self.home / "models"
 
 
+#: ORTSERVE_KEEP_ALIVE: a Go duration (core.durations) or a number of seconds.
+GO_DURATION_OR_SECONDS = rf"{GO_DURATION}|^-?[0-9]+(\.[0-9]+)?$"
+
+
 class ServerSettings(EngineSettings):
     """Settings of a process that serves the HTTP API (every target), engine's included.
 
@@ -222,9 +228,17 @@ class ServerSettings(EngineSettings):
         aliases: More names the API serves the model under (comma-separated in
             ORTSERVE_ALIASES; `serve --alias`, as vLLM's `--served-model-name`): the first
             is then the model's id, the others and `served_name` are listed after it.
-        embedding_models: Baked embedding model folders served beside the model, for
-            /v1/embeddings and /api/embed (comma-separated in ORTSERVE_EMBEDDING_MODELS;
-            `ortserve serve MODEL EMBEDDING...` sets it). Each loads on its first request.
+        models: More models served beside the model: baked folders, each `FOLDER` or
+            `NAME=FOLDER` (the name requests use; comma-separated in ORTSERVE_MODELS;
+            `ortserve serve MODEL MORE...` sets it). Each loads on its first request; a
+            request's `model` picks one (none: the model).
+        keep_alive: With several models, how long one stays loaded after its last
+            request (Ollama's: seconds or a Go duration such as `5m`; negative: for
+            good; a request's `keep_alive` wins). With one model it stays.
+        memory_budget_mb: With several models, the memory the loaded ones may take in
+            all, by the sizing formula (core.sizing); a model that does not fit unloads
+            the least recently used idle ones, or its request gets a 503. None: 90% of
+            the cgroup's limit, else of the machine's memory.
     """
 
     host: str = "127.0.0.1"
@@ -237,9 +251,11 @@ class ServerSettings(EngineSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     served_name: str | None = Field(default=None, min_length=1)
     aliases: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    embedding_models: Annotated[list[Path], NoDecode] = Field(default_factory=list, max_length=8)
+    models: Annotated[list[str], NoDecode] = Field(default_factory=list, max_length=16)
+    keep_alive: str = Field(default="5m", pattern=GO_DURATION_OR_SECONDS)
+    memory_budget_mb: int | None = Field(default=None, ge=64)
 
-    @field_validator("aliases", "embedding_models", mode="before")
+    @field_validator("aliases", "models", mode="before")
     @classmethod
     def _split_aliases(cls, value: object) -> object:
         names = value.split(",") if isinstance(value, str) else value

@@ -25,7 +25,7 @@ from ortserve.core.errors import (
     ModelUnavailableError,
     OrtServeError,
 )
-from ortserve.core.manifest import arch_mismatch, manifest_digest, verify_folder
+from ortserve.core.manifest import Manifest, arch_mismatch, manifest_digest, verify_folder
 from ortserve.core.settings import EngineSettings, ServerSettings
 
 if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with this module
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # onnxruntime-genai is imported when a model loads, not with 
 
 log = logging.getLogger("ortserve")
 
-ModelStatus = Literal["loading", "ready", "failed"]
+ModelStatus = Literal["loading", "ready", "failed", "unloaded"]
 ReloadStatus = Literal["reloading", "switched", "unchanged", "failed"]
 # A swapped-out model is freed once its last request ends; until then it is looked at
 # this often, then less and less often (a collection pass costs a few ms of the GIL).
@@ -101,12 +101,16 @@ class ModelState:
         self.warmup_s: float | None = None  # the warm-up generation's time, once run
         self.last_reload: ReloadReport | None = None
         self._reloads = 0
+        self._declared_for: tuple[Path, Manifest] | None = None
 
     def start_loading(self) -> threading.Thread:
-        """Load in a background thread (once); health answers "loading" meanwhile."""
+        """Load in a background thread (once, and again after `unload`); health answers
+        "loading" meanwhile."""
         with self._loader_lock:
-            if self._loader is None:
+            if self._loader is None or (self.status == "unloaded" and not self._loading):
                 self._loading = True
+                if self.status == "unloaded":
+                    self.status, self.reason = "loading", f"loading {self.settings.model_dir}"
                 self._loader = threading.Thread(target=self.load, name="model-load", daemon=True)
                 self._loader.start()
             return self._loader
@@ -120,6 +124,25 @@ class ModelState:
             with self._settled:
                 self._loading = False
                 self._settled.notify_all()
+
+    def unload(self) -> bool:
+        """Free the model (several models served: its keep_alive ran out, a request's
+        `keep_alive` 0, or room for another): requests from now on load it again; those
+        in flight finish on it, and its engine process ends with the last of them.
+        False: not loaded (loading, failed, or unloaded already)."""
+        with self._lock:
+            old, embedder = self.service, self.embedder
+            if self.status != "ready":
+                return False
+            with self._settled:
+                self.service, self.embedder = None, None
+                self.status, self.reason = "unloaded", "unloaded; it loads on its next request"
+                self._settled.notify_all()
+        log.info("model %s unloaded", self.names[0] if self.names else self.settings.model_dir)
+        if old is not None:
+            _retire(old)
+        del embedder  # freed with the last request that holds it
+        return True
 
     def _load(self) -> None:
         with self._lock:
@@ -356,19 +379,58 @@ class ModelState:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The names the API serves the loaded model under, its id first (none before
-        it loads): `ServerSettings.served_names` of the manifest's model name, or, for
-        an embedding model, of its own names (`EmbeddingModel.names`)."""
-        engine, embedder = self.engine, self.embedder
-        if embedder is not None:
-            own = embedder.names
-        elif engine is not None:
-            own = (engine.model_name,)
-        else:
+        """The names the API serves the model under, its id first: `ServerSettings.
+        served_names` of the manifest's model name, or, for an embedding model, of its
+        own names (`EmbeddingModel.names`); before it loads, as its manifest says them
+        (none where there is no manifest to read)."""
+        own = self.own_names()
+        if not own:
             return ()
         if isinstance(self.settings, ServerSettings):
             return tuple(dict.fromkeys([*self.settings.served_names(own[0]), *own[1:]]))
         return own
+
+    def own_names(self) -> tuple[str, ...]:
+        """The model's own names, its manifest's model name first (an embedding model's:
+        `EmbeddingModel.names`), loaded or not (none: no manifest to read)."""
+        engine, embedder = self.engine, self.embedder
+        if embedder is not None:
+            return embedder.names
+        if engine is not None:
+            return (engine.model_name,)
+        return self._declared()
+
+    def manifest(self) -> Manifest | None:
+        """The folder's manifest as it is now (read once a folder; None: none to read),
+        what the model is before it loads."""
+        from ortserve.core.manifest import read_manifest
+
+        folder = pinned_folder(self.settings.model_dir)
+        if self._declared_for is not None and self._declared_for[0] == folder:
+            return self._declared_for[1]
+        try:
+            manifest = read_manifest(folder)
+        except OrtServeError:
+            return None
+        self._declared_for = (folder, manifest)
+        return manifest
+
+    @property
+    def kind(self) -> str:
+        """`generative` or `embedding`, as the folder's manifest says (`generative`
+        where there is none to read: its load says why)."""
+        manifest = self.manifest()
+        return manifest.kind if manifest is not None else "generative"
+
+    def _declared(self) -> tuple[str, ...]:
+        """The names the folder's manifest gives the model, before it loads."""
+        manifest = self.manifest()
+        if manifest is None:
+            return ()
+        if manifest.kind == "embedding" and manifest.source_kind == "catalog":
+            family = manifest.source.partition(":")[0]
+            return (manifest.source, manifest.model_name, family)
+        return (manifest.model_name,)
 
     @property
     def engine(self) -> Engine | None:

@@ -56,12 +56,13 @@ def register(
     )
     add_model_args(parser, EdgeSettings, model_completion, "served under that name")
     parser.add_argument(  # completes stored names and folders, as MODEL
-        "embedding_models",
+        "more_models",
         nargs="*",
-        metavar="EMBEDDING",
-        help="embedding models served beside MODEL for /v1/embeddings and /api/embed "
-        "(names from `ortserve list`, or folders; ORTSERVE_EMBEDDING_MODELS); each loads "
-        "on its first request",
+        metavar="MORE",
+        help="more models served beside MODEL, chat or embedding (names from `ortserve "
+        "list`, or folders; ORTSERVE_MODELS): a request's `model` picks one; each loads on "
+        "its first request and unloads after ORTSERVE_KEEP_ALIVE (5m) idle, within "
+        "ORTSERVE_MEMORY_BUDGET_MB",
     ).complete = model_completion  # type: ignore[attr-defined]
     add_setting_argument(parser, EdgeSettings, "wait_for_model")
     add_listen_args(parser)
@@ -494,8 +495,8 @@ def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
     }
     if getattr(args, "aliases", None):
         overrides["aliases"] = args.aliases
-    if getattr(args, "embedding_models", None):
-        overrides["embedding_models"] = [Path(m) for m in args.embedding_models]
+    if getattr(args, "more_models", None):
+        overrides["models"] = list(args.more_models)
     try:
         settings = EdgeSettings(**overrides)
     except ValidationError as exc:
@@ -507,39 +508,30 @@ def run(args: argparse.Namespace, locate: Locate | None = None) -> int:
     settings, located = locate(settings)
     if located is not None and located.name and "served_name" not in settings.model_fields_set:
         settings = settings.model_copy(update={"served_name": located.name})
-    try:
-        settings = _embedding_folders(settings, locate)
-        problem = port_problem(settings.host, settings.port)
-    except ValueError as exc:  # a generative model named as an embedding model
-        problem = str(exc)
+    settings = _model_folders(settings, locate)
+    problem = port_problem(settings.host, settings.port)
     if problem is not None:  # with a free port to use, before the daemon starts
         print(f"{command}: error: {problem}", file=sys.stderr)
         return 1
     return serve(settings)
 
 
-def _embedding_folders(settings: EdgeSettings, locate: Locate) -> EdgeSettings:
-    """`settings` with each embedding model's name (a stored model, or a folder) as its
-    folder.
+def _model_folders(settings: EdgeSettings, locate: Locate) -> EdgeSettings:
+    """`settings` with each more model's name (a stored model, or a folder) as
+    `NAME=FOLDER` (`FOLDER` for a folder given as one), so that requests name it as it
+    was given.
 
     Raises:
-        ValueError: One names a generative model (a server serves one, with embedding
-            models beside it).
         ModelNotFoundError: A name no folder and no stored model has.
     """
-    from ortserve.core.embedding import is_embedding_folder
+    from ortserve.core.registry import model_entries
 
-    folders: list[Path] = []
-    for name in settings.embedding_models:
-        found, _ = locate(settings.model_copy(update={"model_dir": name}))
-        folder = found.model_dir
-        if (folder / "manifest.json").is_file() and not is_embedding_folder(folder):
-            raise ValueError(
-                f"{name} is a generative model: a server serves one generative model "
-                "(MODEL), with embedding models beside it"
-            )
-        folders.append(folder)
-    return settings.model_copy(update={"embedding_models": folders})
+    entries: list[str] = []
+    for given, folder in model_entries(settings):
+        found, located = locate(settings.model_copy(update={"model_dir": folder}))
+        name = given or (located.name if located is not None else None)
+        entries.append(f"{name}={found.model_dir}" if name else str(found.model_dir))
+    return settings.model_copy(update={"models": entries})
 
 
 # The settings `serve` (and `run`) have a flag for; every one has its ORTSERVE_ variable.

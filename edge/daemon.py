@@ -152,6 +152,7 @@ class Daemon:
             target = self.settings.model_dir
             self.notifier.reloading(f"reloading: loading {target} beside the serving model")
             report = await run_in_thread(self.state.reload, "ortserve-reload")
+            await run_in_thread(self._reload_others, "ortserve-reload")
             engine = self.state.engine
             if self.state.embedder is not None:  # an embedding model: not reloaded
                 self.notifier.ready(
@@ -178,6 +179,21 @@ class Daemon:
                     + (f" in {report.seconds:.1f} s)" if report.seconds else ")")
                 )
             self.notifier.ready(text)
+
+    def _reload_others(self) -> None:
+        """Reload, blue/green, each other loaded generative model whose folder (a
+        `current` symlink, say) now holds another model; the unloaded ones read their
+        folder at their next load."""
+        for state in self.api.registry.states[1:]:
+            if state.service is None:
+                continue
+            report = state.reload()
+            log.info(
+                "reload of %s: %s%s",
+                state.model_id,
+                report.status,
+                f" ({report.reason})" if report.reason else "",
+            )
 
     async def run(self) -> int:
         """Serve until a stop signal, then drain; the process's exit code."""

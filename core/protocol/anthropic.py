@@ -627,8 +627,7 @@ def count_tokens(api: Api, request: Request, ctx: Context) -> Response:
     """POST /v1/messages/count_tokens: the conversation's prompt tokens, tools included,
     as the model's template renders them (nothing is generated)."""
     body = parse(CountTokensBody, request.body)
-    service = api.loaded(request)
-    served = api.served(service)
+    service, served = api.service_of(request, ctx, body.model)
     generation = body.chat(served, SamplingOptions(max_new_tokens=1))
     counted: AnthropicTokenCount = {"input_tokens": len(service.engine.prompt_ids(generation))}
     return json_response(200, counted)

@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, Field
 from ortserve.core.errors import InvalidRequestError
 from ortserve.core.generation import GenerationRequest
 from ortserve.core.http import json_response
-from ortserve.core.protocol.bodies import Body, Int, parse
+from ortserve.core.protocol.bodies import Body, integral, parse
 from ortserve.core.protocol.replies import (
     EmbeddingItem,
     EmbeddingList,
@@ -43,7 +43,10 @@ MAX_INPUTS = 2048
 #: The most tokens one request's inputs may hold in all (OpenAI's limit).
 MAX_REQUEST_TOKENS = 300_000
 
-_TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+_TokenId = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(integral)]
+#: `dimensions`: its bounds inside the type (on an optional field pydantic wrote them as
+#: `ge`, which JSON Schema does not know).
+Dimensions = Annotated[int, Field(ge=1, le=65536), BeforeValidator(integral)]
 
 
 def _input_shape(value: Any) -> Any:
@@ -79,8 +82,8 @@ class EmbeddingsBody(Body):
     encoding_format: Literal["float", "base64"] = Field(
         default="float", description="base64: each vector's float32 bytes (little-endian)"
     )
-    dimensions: Int | None = Field(
-        default=None, ge=1, description="the model's own dimensions only (it cannot shorten)"
+    dimensions: Dimensions | None = Field(
+        default=None, description="the model's own dimensions only (it cannot shorten)"
     )
 
 
@@ -98,7 +101,7 @@ class OllamaEmbedBody(Body):
     truncate: bool = Field(
         default=True, description="cut an input longer than the model takes (Ollama's default)"
     )
-    dimensions: Int | None = Field(default=None, ge=1, description="the model's own only")
+    dimensions: Dimensions | None = Field(default=None, description="the model's own only")
 
 
 class OllamaEmbeddingsBody(Body):
@@ -186,7 +189,7 @@ def _vectors(
 def embeddings(api: Api, request: Request, ctx: Context) -> Response:
     """POST /v1/embeddings (OpenAI's)."""
     body = parse(EmbeddingsBody, request.body)
-    served = api.embedding(request, body.model)
+    served = api.embedding(request, ctx, body.model)
     _check_dimensions(served, body.dimensions)
     given = body.input
     if isinstance(given, str):
@@ -221,7 +224,7 @@ def embed(api: Api, request: Request, ctx: Context) -> Response:
     start = time.perf_counter()
     body = parse(OllamaEmbedBody, request.body)
     loading = time.perf_counter()
-    served = api.embedding(request, body.model, ollama=True)
+    served = api.embedding(request, ctx, body.model, ollama=True)
     loaded = time.perf_counter() - loading
     _check_dimensions(served, body.dimensions)
     texts = [body.input] if isinstance(body.input, str) else body.input
@@ -241,7 +244,7 @@ def embeddings_legacy(api: Api, request: Request, ctx: Context) -> Response:
     """POST /api/embeddings (Ollama's older route): an empty prompt gets an empty vector,
     a long one is cut, as Ollama's own does."""
     body = parse(OllamaEmbeddingsBody, request.body)
-    served = api.embedding(request, body.model, ollama=True)
+    served = api.embedding(request, ctx, body.model, ollama=True)
     if not body.prompt:
         empty: OllamaEmbedding = {"embedding": []}
         return json_response(200, empty)

@@ -18,14 +18,13 @@ accepted and not used, and any other field is a 400 (core.protocol.Body).
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 from ortserve.core import version as ortserve_version
+from ortserve.core.durations import GO_DURATION, NS, nanoseconds
 from ortserve.core.errors import ModelNotFoundError, OrtServeError
 from ortserve.core.generation import (
     Completion,
@@ -71,25 +70,10 @@ from ortserve.core.settings import DEFAULT_NEW_TOKENS, MAX_TOKENS_BOUND
 if TYPE_CHECKING:  # core.api imports core.routes, which imports this module
     from ortserve.core.api import Api, Context
 
-_NS = 1_000_000_000
 _NOT_SUPPORTED = "not supported by ortserve"
-# A keep_alive string is a Go duration (Go's time.ParseDuration): "5m", "1h30m", "-1s", "0".
-# [0-9], not \d: the schema's pattern is ECMA-262's, where \d is ASCII.
-_UNIT_NS = {
-    "ns": 1,
-    "us": 1_000,
-    "µs": 1_000,
-    "μs": 1_000,
-    "ms": 1_000_000,
-    "s": _NS,
-    "m": 60 * _NS,
-    "h": 3600 * _NS,
-}
-_PART = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)"
-_GO_DURATION = rf"^[-+]?(0|({_PART})+)$"
 #: `keep_alive`: seconds, or a Go duration string; negative: for good.
 KeepAlive = (
-    Annotated[float, Field(allow_inf_nan=False)] | Annotated[str, Field(pattern=_GO_DURATION)]
+    Annotated[float, Field(allow_inf_nan=False)] | Annotated[str, Field(pattern=GO_DURATION)]
 )
 #: When Ollama says a model kept with `keep_alive` -1 expires: Go's longest duration away.
 _FOREVER = timedelta(microseconds=(2**63 - 1) // 1000)
@@ -115,12 +99,7 @@ _IMAGES_DOC = f"none: {NO_IMAGES}"
 def unloads(keep_alive: float | str | None) -> bool:
     """Whether `keep_alive` is Ollama's 0 (unload now): seconds, or a duration string,
     that come to under a nanosecond (Ollama truncates to whole nanoseconds)."""
-    if keep_alive is None:
-        return False
-    if isinstance(keep_alive, str):
-        parts = re.findall(_PART, keep_alive)
-        return all(int(Decimal(number) * _UNIT_NS[unit]) == 0 for number, unit in parts)
-    return 0 <= keep_alive * _NS < 1
+    return keep_alive is not None and nanoseconds(keep_alive) == 0
 
 
 class OllamaOptions(Body):
@@ -386,14 +365,14 @@ class OllamaReply(Reply):
         """`line` with the answer's reason, counts and durations (the last line)."""
         timings = done.timings
         line["done_reason"] = public_finish(done)
-        line["total_duration"] = round((timings.ttft_s + timings.decode_s) * _NS)
+        line["total_duration"] = round((timings.ttft_s + timings.decode_s) * NS)
         line["load_duration"] = 0
         line["prompt_eval_count"] = done.prompt_tokens  # cached ones included, as Ollama's
         if done.cached_tokens:  # Ollama's field is there only when some were (omitempty)
             line["prompt_eval_cached_count"] = done.cached_tokens
-        line["prompt_eval_duration"] = round(timings.ttft_s * _NS)
+        line["prompt_eval_duration"] = round(timings.ttft_s * NS)
         line["eval_count"] = done.completion_tokens
-        line["eval_duration"] = round(timings.decode_s * _NS)
+        line["eval_duration"] = round(timings.decode_s * NS)
         return line
 
     def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> OllamaLine | None:
@@ -462,14 +441,17 @@ def show(api: Api, request: Request, ctx: Context) -> Response:
 
 
 def ps(api: Api, request: Request, ctx: Context) -> Response:
-    """GET /api/ps: the loaded models; none while one loads (no wait for it)."""
-    running: list[tuple[Served, str]] = []
-    service = api.state.service
-    if service is not None:
-        running.append((api.served(service), service.engine.probe.provider))
-    for state in [api.state, *api.embedding_states]:
-        if state.embedder is not None:
-            running.append((api.served_embedding(state.names, state.embedder), "cpu"))
+    """GET /api/ps: the loaded models (none while one loads: no wait for it), each with
+    when it unloads (several models: keep_alive; else for good)."""
+    running: list[tuple[Served, str, float | None]] = []
+    registry = api.registry
+    for state in registry.states:
+        if state.service is not None:
+            provider = state.service.engine.probe.provider
+            running.append((api.served(state.service, state), provider, registry.expires_at(state)))
+        elif state.embedder is not None:
+            served = api.served_embedding(registry.names(state), state.embedder)
+            running.append((served, "cpu", registry.expires_at(state)))
     return json_response(200, _ps(running))
 
 
@@ -544,14 +526,14 @@ def _show_embedding(served: Served) -> OllamaShow:
     }
 
 
-def _ps(running: list[tuple[Served, str]]) -> OllamaPs:
-    """/api/ps's answer: the loaded models (none while one loads), as Ollama lists those
-    kept loaded for good (`keep_alive: -1`): they stay until the process ends. Each with
-    the execution provider it runs on (`size_vram` is its size on a GPU)."""
-    return {"models": [_running(served, provider) for served, provider in running]}
+def _ps(running: list[tuple[Served, str, float | None]]) -> OllamaPs:
+    """/api/ps's answer: the loaded models (none while one loads), each with the execution
+    provider it runs on (`size_vram` is its size on a GPU) and when it unloads, in
+    `time.time()` seconds (None: for good, said as Ollama says `keep_alive: -1`)."""
+    return {"models": [_running(served, provider, at) for served, provider, at in running]}
 
 
-def _running(served: Served, provider: str) -> OllamaRunning:
+def _running(served: Served, provider: str, at: float | None) -> OllamaRunning:
     context_length = served.context_length
     entry: OllamaRunning = {
         "name": served.model,
@@ -559,7 +541,9 @@ def _running(served: Served, provider: str) -> OllamaRunning:
         "size": served.size,
         "digest": served.digest,
         "details": _details(served),
-        "expires_at": _timestamp(datetime.now(UTC) + _FOREVER),
+        "expires_at": _timestamp(
+            datetime.now(UTC) + _FOREVER if at is None else datetime.fromtimestamp(at, UTC)
+        ),
         "size_vram": served.size if provider in _GPU_PROVIDERS else 0,
     }
     if context_length:

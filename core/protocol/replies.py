@@ -562,8 +562,8 @@ class Health(ModelDescription, total=False):
     active: int
     waiting: int
     alive: bool
-    #: The embedding models served beside the model: each one's status and description.
-    embedding_models: list[dict[str, Any]]
+    #: With several models served, each one's status, description and `expires_at`.
+    models: list[dict[str, Any]]
 
 
 # -- Anthropic's Messages API --------------------------------------------------------------

@@ -45,7 +45,7 @@ def beside(
     content filter that denies one word."""
     rules = tmp_path_factory.mktemp("filter") / "filter.toml"
     rules.write_text('[input]\ndeny = ["forbiddenword"]\n', encoding="utf-8")
-    env = {"ORTSERVE_EMBEDDING_MODELS": str(minilm), "ORTSERVE_CONTENT_FILTER": str(rules)}
+    env = {"ORTSERVE_MODELS": str(minilm), "ORTSERVE_CONTENT_FILTER": str(rules)}
     with edge_server(tiny_model_dir, env) as base:
         yield base
 
@@ -147,8 +147,9 @@ def test_the_listings_show_both_models_and_each_route_its_own(beside: str) -> No
     import httpx
 
     ready = httpx.get(f"{beside}/readyz", headers=AUTH, timeout=10).json()
-    (beside_model,) = ready["embedding_models"]
+    tiny, beside_model = ready["models"]
     assert beside_model["status"] == "ready" and beside_model["kind"] == "embedding"
+    assert tiny["model"] == TINY and beside_model["expires_at"]  # ORTSERVE_KEEP_ALIVE
     metrics = httpx.get(f"{beside}/metrics", headers=AUTH, timeout=10).text
     assert "ortserve_embedded_tokens_total" in metrics
 
