@@ -49,7 +49,7 @@ def seconds(value: float | str) -> float:
 
 
 def setting_seconds(text: str) -> float:
-    """ORTSERVE_KEEP_ALIVE as `seconds` reads it: a number of seconds, or a Go duration."""
+    """ORTSERVE_MODEL_KEEP_ALIVE as `seconds` reads it: a number of seconds, or a Go duration."""
     try:
         return seconds(float(text))
     except ValueError:

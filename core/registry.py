@@ -8,7 +8,7 @@ the daemon (a fault there costs only its requests), an embedding model in the se
 process. A request's `model` picks one (none, or empty: the server's model).
 
 With several models, Ollama's `keep_alive` applies: a model stays loaded for
-ORTSERVE_KEEP_ALIVE (5 minutes) after its last request ends, or for the request's own
+ORTSERVE_MODEL_KEEP_ALIVE (5 minutes) after its last request ends, or for the request's own
 `keep_alive` (0: it unloads as soon as its requests end; negative: for good). The loaded
 models' memory, by the sizing formula (core.sizing, the terms the bake declares: the
 model, its KV caches and prefill parts, its engine process), stays within
@@ -99,7 +99,7 @@ class Models:
         ]
         self.states: list[ModelState] = [primary, *extras]
         self.several = len(self.states) > 1
-        self.keep_s = setting_seconds(settings.keep_alive) if self.several else math.inf
+        self.keep_s = setting_seconds(settings.model_keep_alive) if self.several else math.inf
         self.budget_mib = settings.memory_budget_mb or _machine_budget_mib()
         self._use = {id(s): _Use(keep_s=self.keep_s) for s in self.states}
         self._lock = threading.Lock()

@@ -201,7 +201,7 @@ class StoreSettings(BaseSettings):
         return self.home / "models"
 
 
-#: ORTSERVE_KEEP_ALIVE: a Go duration (core.durations) or a number of seconds.
+#: ORTSERVE_MODEL_KEEP_ALIVE: a Go duration (core.durations) or a number of seconds.
 GO_DURATION_OR_SECONDS = rf"{GO_DURATION}|^-?[0-9]+(\.[0-9]+)?$"
 
 
@@ -232,7 +232,7 @@ class ServerSettings(EngineSettings):
             `NAME=FOLDER` (the name requests use; comma-separated in ORTSERVE_MODELS;
             `ortserve serve MODEL MORE...` sets it). Each loads on its first request; a
             request's `model` picks one (none: the model).
-        keep_alive: With several models, how long one stays loaded after its last
+        model_keep_alive: With several models, how long one stays loaded after its last
             request (Ollama's: seconds or a Go duration such as `5m`; negative: for
             good; a request's `keep_alive` wins). With one model it stays.
         memory_budget_mb: With several models, the memory the loaded ones may take in
@@ -252,7 +252,7 @@ class ServerSettings(EngineSettings):
     served_name: str | None = Field(default=None, min_length=1)
     aliases: Annotated[list[str], NoDecode] = Field(default_factory=list)
     models: Annotated[list[str], NoDecode] = Field(default_factory=list, max_length=16)
-    keep_alive: str = Field(default="5m", pattern=GO_DURATION_OR_SECONDS)
+    model_keep_alive: str = Field(default="5m", pattern=GO_DURATION_OR_SECONDS)
     memory_budget_mb: int | None = Field(default=None, ge=64)
 
     @field_validator("aliases", "models", mode="before")

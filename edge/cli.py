@@ -61,7 +61,7 @@ def register(
         metavar="MORE",
         help="more models served beside MODEL, chat or embedding (names from `ortserve "
         "list`, or folders; ORTSERVE_MODELS): a request's `model` picks one; each loads on "
-        "its first request and unloads after ORTSERVE_KEEP_ALIVE (5m) idle, within "
+        "its first request and unloads after ORTSERVE_MODEL_KEEP_ALIVE (5m) idle, within "
         "ORTSERVE_MEMORY_BUDGET_MB",
     ).complete = model_completion  # type: ignore[attr-defined]
     add_setting_argument(parser, EdgeSettings, "wait_for_model")
@@ -271,13 +271,34 @@ def run_ps(args: argparse.Namespace) -> int:
                 _size(int(model.get("size", 0))),
                 processor,
                 str(model.get("context_length", "-")),
-                "Forever",  # a served model stays loaded until the process ends
+                _until(str(model.get("expires_at", ""))),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("    ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return 0
+
+
+def _until(expires_at: str) -> str:
+    """UNTIL as `ollama ps` says it: "Forever" for a model kept for good (Ollama's
+    `expires_at` ~292 years away), else how long from now ("4 minutes from now")."""
+    from datetime import UTC, datetime
+
+    try:
+        when = datetime.fromisoformat(expires_at.replace("Z", "+00:00"))
+    except ValueError:
+        return "-"
+    left = (when - datetime.now(UTC)).total_seconds()
+    if left > 100 * 365 * 86400:
+        return "Forever"
+    if left < 60:
+        return "Less than a minute from now" if left > 0 else "Stopping..."
+    minutes = int(left // 60)
+    if minutes < 60:
+        return f"{minutes} minute{'s' if minutes != 1 else ''} from now"
+    hours = minutes // 60
+    return f"{hours} hour{'s' if hours != 1 else ''} from now"
 
 
 def _size(size: int) -> str:

@@ -149,7 +149,7 @@ def test_the_listings_show_both_models_and_each_route_its_own(beside: str) -> No
     ready = httpx.get(f"{beside}/readyz", headers=AUTH, timeout=10).json()
     tiny, beside_model = ready["models"]
     assert beside_model["status"] == "ready" and beside_model["kind"] == "embedding"
-    assert tiny["model"] == TINY and beside_model["expires_at"]  # ORTSERVE_KEEP_ALIVE
+    assert tiny["model"] == TINY and beside_model["expires_at"]  # ORTSERVE_MODEL_KEEP_ALIVE
     metrics = httpx.get(f"{beside}/metrics", headers=AUTH, timeout=10).text
     assert "ortserve_embedded_tokens_total" in metrics
 

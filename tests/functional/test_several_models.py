@@ -6,6 +6,7 @@ the listings (/v1/models, /api/tags, /api/ps with when each unloads, /readyz).""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -96,6 +97,18 @@ def test_each_route_picks_its_model_and_an_unknown_one_is_named(three: str) -> N
     ready = httpx.get(f"{three}/readyz", headers=AUTH, timeout=30).json()
     pids = [m["engine"]["pid"] for m in ready["models"][:2]]
     assert len(set(pids)) == 2  # each generative model its own engine process
+    # `ortserve ps`: each loaded model and when it unloads (ORTSERVE_MODEL_KEEP_ALIVE, 5m).
+    port = three.rsplit(":", 1)[1]
+    shown = subprocess.run(
+        [*ORTSERVE, "ps", "--host", "127.0.0.1", "--port", port],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env={**os.environ, **SERVER_ENV},
+    ).stdout
+    for name in (TINY, "other", "all-minilm:l6-v2"):
+        assert re.search(rf"^{re.escape(name)}\s.*\s[45] minutes from now$", shown, re.M), shown
 
 
 def test_keep_alive_unloads_as_ollama_does(three: str) -> None:
