@@ -123,15 +123,27 @@ class Models:
 
     def find(self, name: str | None) -> ModelState | None:
         """The model `name` names (any of its names, or the manifest's, in any case,
-        with or without `:latest`); None or "": the server's model; None: no model has
-        that name."""
+        with or without `:latest`; `MODEL:ADAPTER` for a LoRA adapter baked beside it);
+        None or "": the server's model; None: no model has that name."""
         if not name or not name.strip():
             return self.primary
 
-        def answers(state: ModelState) -> bool:  # its listed names, and its own
-            return any(same_name(name, n) for n in (*self.names(state), *state.own_names()))
+        def answers(state: ModelState, asked: str) -> bool:  # its listed names, its own
+            return any(same_name(asked, n) for n in (*self.names(state), *state.own_names()))
 
-        return next((s for s in self.states if answers(s)), None)
+        found = next((s for s in self.states if answers(s, name)), None)
+        head, colon, adapter = name.rpartition(":")
+        if found is None and colon:  # MODEL:ADAPTER, a LoRA adapter baked beside MODEL
+            found = next(
+                (
+                    s
+                    for s in self.states
+                    # not loaded yet: the load says which adapters it has
+                    if (s.engine is None or adapter in s.engine.adapters) and answers(s, head)
+                ),
+                None,
+            )
+        return found
 
     def pick(self, name: str | None, ollama: bool = False) -> ModelState:
         """The model `name` names (`ollama`: an error in Ollama's words).
