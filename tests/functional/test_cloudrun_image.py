@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
@@ -367,9 +368,12 @@ def test_the_gcf_pins_install_in_hash_checking_mode_with_nothing_left_to_resolve
 # -- the image's command, run as its CMD says, with Cloud Run's PORT ---------------------
 
 
-@pytest.fixture(scope="module")
-def service(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    task = tmp_path_factory.mktemp("app")
+@contextmanager
+def _image_command(
+    bundle: Path, task: Path, more_env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """The image's command (its CMD, its ENV, Cloud Run's PORT) run outside Docker in
+    `task`, laid out as the image copies the bundle; `more_env` added (APP: `task`)."""
     for name in ("model", "ortserve", "serve.py"):  # what the image copies
         src = bundle / name
         if src.is_dir():
@@ -387,6 +391,7 @@ def service(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORTSERVE_", "PORT"))}
     env.update({k: v.replace(APP, str(task)) for k, v in env_of(final).items()})
+    env.update({k: v.replace(APP, str(task)) for k, v in (more_env or {}).items()})
     env.update(
         ORTSERVE_API_KEYS=SERVER_ENV["ORTSERVE_API_KEYS"],
         PORT=str(port),
@@ -398,6 +403,43 @@ def service(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     with serve_process(command, env, port, cwd=task) as server:
         yield server.base
     assert server.proc.returncode == 0  # drained and stopped on SIGTERM, as Cloud Run sends it
+
+
+@pytest.fixture(scope="module")
+def service(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with _image_command(bundle, tmp_path_factory.mktemp("app")) as base:
+        yield base
+
+
+def test_the_image_serves_an_embedding_model_and_more_models(bundle: Path, tmp_path: Path) -> None:
+    """ORTSERVE_MODELS in the image (a folder added to it): the chat model and the
+    embedding model behind one service; an embedding model's own image serves it alone."""
+    from tests.models import all_minilm
+
+    task = tmp_path / "app"
+    task.mkdir()
+    shutil.copytree(all_minilm(), task / "minilm")
+    with _image_command(bundle, task, {"ORTSERVE_MODELS": f"{APP}/minilm"}) as base:
+        listed = httpx.get(f"{base}/v1/models", headers=AUTH, timeout=30).json()["data"]
+        assert [m["id"] for m in listed][1:] == ["all-minilm:l6-v2"]
+        embedded = httpx.post(
+            f"{base}/v1/embeddings", json={"input": "a cat"}, headers=AUTH, timeout=60
+        )
+        assert len(embedded.json()["data"][0]["embedding"]) == 384
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+        reply = httpx.post(f"{base}/v1/chat/completions", json=chat, headers=AUTH, timeout=60)
+        assert reply.status_code == 200
+    alone = tmp_path / "embedding-bundle"
+    shutil.copytree(all_minilm(), alone / "model")
+    package_cloudrun(get_target("cloudrun"), alone)
+    with _image_command(alone, tmp_path / "alone") as base:
+        embedded = httpx.post(
+            f"{base}/api/embed",
+            json={"model": "all-minilm", "input": "a cat"},
+            headers=AUTH,
+            timeout=60,
+        )
+        assert len(embedded.json()["embeddings"][0]) == 384
 
 
 def test_the_service_is_ready_on_port(service: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -189,3 +190,40 @@ def test_a_generative_model_as_more_is_served_too_and_names_are_kept(tiny_model_
     with served(tiny_model_dir, [str(all_minilm())]) as base:
         listed = httpx.get(f"{base}/v1/models", headers=AUTH, timeout=30).json()["data"]
         assert [m["id"] for m in listed] == [TINY, "all-minilm:l6-v2"]
+
+
+def test_a_reload_switches_each_loaded_model_blue_green(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """SIGHUP (`ortserve reload`): a loaded model whose folder (a `current` symlink) now
+    holds another model switches to it, blue/green; the server's model, unchanged, stays."""
+    from ortserve.core.manifest import manifest_digest, read_manifest, write_manifest
+    from ortserve.edge.switch import set_link
+
+    models = tmp_path / "models"
+    for color in ("blue", "green"):
+        copy = models / color
+        shutil.copytree(tiny_model_dir, copy, copy_function=os.link)
+        manifest = read_manifest(copy).model_copy(update={"revision": color})
+        (copy / "manifest.json").unlink()  # not through the link into the cache
+        write_manifest(copy, manifest)
+    set_link(tmp_path / "current", "models/blue")
+    port = free_port()
+    cmd = [*ORTSERVE, "serve", str(tiny_model_dir), f"other={tmp_path / 'current'}"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    with serve_process(cmd, {**os.environ, **SERVER_ENV}, port) as server:
+        base = server.base
+        assert _chat(base, "other").status_code == 200
+
+        def digests() -> list[str]:
+            ready = httpx.get(f"{base}/readyz", headers=AUTH, timeout=30).json()
+            return [m.get("manifest_digest", "") for m in ready["models"]]
+
+        before = digests()
+        assert before[1] == manifest_digest(models / "blue")
+        set_link(tmp_path / "current", "models/green")
+        server.proc.send_signal(signal.SIGHUP)
+        green = manifest_digest(models / "green")
+        _until(lambda: digests()[1] == green, "other did not switch to green", 60)
+        assert digests()[0] == before[0]  # the server's model stayed
+        assert _chat(base, "other").status_code == 200
