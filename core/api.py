@@ -333,7 +333,9 @@ class Api:
         service, state = self._service(request, ctx, getattr(body, "model", None))
         served = self.served(service, state)
         keep_alive = getattr(body, "keep_alive", None)
-        if keep_alive is not None:  # Ollama's: how long the model stays after this request
+        # Ollama's: how long the model stays after this request. It changes what the
+        # server holds for everyone: with keys set, an admin key's request only.
+        if keep_alive is not None and (ctx.admin or not (self._keys or self._admin_keys)):
             from ortserve.core.durations import seconds
 
             ctx.keep_s = seconds(keep_alive)

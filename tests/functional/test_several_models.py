@@ -71,7 +71,12 @@ def _need_mib(model_dir: Path) -> int:
 def three(tiny_model_dir: Path) -> Iterator[str]:
     """The tiny model, the same folder as `other`, and MiniLM: three models, two
     generative (each its own engine process) and an embedding one."""
-    with served(tiny_model_dir, [f"other={tiny_model_dir}", str(all_minilm())]) as base:
+    # The harness's key is an admin key here: keep_alive changes what the server holds.
+    admin = {
+        "ORTSERVE_API_KEYS": "other-key",
+        "ORTSERVE_ADMIN_KEYS": SERVER_ENV["ORTSERVE_API_KEYS"].split(",")[0],
+    }
+    with served(tiny_model_dir, [f"other={tiny_model_dir}", str(all_minilm())], admin) as base:
         yield base
 
 
@@ -118,6 +123,10 @@ def test_keep_alive_unloads_as_ollama_does(three: str) -> None:
     _chat(three, "other")
     assert "other" in _loaded(three)
     body = {"model": "other", "prompt": "Hi", "stream": False, "keep_alive": 0}
+    # An API key's keep_alive changes nothing: unloading is for admin keys (or no keys).
+    tenant = {"authorization": "Bearer other-key"}
+    assert httpx.post(f"{three}/api/generate", json=body, headers=tenant, timeout=60).json()["done"]
+    assert "other" in _loaded(three)
     body["options"] = {"num_predict": 2}
     assert httpx.post(f"{three}/api/generate", json=body, headers=AUTH, timeout=60).json()["done"]
     assert "other" not in _loaded(three)
