@@ -505,7 +505,8 @@ class Api:
         one whose folder cannot be read is left out, and /readyz says why)."""
         listed: list[Served] = []
         for state in self.registry.states:
-            if state is self.state and state.status == "loading":
+            if state is self.state and state.status != "unloaded":
+                # Its first load waited for (as `loaded` does); failed: the 503 says why.
                 state.require_embedder(self.settings.queue_timeout_s, request.cancelled)
             if state.service is not None:
                 listed.append(self.served(state.service, state))
