@@ -63,10 +63,10 @@ from ortserve.core.protocol.replies import (
 from ortserve.core.protocol.serving import Event, Reply, Served
 from ortserve.core.protocol.tools import (
     MAX_TOOLS,
-    FunctionDef,
     Tool,
     ToolPlan,
-    plan_tools,
+    function_tool,
+    plan_choice,
     with_tools,
 )
 from ortserve.core.stops import MAX_STOP_STRINGS
@@ -251,13 +251,7 @@ class CustomTool(Body):
 
     def as_tool(self) -> Tool:
         """The chat API's tool (core.protocol.tools)."""
-        function = FunctionDef(
-            name=self.name,
-            description=self.description,
-            parameters=self.input_schema,
-            strict=self.strict,
-        )
-        return Tool(type="function", function=function)
+        return function_tool(self.name, self.description, self.input_schema, self.strict)
 
 
 class ToolChoice(Body):
@@ -371,22 +365,13 @@ class ConversationBody(Body):
             InvalidRequestError: tool_choice without tools, or naming another tool.
         """
         choice = self.tool_choice
-        if choice is not None and not self.tools:
-            raise InvalidRequestError("tool_choice needs tools", "tool_choice")
-        if not self.tools or (choice is not None and choice.type == "none"):
-            return None
-        chosen = "auto"
-        if choice is not None and choice.type == "any":
-            chosen = "required"
-        elif choice is not None and choice.type == "tool":
+        tools = [t.as_tool() for t in self.tools] if self.tools else None
+        if choice is None or choice.type == "auto":
+            return plan_choice(tools, None if choice is None else "auto", served)
+        if choice.type == "tool":
             assert choice.name is not None  # ToolChoice says so
-            if choice.name not in [t.name for t in self.tools]:
-                raise InvalidRequestError(
-                    f"tool_choice names {choice.name!r}, which is not one of the tools",
-                    "tool_choice.name",
-                )
-            chosen = choice.name
-        return plan_tools([t.as_tool() for t in self.tools], chosen, served)
+            return plan_choice(tools, choice.name, served, "tool_choice.name")
+        return plan_choice(tools, "required" if choice.type == "any" else "none", served)
 
     def chat(
         self,

@@ -58,10 +58,10 @@ from ortserve.core.protocol.replies import (
 from ortserve.core.protocol.serving import Event, Reply, Served, public_finish
 from ortserve.core.protocol.tools import (
     MAX_TOOLS,
-    FunctionDef,
     Tool,
     ToolPlan,
-    plan_tools,
+    function_tool,
+    plan_choice,
     with_tools,
 )
 from ortserve.core.tenants import ANYONE
@@ -268,13 +268,7 @@ class FunctionTool(Body):
 
     def as_tool(self) -> Tool:
         """The chat API's tool (core.protocol.tools)."""
-        function = FunctionDef(
-            name=self.name,
-            description=self.description,
-            parameters=self.parameters,
-            strict=self.strict,
-        )
-        return Tool(type="function", function=function)
+        return function_tool(self.name, self.description, self.parameters, self.strict)
 
 
 class NamedFunctionChoice(Body):
@@ -440,20 +434,11 @@ class ResponsesBody(GenerationBody):
             InvalidRequestError: tool_choice without tools, or naming another function.
         """
         choice = self.tool_choice
-        if choice is not None and not self.tools:
-            raise InvalidRequestError("tool_choice needs tools", "tool_choice")
-        if not self.tools or choice == "none":
+        tools = [t.as_tool() for t in self.tools] if self.tools else None
+        named = choice.name if isinstance(choice, NamedFunctionChoice) else choice
+        plan = plan_choice(tools, named, served)
+        if plan is None:
             return None
-        if isinstance(choice, NamedFunctionChoice):
-            if choice.name not in [t.name for t in self.tools]:
-                raise InvalidRequestError(
-                    f"tool_choice names {choice.name!r}, which is not one of the tools",
-                    "tool_choice",
-                )
-            chosen = choice.name
-        else:
-            chosen = choice or "auto"
-        plan = plan_tools([t.as_tool() for t in self.tools], chosen, served)
         constrained = self.text is not None and not isinstance(self.text.format, TextFormat)
         if plan.guidance() is not None and constrained:
             where = "text.format"

@@ -191,6 +191,40 @@ def with_tools(
     return plan.messages(messages), plan.guidance() or guidance, plan.template_tools()
 
 
+def function_tool(
+    name: str, description: str | None, parameters: dict[str, Any] | None, strict: bool | None
+) -> Tool:
+    """The chat API's tool for a function given in another API's shape (the Responses
+    API's flat one, Anthropic's `input_schema`)."""
+    function = FunctionDef(name=name, description=description, parameters=parameters, strict=strict)
+    return Tool(type="function", function=function)
+
+
+def plan_choice(
+    tools: list[Tool] | None,
+    choice: str | None,
+    served: Served,
+    field: str = "tool_choice",
+) -> ToolPlan | None:
+    """The plan for `tools` and a `tool_choice` as chat's: None or `auto`, `none`,
+    `required`, or the name of the function the model must call (`field`: where the
+    request named it). None: no tools, or `none`.
+
+    Raises:
+        InvalidRequestError: A tool_choice without tools, or naming another function.
+    """
+    if choice is not None and not tools:
+        raise InvalidRequestError("tool_choice needs tools", "tool_choice")
+    if not tools or choice == "none":
+        return None
+    names = [t.function.name for t in tools]
+    if choice not in (None, "auto", "required") and choice not in names:
+        raise InvalidRequestError(
+            f"tool_choice names {choice!r}, which is not one of the tools", field
+        )
+    return plan_tools(tools, choice or "auto", served)
+
+
 def plan_tools(tools: list[Tool], choice: str, served: Served) -> ToolPlan:
     """The plan for `tools` on the served model's chat template.
 

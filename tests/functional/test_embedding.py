@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.embeddings import LONG_TEXT, OTHER_TEXTS
 from ortserve.bake.embedding import GATE_DATA
 from ortserve.core.embedding import EmbeddingModel, is_embedding_folder
 from ortserve.core.errors import ModelIntegrityError, ModelLoadError
@@ -21,21 +22,8 @@ from tests.models import EMBEDDING_MODEL, all_minilm, all_minilm_source, bake_lo
 pytestmark = pytest.mark.slow
 
 # Not in the gate's text (build/bake/data/embedding_gate.json): the test checks so.
-HELD_OUT = [
-    "The ferry to the island was cancelled because of the storm.",
-    "She keeps her grandmother's recipes in a worn notebook.",
-    "Copper turns green when it is left outside for many years.",
-    "The committee will publish its findings next spring.",
-    "He fixed the leaking tap with a new rubber washer.",
-    "Owls can turn their heads much further than people can.",
-    "The software update added a dark mode to the settings menu.",
-    "A violin has four strings tuned a fifth apart.",
-    "The bakery sells out of croissants before nine o'clock.",
-    "Glass is made by melting sand at a very high temperature.",
-    "The children built a snowman in the front garden.",
-    "Our internet connection drops every evening around eight.",
-]
-LONG_TEXT = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 40)
+# The benchmark's quality figures use the same sentences.
+HELD_OUT = OTHER_TEXTS
 
 
 @pytest.fixture(scope="module")
