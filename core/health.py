@@ -72,6 +72,8 @@ def _health(api: Api, ctx: Context, *, shown: bool = True) -> Health:
         payload["active"], payload["waiting"] = stats.active, stats.waiting
     registry = api.registry
     if registry.several:  # served beside it: each loads on its first request
+        payload["memory_budget_mib"] = registry.budget_mib
+        payload["memory_held_mib"] = registry.loaded_mib()
         payload["models"] = [
             {"status": s.status, **s.describe(), **_until(registry, s)} for s in registry.states
         ]

@@ -216,8 +216,7 @@ class Models:
         """What the loaded (and loading) models take by the formula, runtime included."""
         from ortserve.core.sizing import RUNTIME_MIB
 
-        held = [s for s in self.states if s.status in ("ready", "loading")]
-        return RUNTIME_MIB + sum(self.need_mib(s) for s in held)
+        return RUNTIME_MIB + sum(self.need_mib(s) for s in self.states if s.held)
 
     def _load(self, state: ModelState) -> None:
         """Start loading `state` (where it is not loading already), once the least
@@ -231,7 +230,7 @@ class Models:
             return
         need = self.need_mib(state)
         with self._lock:
-            held = [s for s in self.states if s is not state and s.status in ("ready", "loading")]
+            held = [s for s in self.states if s is not state and s.held]
             from ortserve.core.sizing import RUNTIME_MIB
 
             used = RUNTIME_MIB + sum(self.need_mib(s) for s in held)

@@ -125,6 +125,11 @@ class ModelState:
                 self._loading = False
                 self._settled.notify_all()
 
+    @property
+    def held(self) -> bool:
+        """Its model is loaded, or a load of it is under way (what memory it takes)."""
+        return self.status == "ready" or self._loading
+
     def unload(self) -> bool:
         """Free the model (several models served: its keep_alive ran out, a request's
         `keep_alive` 0, or room for another): requests from now on load it again; those

@@ -564,6 +564,10 @@ class Health(ModelDescription, total=False):
     alive: bool
     #: With several models served, each one's status, description and `expires_at`.
     models: list[dict[str, Any]]
+    #: With several models served: the memory budget, and what the loaded ones take by
+    #: the sizing formula (the server's runtime included).
+    memory_budget_mib: int
+    memory_held_mib: int
 
 
 # -- Anthropic's Messages API --------------------------------------------------------------

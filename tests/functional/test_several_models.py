@@ -101,6 +101,7 @@ def test_each_route_picks_its_model_and_an_unknown_one_is_named(three: str) -> N
     tags = httpx.get(f"{three}/api/tags", headers=AUTH, timeout=30).json()["models"]
     assert [t["name"] for t in tags] == [TINY, "other", "all-minilm:l6-v2"]
     ready = httpx.get(f"{three}/readyz", headers=AUTH, timeout=30).json()
+    assert 0 < ready["memory_held_mib"] < ready["memory_budget_mib"]
     pids = [m["engine"]["pid"] for m in ready["models"][:2]]
     assert len(set(pids)) == 2  # each generative model its own engine process
     # `ortserve ps`: each loaded model and when it unloads (ORTSERVE_MODEL_KEEP_ALIVE, 5m).
@@ -158,12 +159,14 @@ def test_one_models_engine_fault_costs_only_its_requests(three: str) -> None:
 def test_the_memory_budget_unloads_the_idle_and_refuses_what_cannot_fit(
     tiny_model_dir: Path,
 ) -> None:
-    """A budget for one tiny model at a time: asking for the other unloads the idle one;
-    while a stream holds one, the other gets a 503 that says why."""
+    """A budget for one tiny model at a time: asking for another unloads the idle one;
+    while a stream holds one, another gets a 503 that says why."""
     need = _need_mib(tiny_model_dir)
     budget = RUNTIME_MIB + need + need // 2
     env = {"ORTSERVE_MEMORY_BUDGET_MB": str(budget), "ORTSERVE_MAX_NEW_TOKENS": "400"}
-    with served(tiny_model_dir, [f"other={tiny_model_dir}"], env) as base:
+    # `third` is never asked for: a model not loaded takes nothing of the budget.
+    more = [f"other={tiny_model_dir}", f"third={tiny_model_dir}"]
+    with served(tiny_model_dir, more, env) as base:
         assert _chat(base, "other").status_code == 200
         assert set(_loaded(base)) == {"other"}  # the idle server's model made room
         assert _chat(base, TINY).status_code == 200
