@@ -497,6 +497,7 @@ class Api:
             also_known_as=(engine.model_name,),
             sampling=engine.sampling_defaults,
             adapters=tuple(engine.adapters),
+            limit_set=bool(self.settings.max_new_tokens),
         )
 
     def models(self, request: Request) -> list[Served]:
@@ -553,8 +554,9 @@ class Api:
         if self.draining:
             raise DrainingError("the server is shutting down; retry on another instance")
         embedding = [s for s in self.registry.states if s.kind == "embedding"]
-        state = self.registry.find(name) if name else (embedding[0] if embedding else None)
-        if state is None or (not name and state.kind != "embedding"):
+        named = bool(name and name.strip())  # a blank name is none: the first one served
+        state = self.registry.find(name) if named else (embedding[0] if embedding else None)
+        if state is None:
             have = ", ".join(repr(self.registry.names(s)[0]) for s in embedding if s.names)
             quoted = f"model '{name}'" if ollama else f"the model {name!r}"
             raise ModelNotFoundError(

@@ -25,7 +25,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 from ortserve.core import version as ortserve_version
 from ortserve.core.durations import GO_DURATION, NS, nanoseconds
-from ortserve.core.errors import ModelNotFoundError, OrtServeError
+from ortserve.core.errors import InvalidRequestError, ModelNotFoundError, OrtServeError
 from ortserve.core.generation import (
     Completion,
     GenerationRequest,
@@ -183,8 +183,19 @@ class _OllamaBody(GenerationBody):
             raise model_not_found(self.model, served)
 
     def _instant(self, served: Served, text_field: Literal["response", "message"]) -> OllamaLine:
-        """Ollama's answer to a load (or unload) request."""
+        """Ollama's answer to a load (or unload) request: its options are checked as a
+        generation's would be (the document bounds `num_predict` by the server's limit).
+
+        Raises:
+            InvalidRequestError: `num_predict` above MAX_NEW_TOKENS, where it is set.
+        """
         self._served_model(served)
+        wanted = self.options.num_predict
+        if served.limit_set and wanted > served.max_new_tokens:
+            raise InvalidRequestError(
+                f"num_predict {wanted} is above this server's limit of {served.max_new_tokens}",
+                "options.num_predict",
+            )
         return OllamaReply(served.answering(self.model), text_field).instant(
             "unload" if unloads(self.keep_alive) else "load"
         )

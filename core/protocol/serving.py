@@ -61,6 +61,8 @@ class Served:
     also_known_as: tuple[str, ...] = ()
     sampling: SamplingDefaults = HOUSE_SAMPLING
     adapters: tuple[str, ...] = ()
+    #: The operator set MAX_NEW_TOKENS (a limit above it is refused, not cut to fit).
+    limit_set: bool = False
     #: `embedding`: an embedding model (its context is `max_tokens`; it generates nothing).
     kind: Literal["generative", "embedding"] = "generative"
     #: An embedding model's vector length.

@@ -638,6 +638,10 @@ def test_ollama_conventions(target: Target, reference: Target) -> None:
             assert body[field] in ("", {"role": "assistant", "content": ""})
         missing = target.call("POST", path, {"model": "llama3", **empty})
         assert missing.status == 404 and "not found" in missing.json()["error"]
+        # Its options are checked as a generation's (the fuzz test's ST201): MAX_NEW_TOKENS.
+        over = {"model": MODEL, "options": {"num_predict": 2001}, **empty}
+        refused = target.call("POST", path, over)
+        assert refused.status == 400 and "num_predict 2001" in refused.json()["error"]
         for wrong in ("5 minutes", "-1"):  # a string is a Go duration, with its unit
             bad = target.call("POST", path, {"model": MODEL, "keep_alive": wrong, **empty})
             assert bad.status == 400 and "keep_alive" in bad.json()["error"]

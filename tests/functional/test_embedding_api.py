@@ -182,3 +182,20 @@ def test_an_embedding_model_alone_on_lambda(minilm: Path, reference: EmbeddingMo
     _near(vector, reference.embed(reference.tokenize(TEXTS[2:]))[0])
     ready = target.call("GET", "/readyz").json()
     assert ready["status"] == "ready" and json.dumps(ready["embedding"])
+
+
+def test_a_blank_name_is_the_embedding_model_and_without_one_a_404(
+    beside: str, tiny_model_dir: Path
+) -> None:
+    """A blank `model` means the one embedding model, as no name does; a server with no
+    embedding model answers 404 (it has none), not the chat model's 400."""
+    import httpx
+
+    body = {"model": " ", "input": "a cat"}
+    reply = httpx.post(f"{beside}/api/embed", json=body, headers=AUTH, timeout=60)
+    assert reply.status_code == 200 and reply.json()["model"] == EMBEDDING_MODEL
+    with edge_server(tiny_model_dir) as alone:
+        body = {"model": "\x0b", "input": "x"}
+        missing = httpx.post(f"{alone}/api/embed", json=body, headers=AUTH, timeout=60)
+        assert missing.status_code == 404, missing.text
+        assert "no embedding model" in missing.json()["error"]

@@ -10,9 +10,11 @@ guidance, or one this model's tokens cannot follow; and a prompt can be too long
 model's context, or a beam search's `num_beams` x prompt tokens too many for one pass
 (no JSON Schema counts tokens); a `previous_response_id` can name a
 response this process does not keep (no JSON Schema knows them); the Messages API's
-last turn must be the user's (JSON Schema cannot single out an array's last item). And
-a body over the server's size limit is a 413 whatever its content (no JSON Schema counts bytes): 65
-generated tools, one more than `tools` allows, easily pass 64 KiB.
+last turn must be the user's (JSON Schema cannot single out an array's last item); a
+`model` may name a chat model on an embedding route, or the reverse (no schema knows
+which model is which). And a body over the server's size limit is a 413 whatever its
+content (no JSON Schema counts bytes): 65 generated tools, one more than `tools` allows,
+easily pass 64 KiB.
 
 schemathesis 4.32's pytest plugin fails on pytest 9 (`Function` has no `_nodeid`), so
 the operations' hypothesis strategies are driven directly here.
@@ -45,7 +47,7 @@ _SEMANTIC = re.compile(
     r"invalid guidance|the guidance cannot be followed|the prompt has \d+ tokens"
     r"|a beam search prefills num_beams x prompt tokens"
     r"|is not one of the tools|previous_response_id .* is not kept here"
-    r"|the last turn must be the user's"
+    r"|the last turn must be the user's|it does not make embeddings|is an embedding model"
 )
 
 
