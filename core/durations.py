@@ -21,6 +21,8 @@ UNIT_NS = {
 # [0-9], not \d: the schema's pattern is ECMA-262's, where \d is ASCII.
 PART = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)"
 GO_DURATION = rf"^[-+]?(0|({PART})+)$"
+#: Go's longest duration, in nanoseconds: a longer keep_alive is that long.
+_LONGEST = 2**63 - 1
 
 
 def nanoseconds(value: float | str) -> int:
@@ -36,7 +38,10 @@ def nanoseconds(value: float | str) -> int:
             raise ValueError(f"{value!r} is not a duration such as 5m, 1h30m, -1 or 0")
         total = sum(int(Decimal(number) * UNIT_NS[unit]) for number, unit in re.findall(PART, text))
         return -total if text.startswith("-") else total
-    return int(value * NS)
+    ns = value * NS
+    if not math.isfinite(ns) or abs(ns) >= _LONGEST:  # Go's durations stop there
+        return _LONGEST if value > 0 else -_LONGEST
+    return int(ns)
 
 
 def seconds(value: float | str) -> float:

@@ -38,3 +38,14 @@ def test_what_go_cannot_parse_is_a_400(keep_alive: str) -> None:
 
 def _body(keep_alive: float | str) -> bytes:
     return json.dumps({"model": "m", "keep_alive": keep_alive}).encode()
+
+
+def test_a_keep_alive_past_floats_range_in_nanoseconds_is_go_s_longest() -> None:
+    """1.8e299 s is past float's range in nanoseconds: it raised OverflowError (a 500 the
+    fuzz test found); it is Go's longest duration, as Ollama's would be."""
+    from ortserve.core.durations import nanoseconds, seconds
+
+    huge = 1.797693134862316e299
+    assert not unloads(huge) and not unloads(-huge)
+    assert nanoseconds(huge) == 2**63 - 1 and nanoseconds(-huge) == -(2**63 - 1)
+    assert seconds(-huge) == float("inf") and seconds(huge) > 9e9
